@@ -1,0 +1,156 @@
+//! Filesystem identification and per-inode facts: which filesystem a file
+//! lives on, whether it is mounted read-only, its block size, its inode
+//! flags (immutable, append-only, nocow) and generation.
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
+
+/// The filesystems onecopy tells apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FsKind {
+    Btrfs,
+    Xfs,
+    Ext4,
+    Tmpfs,
+    Overlay,
+    Nfs,
+    Zfs,
+    Bcachefs,
+    Other(u64),
+}
+
+impl FsKind {
+    pub fn from_magic(magic: u64) -> FsKind {
+        match magic {
+            0x9123_683E => FsKind::Btrfs,
+            0x5846_5342 => FsKind::Xfs,
+            0xEF53 => FsKind::Ext4,
+            0x0102_1994 => FsKind::Tmpfs,
+            0x794C_7630 => FsKind::Overlay,
+            0x6969 => FsKind::Nfs,
+            0x2FC1_2FC1 => FsKind::Zfs,
+            0xCA45_1A4E => FsKind::Bcachefs,
+            m => FsKind::Other(m),
+        }
+    }
+    pub fn name(&self) -> String {
+        match self {
+            FsKind::Btrfs => "btrfs".into(),
+            FsKind::Xfs => "xfs".into(),
+            FsKind::Ext4 => "ext2/3/4".into(),
+            FsKind::Tmpfs => "tmpfs".into(),
+            FsKind::Overlay => "overlayfs".into(),
+            FsKind::Nfs => "nfs".into(),
+            FsKind::Zfs => "zfs".into(),
+            FsKind::Bcachefs => "bcachefs".into(),
+            FsKind::Other(m) => format!("unknown filesystem (magic {m:#x})"),
+        }
+    }
+    /// Whether onecopy knows how to dedupe on this filesystem at all.
+    pub fn supports_dedupe(&self) -> bool {
+        matches!(self, FsKind::Btrfs | FsKind::Xfs)
+    }
+}
+
+/// What `fstatfs` says about the filesystem holding a file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FsInfo {
+    pub kind: FsKind,
+    /// Preferred block size; dedupe offsets must be multiples of it.
+    pub block_size: u64,
+    pub read_only: bool,
+    pub total_bytes: u64,
+    pub free_bytes: u64,
+    pub avail_bytes: u64,
+    /// The filesystem id (`f_fsid`), equal for all subvolumes of one btrfs.
+    pub fsid: u64,
+}
+
+pub fn fs_info(fd: BorrowedFd<'_>) -> io::Result<FsInfo> {
+    // SAFETY: statfs is plain old data; zeroed is a valid value.
+    let mut s: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `s` is a valid, writable statfs and `fd` is open.
+    if unsafe { libc::fstatfs(fd.as_raw_fd(), &mut s) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fsid_t is two ints; reading it as bytes is always valid.
+    let fsid_raw: [i32; 2] = unsafe { std::mem::transmute(s.f_fsid) };
+    let fsid = (fsid_raw[0] as u32 as u64) | ((fsid_raw[1] as u32 as u64) << 32);
+    let bsize = s.f_bsize as u64;
+    // SAFETY: statvfs is plain old data; zeroed is a valid value.
+    let mut v: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `v` is a valid, writable statvfs and `fd` is open.
+    if unsafe { libc::fstatvfs(fd.as_raw_fd(), &mut v) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(FsInfo {
+        kind: FsKind::from_magic(s.f_type as u64),
+        block_size: bsize,
+        read_only: v.f_flag & libc::ST_RDONLY != 0,
+        total_bytes: s.f_blocks as u64 * s.f_frsize as u64,
+        free_bytes: s.f_bfree as u64 * s.f_frsize as u64,
+        avail_bytes: s.f_bavail as u64 * s.f_frsize as u64,
+        fsid,
+    })
+}
+
+/// Inode flags (`FS_IOC_GETFLAGS`).
+pub mod inode_flags {
+    pub const IMMUTABLE: u32 = 0x0000_0010;
+    pub const APPEND: u32 = 0x0000_0020;
+    pub const NOCOW: u32 = 0x0080_0000;
+}
+
+const FS_IOC_GETFLAGS: libc::c_ulong = 0x8008_6601;
+const FS_IOC_GETVERSION: libc::c_ulong = 0x8008_7601;
+
+/// The inode's `FS_*_FL` flags. Filesystems without the ioctl give ENOTTY.
+pub fn inode_flags(fd: BorrowedFd<'_>) -> io::Result<u32> {
+    let mut v: libc::c_long = 0;
+    // SAFETY: the kernel writes an int-sized value into `v`, which is larger.
+    let r = unsafe {
+        libc::ioctl(
+            fd.as_raw_fd(),
+            FS_IOC_GETFLAGS as _,
+            &mut v as *mut libc::c_long,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(v as u32)
+}
+
+/// The inode generation (`FS_IOC_GETVERSION`): changes when an inode number
+/// is reused for a new file.
+pub fn inode_generation(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    let mut v: libc::c_long = 0;
+    // SAFETY: as for inode_flags.
+    let r = unsafe {
+        libc::ioctl(
+            fd.as_raw_fd(),
+            FS_IOC_GETVERSION as _,
+            &mut v as *mut libc::c_long,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(v as u32 as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn identifies_tmp() {
+        let f = tempfile::tempfile().unwrap();
+        let info = fs_info(f.as_fd()).unwrap();
+        assert!(info.block_size >= 512);
+        assert!(!info.read_only);
+        assert_eq!(FsKind::from_magic(0x9123_683E), FsKind::Btrfs);
+        assert!(FsKind::Xfs.supports_dedupe() && !FsKind::Ext4.supports_dedupe());
+    }
+}

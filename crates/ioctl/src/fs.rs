@@ -139,6 +139,27 @@ pub fn inode_generation(fd: BorrowedFd<'_>) -> io::Result<u64> {
     Ok(v as u32 as u64)
 }
 
+/// Access-pattern advice for `posix_fadvise`.
+#[derive(Debug, Clone, Copy)]
+pub enum Advice {
+    Sequential,
+    DontNeed,
+}
+
+/// `posix_fadvise(fd, 0, 0, advice)` over the whole file.
+pub fn fadvise(fd: BorrowedFd<'_>, advice: Advice) -> io::Result<()> {
+    let a = match advice {
+        Advice::Sequential => libc::POSIX_FADV_SEQUENTIAL,
+        Advice::DontNeed => libc::POSIX_FADV_DONTNEED,
+    };
+    // SAFETY: plain syscall on an open descriptor; no memory is passed.
+    let r = unsafe { libc::posix_fadvise(fd.as_raw_fd(), 0, 0, a) };
+    if r != 0 {
+        return Err(io::Error::from_raw_os_error(r));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,1 +1,362 @@
-//! stub
+//! Matching and planning: from block fingerprints to dedupe operations.
+//!
+//! Two passes, both linear in the number of blocks:
+//!
+//! 1. **Whole files.** Files with equal size and whole-file digest form a
+//!    group; every member becomes a destination of one operation whose
+//!    source is the group's first member (its canonical copy).
+//! 2. **Block runs.** Every block of the remaining files (and of the
+//!    canonical copies) is looked up in a first-occurrence
+//!    [`FingerprintTable`]. A block seen before starts a run, which is
+//!    extended block by block while both sides keep matching; the run's
+//!    source is always made of first occurrences, so every copy of some
+//!    data is deduped against the one canonical place and all copies
+//!    converge on one physical extent. Matching ignores how files are split
+//!    into extents: any block-aligned offset matches any other.
+//!
+//! All-zero blocks never start a run and are not indexed (sharing every
+//! zero block of a filesystem with one extent would be a storm of tiny
+//! dedupes for no gain); a run already under way continues through them.
+
+use std::collections::HashMap;
+
+pub use onecopy_index::{BlockRef, FingerprintTable};
+
+/// One file as the planner sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct PlanFile<'a> {
+    pub size: u64,
+    pub blocks: &'a [u128],
+    pub whole: u128,
+    /// May be a destination (not immutable, append-only, ...).
+    pub can_be_dest: bool,
+    /// May be a source.
+    pub can_be_src: bool,
+}
+
+/// Planner settings.
+#[derive(Debug, Clone, Copy)]
+pub struct PlanOptions {
+    /// The block size the digests were computed with.
+    pub block_size: u64,
+    /// Digest of an all-zero block of `block_size` bytes.
+    pub zero_digest: u128,
+    /// Runs shorter than this many bytes are not planned.
+    pub min_run: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OpKind {
+    WholeFile,
+    BlockRun,
+}
+
+/// A destination range: `file` at `offset`, `len` bytes (from the op).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dest {
+    pub file: u32,
+    pub offset: u64,
+}
+
+/// Share `[src_offset, src_offset + len)` of `src` into every destination.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Op {
+    pub kind: OpKind,
+    pub src: u32,
+    pub src_offset: u64,
+    pub len: u64,
+    pub dests: Vec<Dest>,
+}
+
+impl Op {
+    /// Bytes this op asks to share (candidates, not freed bytes).
+    pub fn candidate_bytes(&self) -> u64 {
+        self.len * self.dests.len() as u64
+    }
+}
+
+/// Figures about one planning pass.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct PlanStats {
+    pub whole_file_groups: u64,
+    pub whole_file_dests: u64,
+    pub whole_file_bytes: u64,
+    pub block_runs: u64,
+    pub block_run_bytes: u64,
+    pub index_entries: u64,
+    pub index_memory_bytes: u64,
+}
+
+#[derive(Debug, Default)]
+pub struct Plan {
+    /// Largest candidate savings first.
+    pub ops: Vec<Op>,
+    pub stats: PlanStats,
+}
+
+/// Plans the dedupe of `files` (all on one filesystem).
+pub fn plan(files: &[PlanFile<'_>], opts: &PlanOptions) -> Plan {
+    let mut stats = PlanStats::default();
+    let mut ops = Vec::new();
+    let bs = opts.block_size;
+
+    // Pass 1: whole files.
+    let mut groups: HashMap<(u64, u128), Vec<u32>> = HashMap::new();
+    for (i, f) in files.iter().enumerate() {
+        if !f.blocks.is_empty() {
+            groups.entry((f.size, f.whole)).or_default().push(i as u32);
+        }
+    }
+    let mut covered = vec![false; files.len()];
+    let mut groups: Vec<Vec<u32>> = groups.into_values().filter(|g| g.len() > 1).collect();
+    groups.sort_unstable_by_key(|g| g[0]);
+    for g in groups {
+        let Some(&src) = g.iter().find(|&&i| files[i as usize].can_be_src) else {
+            continue;
+        };
+        let dests: Vec<Dest> = g
+            .iter()
+            .filter(|&&i| i != src && files[i as usize].can_be_dest)
+            .map(|&i| Dest { file: i, offset: 0 })
+            .collect();
+        if dests.is_empty() {
+            continue;
+        }
+        for d in &dests {
+            covered[d.file as usize] = true;
+        }
+        stats.whole_file_groups += 1;
+        stats.whole_file_dests += dests.len() as u64;
+        let len = files[src as usize].size;
+        stats.whole_file_bytes += len * dests.len() as u64;
+        ops.push(Op {
+            kind: OpKind::WholeFile,
+            src,
+            src_offset: 0,
+            len,
+            dests,
+        });
+    }
+
+    // Pass 2: block runs over everything not already a whole-file copy.
+    let total_blocks: usize = files
+        .iter()
+        .zip(&covered)
+        .filter(|(_, c)| !**c)
+        .map(|(f, _)| f.blocks.len())
+        .sum();
+    let mut table = FingerprintTable::with_capacity(total_blocks.min(1 << 26));
+    // Runs keyed by source range, so equal ranges share one op.
+    let mut runs: HashMap<(u32, u64, u64), Vec<Dest>> = HashMap::new();
+    for (fi, f) in files.iter().enumerate() {
+        if covered[fi] {
+            continue;
+        }
+        let fi = fi as u32;
+        let n = f.blocks.len();
+        let mut i = 0usize;
+        while i < n {
+            let d = f.blocks[i];
+            if d == opts.zero_digest {
+                i += 1;
+                continue;
+            }
+            let here = BlockRef {
+                file: fi,
+                block: i as u32,
+            };
+            let first = if f.can_be_src {
+                table.insert_first(d, here)
+            } else {
+                table.get(d)
+            };
+            let Some(src) = first else {
+                i += 1;
+                continue;
+            };
+            if !f.can_be_dest || !files[src.file as usize].can_be_src {
+                i += 1;
+                continue;
+            }
+            let g = &files[src.file as usize];
+            let k = src.block as usize;
+            // Extend while both sides match and the source stays canonical.
+            let mut len = 1usize;
+            let same_file_limit = if src.file == fi { i - k } else { usize::MAX };
+            while i + len < n
+                && k + len < g.blocks.len()
+                && len < same_file_limit
+                && f.blocks[i + len] == g.blocks[k + len]
+                && (f.blocks[i + len] == opts.zero_digest
+                    || table.get(f.blocks[i + len])
+                        == Some(BlockRef {
+                            file: src.file,
+                            block: (k + len) as u32,
+                        }))
+            {
+                len += 1;
+            }
+            // Trailing zero blocks add nothing a run needs.
+            while len > 1 && f.blocks[i + len - 1] == opts.zero_digest {
+                len -= 1;
+            }
+            let src_off = k as u64 * bs;
+            let dst_off = i as u64 * bs;
+            // The last block may be a partial tail: the byte length is
+            // bounded by both files' sizes (equal tails end both files).
+            let bytes = (len as u64 * bs)
+                .min(g.size - src_off)
+                .min(f.size - dst_off);
+            if bytes >= opts.min_run.max(1) {
+                runs.entry((src.file, src_off, bytes))
+                    .or_default()
+                    .push(Dest {
+                        file: fi,
+                        offset: dst_off,
+                    });
+                stats.block_runs += 1;
+                stats.block_run_bytes += bytes;
+            }
+            i += len;
+        }
+    }
+    stats.index_entries = table.len() as u64;
+    stats.index_memory_bytes = table.memory_bytes() as u64;
+    drop(table);
+    for ((src, src_offset, len), dests) in runs {
+        ops.push(Op {
+            kind: OpKind::BlockRun,
+            src,
+            src_offset,
+            len,
+            dests,
+        });
+    }
+    ops.sort_unstable_by(|a, b| {
+        b.candidate_bytes()
+            .cmp(&a.candidate_bytes())
+            .then(a.src.cmp(&b.src))
+            .then(a.src_offset.cmp(&b.src_offset))
+    });
+    Plan { ops, stats }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BS: u64 = 4;
+    const Z: u128 = 0;
+
+    fn opts() -> PlanOptions {
+        PlanOptions {
+            block_size: BS,
+            zero_digest: Z,
+            min_run: 1,
+        }
+    }
+
+    fn pf(blocks: &[u128]) -> PlanFile<'_> {
+        let whole = blocks
+            .iter()
+            .fold(17u128, |a, b| a.wrapping_mul(31).wrapping_add(*b));
+        PlanFile {
+            size: blocks.len() as u64 * BS,
+            blocks,
+            whole,
+            can_be_dest: true,
+            can_be_src: true,
+        }
+    }
+
+    #[test]
+    fn whole_file_group_has_one_source() {
+        let a = [1, 2, 3];
+        let files = [pf(&a), pf(&a), pf(&a)];
+        let p = plan(&files, &opts());
+        assert_eq!(p.ops.len(), 1);
+        assert_eq!(p.ops[0].kind, OpKind::WholeFile);
+        assert_eq!(p.ops[0].src, 0);
+        assert_eq!(p.ops[0].dests.len(), 2);
+        assert_eq!(p.ops[0].len, 12);
+    }
+
+    #[test]
+    fn shifted_run_is_found_at_any_block_offset() {
+        let a = [1, 2, 3, 4, 5];
+        let b = [9, 8, 2, 3, 4, 7];
+        let p = plan(&[pf(&a), pf(&b)], &opts());
+        assert_eq!(p.ops.len(), 1);
+        let op = &p.ops[0];
+        assert_eq!((op.src, op.src_offset, op.len), (0, 4, 12));
+        assert_eq!(op.dests, vec![Dest { file: 1, offset: 8 }]);
+    }
+
+    #[test]
+    fn near_duplicates_share_all_but_the_changed_block() {
+        let a = [1, 2, 3, 4, 5, 6];
+        let b = [1, 2, 3, 40, 5, 6];
+        let c = [1, 2, 3, 4, 5, 60];
+        let p = plan(&[pf(&a), pf(&b), pf(&c)], &opts());
+        let shared: u64 = p.ops.iter().map(|o| o.candidate_bytes()).sum();
+        assert_eq!(shared, (5 + 5) * BS);
+        // Every source range lies in file 0: copies converge on it.
+        assert!(p.ops.iter().all(|o| o.src == 0));
+    }
+
+    #[test]
+    fn zero_blocks_do_not_start_runs() {
+        let a = [Z, Z, Z, 1];
+        let b = [Z, Z, Z, 2];
+        let p = plan(&[pf(&a), pf(&b)], &opts());
+        assert!(p.ops.is_empty());
+    }
+
+    #[test]
+    fn runs_continue_through_zero_blocks() {
+        let a = [1, Z, 2, 5];
+        let b = [1, Z, 2, 6];
+        let p = plan(&[pf(&a), pf(&b)], &opts());
+        assert_eq!(p.ops.len(), 1);
+        assert_eq!(p.ops[0].len, 3 * BS);
+    }
+
+    #[test]
+    fn same_file_runs_do_not_overlap() {
+        let a = [1, 2, 1, 2, 1, 2];
+        let p = plan(&[pf(&a)], &opts());
+        for op in &p.ops {
+            for d in &op.dests {
+                assert!(op.src_offset + op.len <= d.offset);
+            }
+        }
+        let shared: u64 = p.ops.iter().map(|o| o.candidate_bytes()).sum();
+        assert_eq!(shared, 4 * BS);
+    }
+
+    #[test]
+    fn immutable_files_are_sources_only() {
+        let a = [1, 2, 3];
+        let mut f0 = pf(&a);
+        f0.can_be_dest = false;
+        let mut f1 = pf(&a);
+        f1.can_be_dest = false;
+        let p = plan(&[f0, f1], &opts());
+        assert!(p.ops.is_empty());
+    }
+
+    #[test]
+    fn partial_tails_match_only_at_both_ends() {
+        // Sizes 10 and 10 with tail digests equal: allowed (both at EOF).
+        let a = [1, 2, 3];
+        let b = [7, 2, 3];
+        let mut fa = pf(&a);
+        fa.size = 10;
+        let mut fb = pf(&b);
+        fb.size = 10;
+        let p = plan(&[fa, fb], &opts());
+        assert_eq!(p.ops.len(), 1);
+        assert_eq!((p.ops[0].src_offset, p.ops[0].len), (4, 6));
+    }
+}

@@ -1,0 +1,226 @@
+//! Reading files once and fingerprinting their blocks.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::AsFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use xxhash_rust::xxh3::{xxh3_128, Xxh3};
+
+use crate::{FileEntry, Progress, ScanError, SkipReason};
+
+/// A block's fingerprint: XXH3-128 of its bytes. A collision can only make
+/// a dedupe request fail (the kernel compares the bytes), never lose data.
+pub type BlockDigest = u128;
+
+/// How to read and fingerprint.
+#[derive(Debug, Clone)]
+pub struct HashOptions {
+    /// Bytes per fingerprinted block; a multiple of the filesystem block.
+    pub block_size: u64,
+    /// Reader threads; each owns one read buffer for its whole life.
+    pub threads: usize,
+    /// Bytes per `read` call (rounded up to a multiple of `block_size`).
+    pub read_size: usize,
+}
+
+impl Default for HashOptions {
+    fn default() -> Self {
+        HashOptions {
+            block_size: 64 * 1024,
+            threads: 4,
+            read_size: 4 << 20,
+        }
+    }
+}
+
+/// A file with its fingerprints.
+#[derive(Debug, Clone)]
+pub struct HashedFile {
+    /// The file as it was when it was read (stat taken on the open file).
+    pub entry: FileEntry,
+    /// One digest per `block_size` block; the last covers the partial tail.
+    pub blocks: Vec<BlockDigest>,
+    /// Digest of the whole content (of the block digests and the size).
+    pub whole: u128,
+    /// `FS_IOC_GETFLAGS` of the inode (immutable, append-only, nocow ...).
+    pub inode_flags: u32,
+}
+
+/// The digest of a block of `len` zero bytes.
+pub fn zero_block_digest(len: u64) -> BlockDigest {
+    xxh3_128(&vec![0u8; len as usize])
+}
+
+/// What [`hash_files`] produced, in the input's order.
+#[derive(Debug, Default)]
+pub struct HashOutput {
+    pub files: Vec<HashedFile>,
+    pub skipped: BTreeMap<SkipReason, u64>,
+    pub errors: Vec<ScanError>,
+    pub bytes_read: u64,
+}
+
+enum Outcome {
+    Done(HashedFile, u64),
+    Skip(SkipReason),
+    Error(ScanError),
+}
+
+/// Reads and fingerprints every file, `opts.threads` files at a time.
+/// Files that fail or change while being read are recorded, not returned.
+pub fn hash_files(files: Vec<FileEntry>, opts: &HashOptions, progress: &Progress) -> HashOutput {
+    let bs = opts.block_size.max(512) as usize;
+    let read_size = opts.read_size.max(bs).div_ceil(bs) * bs;
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<(usize, Outcome)>> = Mutex::new(Vec::with_capacity(files.len()));
+    std::thread::scope(|s| {
+        for _ in 0..opts.threads.max(1) {
+            s.spawn(|| {
+                let mut buf = vec![0u8; read_size];
+                let mut mine = Vec::new();
+                loop {
+                    if progress.cancelled() {
+                        break;
+                    }
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(entry) = files.get(i) else { break };
+                    let out = hash_one(entry, bs, &mut buf);
+                    progress.files_done.fetch_add(1, Ordering::Relaxed);
+                    mine.push((i, out));
+                    if mine.len() >= 256 {
+                        results.lock().unwrap().append(&mut mine);
+                    }
+                }
+                results.lock().unwrap().append(&mut mine);
+            });
+        }
+    });
+    let mut results = results.into_inner().unwrap();
+    results.sort_unstable_by_key(|(i, _)| *i);
+    let mut out = HashOutput::default();
+    for (_, r) in results {
+        match r {
+            Outcome::Done(f, n) => {
+                out.bytes_read += n;
+                out.files.push(f);
+            }
+            Outcome::Skip(r) => *out.skipped.entry(r).or_default() += 1,
+            Outcome::Error(e) => out.errors.push(e),
+        }
+    }
+    out
+}
+
+fn open_noatime(path: &std::path::Path) -> std::io::Result<File> {
+    let o = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOATIME | libc::O_NOFOLLOW)
+        .open(path);
+    match o {
+        // O_NOATIME is refused for files the caller does not own.
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path),
+        r => r,
+    }
+}
+
+fn hash_one(entry: &FileEntry, bs: usize, buf: &mut [u8]) -> Outcome {
+    let path = &entry.path;
+    let mut f = match open_noatime(path) {
+        Ok(f) => f,
+        Err(source) => {
+            return Outcome::Error(ScanError::Open {
+                path: path.clone(),
+                source,
+            })
+        }
+    };
+    let meta = match f.metadata() {
+        Ok(m) => m,
+        Err(source) => {
+            return Outcome::Error(ScanError::Stat {
+                path: path.clone(),
+                source,
+            })
+        }
+    };
+    if !meta.is_file() {
+        return Outcome::Skip(SkipReason::NotRegular);
+    }
+    let entry = FileEntry::from_meta(path.clone(), &meta, entry.fs, entry.fs_block);
+    if entry.size < entry.fs_block {
+        return Outcome::Skip(SkipReason::TooSmall);
+    }
+    advise_sequential(&f);
+    let inode_flags = onecopy_ioctl::fs::inode_flags(f.as_fd()).unwrap_or(0);
+    let mut blocks = Vec::with_capacity(entry.size.div_ceil(bs as u64) as usize);
+    let mut total = 0u64;
+    loop {
+        let n = match read_full(&mut f, buf) {
+            Ok(n) => n,
+            Err(source) => {
+                return Outcome::Error(ScanError::Read {
+                    path: path.clone(),
+                    source,
+                })
+            }
+        };
+        for chunk in buf[..n].chunks(bs) {
+            blocks.push(xxh3_128(chunk));
+        }
+        total += n as u64;
+        if n < buf.len() {
+            break;
+        }
+    }
+    match f.metadata() {
+        Ok(m) if entry.unchanged(&m) && total == entry.size => {}
+        Ok(_) => return Outcome::Skip(SkipReason::ChangedWhileReading),
+        Err(source) => {
+            return Outcome::Error(ScanError::Stat {
+                path: path.clone(),
+                source,
+            })
+        }
+    }
+    let mut whole = Xxh3::new();
+    for b in &blocks {
+        whole.update(&b.to_le_bytes());
+    }
+    whole.update(&total.to_le_bytes());
+    let whole = whole.digest128();
+    Outcome::Done(
+        HashedFile {
+            entry,
+            blocks,
+            whole,
+            inode_flags,
+        },
+        total,
+    )
+}
+
+/// Reads until `buf` is full or end of file; returns the bytes read.
+fn read_full(f: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match f.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+fn advise_sequential(f: &File) {
+    // Advisory only: a refusal changes nothing but read-ahead.
+    let _ = onecopy_ioctl::fs::fadvise(f.as_fd(), onecopy_ioctl::fs::Advice::Sequential);
+}

@@ -1,0 +1,316 @@
+//! Parallel listing of regular files under the roots.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::Metadata;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use globset::{Glob, GlobSet, GlobSetBuilder};
+use ignore::{WalkBuilder, WalkState};
+
+use crate::{Progress, ScanError, SkipReason};
+
+/// Identifies one filesystem (`f_fsid`): all subvolumes of a btrfs share it.
+pub type FsId = u64;
+
+/// What to list.
+#[derive(Debug, Clone)]
+pub struct WalkOptions {
+    pub roots: Vec<PathBuf>,
+    /// Stay on the filesystem of each root (btrfs subvolumes of the same
+    /// filesystem are crossed: they can share extents).
+    pub one_file_system: bool,
+    /// Glob patterns matched against each entry's full path and its name;
+    /// a matching directory is not entered.
+    pub excludes: Vec<String>,
+    /// Files smaller than this are skipped (never below one fs block).
+    pub min_size: u64,
+    /// Walker threads.
+    pub threads: usize,
+}
+
+/// A regular file found by the walk.
+#[derive(Debug, Clone)]
+pub struct FileEntry {
+    pub path: PathBuf,
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+    pub fs: FsId,
+    /// The filesystem's block size: dedupe offsets are multiples of it.
+    pub fs_block: u64,
+}
+
+impl FileEntry {
+    pub(crate) fn from_meta(path: PathBuf, m: &Metadata, fs: FsId, fs_block: u64) -> FileEntry {
+        FileEntry {
+            path,
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
+            ctime_ns: m.ctime() * 1_000_000_000 + m.ctime_nsec(),
+            fs,
+            fs_block,
+        }
+    }
+
+    /// Whether `m` (a fresh stat of the same path) shows the file unchanged.
+    pub fn unchanged(&self, m: &Metadata) -> bool {
+        m.dev() == self.dev
+            && m.ino() == self.ino
+            && m.size() == self.size
+            && m.mtime() * 1_000_000_000 + m.mtime_nsec() == self.mtime_ns
+            && m.ctime() * 1_000_000_000 + m.ctime_nsec() == self.ctime_ns
+    }
+}
+
+/// The walk's result: files sorted by (device, inode), one entry per inode.
+#[derive(Debug, Default)]
+pub struct WalkOutput {
+    pub files: Vec<FileEntry>,
+    pub skipped: BTreeMap<SkipReason, u64>,
+    pub errors: Vec<ScanError>,
+}
+
+#[derive(Clone, Copy)]
+struct DevInfo {
+    fs: FsId,
+    block: u64,
+    supported: bool,
+}
+
+/// Caches what `statfs` says per device number; devices are few.
+struct DevCache {
+    map: Mutex<HashMap<u64, Option<DevInfo>>>,
+}
+
+impl DevCache {
+    fn get(&self, dev: u64, path: &Path) -> Option<DevInfo> {
+        if let Some(v) = self.map.lock().unwrap().get(&dev) {
+            return *v;
+        }
+        let info = std::fs::File::open(path).ok().and_then(|f| {
+            use std::os::fd::AsFd;
+            onecopy_ioctl::fs::fs_info(f.as_fd()).ok().map(|i| DevInfo {
+                fs: i.fsid,
+                block: i.block_size.max(512),
+                supported: i.kind.supports_dedupe() && !i.read_only,
+            })
+        });
+        self.map.lock().unwrap().insert(dev, info);
+        info
+    }
+}
+
+fn build_globs(patterns: &[String]) -> Result<GlobSet, globset::Error> {
+    let mut b = GlobSetBuilder::new();
+    for p in patterns {
+        b.add(Glob::new(p)?);
+    }
+    b.build()
+}
+
+/// Checks the exclude patterns; a bad pattern is reported before walking.
+pub fn validate_excludes(patterns: &[String]) -> Result<(), String> {
+    build_globs(patterns).map(|_| ()).map_err(|e| e.to_string())
+}
+
+#[derive(Default)]
+struct Collected {
+    files: Vec<FileEntry>,
+    skipped: BTreeMap<SkipReason, u64>,
+    errors: Vec<ScanError>,
+}
+
+impl Collected {
+    fn skip(&mut self, r: SkipReason) {
+        *self.skipped.entry(r).or_default() += 1;
+    }
+}
+
+/// A walker thread's buffer; flushes into the shared result in batches and
+/// when the walker drops the visitor.
+struct Sink {
+    local: Collected,
+    all: Arc<Mutex<Collected>>,
+}
+
+impl Sink {
+    fn flush(&mut self) {
+        let mut g = self.all.lock().unwrap();
+        g.files.append(&mut self.local.files);
+        g.errors.append(&mut self.local.errors);
+        for (k, v) in std::mem::take(&mut self.local.skipped) {
+            *g.skipped.entry(k).or_default() += v;
+        }
+    }
+}
+
+impl Drop for Sink {
+    fn drop(&mut self) {
+        self.flush();
+    }
+}
+
+/// Lists the regular files under the roots. Per-entry problems are
+/// recorded in the output, never fatal.
+pub fn walk(opts: &WalkOptions, progress: &Progress) -> WalkOutput {
+    let globs = Arc::new(build_globs(&opts.excludes).unwrap_or_else(|_| GlobSet::empty()));
+    let devs = Arc::new(DevCache {
+        map: Mutex::new(HashMap::new()),
+    });
+    let mut out = Collected::default();
+    for root in &opts.roots {
+        let root_dev = match std::fs::symlink_metadata(root) {
+            Ok(m) => m.dev(),
+            Err(source) => {
+                out.errors.push(ScanError::Stat {
+                    path: root.clone(),
+                    source,
+                });
+                continue;
+            }
+        };
+        let root_fs = devs.get(root_dev, root).map(|d| d.fs);
+        let mut builder = WalkBuilder::new(root);
+        builder
+            .standard_filters(false)
+            .hidden(false)
+            .follow_links(false)
+            .same_file_system(false)
+            .threads(opts.threads.max(1));
+        let all = Arc::new(Mutex::new(Collected::default()));
+        {
+            let globs = globs.clone();
+            let devs_f = devs.clone();
+            let one_fs = opts.one_file_system;
+            let all_f = all.clone();
+            builder.filter_entry(move |e| {
+                if e.depth() == 0 {
+                    return true;
+                }
+                let excluded = !globs.is_empty()
+                    && (globs.is_match(e.path()) || globs.is_match(Path::new(e.file_name())));
+                if excluded {
+                    all_f.lock().unwrap().skip(SkipReason::Excluded);
+                    return false;
+                }
+                if one_fs && e.file_type().is_some_and(|t| t.is_dir()) {
+                    if let Ok(m) = e.metadata() {
+                        if m.dev() != root_dev {
+                            let fs = devs_f.get(m.dev(), e.path()).map(|d| d.fs);
+                            if fs.is_none() || fs != root_fs {
+                                all_f.lock().unwrap().skip(SkipReason::OtherFilesystem);
+                                return false;
+                            }
+                        }
+                    }
+                }
+                true
+            });
+        }
+        let min_size = opts.min_size;
+        builder.build_parallel().run(|| {
+            let all = all.clone();
+            let devs = devs.clone();
+            let mut sink = Sink {
+                local: Collected::default(),
+                all,
+            };
+            Box::new(move |res| {
+                let local = &mut sink.local;
+                if progress.cancelled() {
+                    return WalkState::Quit;
+                }
+                let ent = match res {
+                    Ok(e) => e,
+                    Err(err) => {
+                        let path = match &err {
+                            ignore::Error::WithPath { path, .. } => path.clone(),
+                            _ => PathBuf::new(),
+                        };
+                        let source = err
+                            .into_io_error()
+                            .unwrap_or_else(|| std::io::Error::other("walk error"));
+                        local.errors.push(ScanError::Walk { path, source });
+                        return WalkState::Continue;
+                    }
+                };
+                let ft = ent.file_type();
+                if ft.is_some_and(|t| t.is_dir()) {
+                    return WalkState::Continue;
+                }
+                if !ft.is_some_and(|t| t.is_file()) {
+                    local.skip(SkipReason::NotRegular);
+                    return WalkState::Continue;
+                }
+                let meta = match ent.metadata() {
+                    Ok(m) => m,
+                    Err(err) => {
+                        let source = err
+                            .into_io_error()
+                            .unwrap_or_else(|| std::io::Error::other("stat failed"));
+                        local.errors.push(ScanError::Stat {
+                            path: ent.path().to_path_buf(),
+                            source,
+                        });
+                        return WalkState::Continue;
+                    }
+                };
+                let Some(dev) = devs.get(meta.dev(), ent.path()) else {
+                    local.skip(SkipReason::UnsupportedFilesystem);
+                    return WalkState::Continue;
+                };
+                if !dev.supported {
+                    local.skip(SkipReason::UnsupportedFilesystem);
+                    return WalkState::Continue;
+                }
+                if meta.size() < min_size.max(dev.block) {
+                    local.skip(SkipReason::TooSmall);
+                    return WalkState::Continue;
+                }
+                progress.files_found.fetch_add(1, Ordering::Relaxed);
+                progress
+                    .bytes_found
+                    .fetch_add(meta.size(), Ordering::Relaxed);
+                local.files.push(FileEntry::from_meta(
+                    ent.into_path(),
+                    &meta,
+                    dev.fs,
+                    dev.block,
+                ));
+                if local.files.len() >= 4096 {
+                    sink.flush();
+                }
+                WalkState::Continue
+            })
+        });
+        // Every visitor's Sink has flushed on drop by now.
+        let mut got = std::mem::take(&mut *all.lock().unwrap());
+        out.files.append(&mut got.files);
+        out.errors.append(&mut got.errors);
+        for (k, v) in got.skipped {
+            *out.skipped.entry(k).or_default() += v;
+        }
+    }
+    // One entry per inode: further names are hardlinks.
+    out.files
+        .sort_unstable_by(|a, b| (a.dev, a.ino, &a.path).cmp(&(b.dev, b.ino, &b.path)));
+    let before = out.files.len();
+    out.files.dedup_by(|b, a| a.dev == b.dev && a.ino == b.ino);
+    let links = (before - out.files.len()) as u64;
+    if links > 0 {
+        *out.skipped.entry(SkipReason::Hardlink).or_default() += links;
+        progress.files_found.fetch_sub(links, Ordering::Relaxed);
+    }
+    WalkOutput {
+        files: out.files,
+        skipped: out.skipped,
+        errors: out.errors,
+    }
+}

@@ -1,1 +1,50 @@
-fn main() {}
+//! `onecopy`: the command-line front end. It parses arguments, draws
+//! progress and prints; the work happens in the engine crates.
+
+mod args;
+mod dedupe_cmd;
+mod output;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+/// Exit codes, documented in the README and in `--help`.
+pub mod exit {
+    /// Everything planned was done (or, with --dry-run, decided).
+    pub const OK: u8 = 0;
+    /// The run completed, but some files or ranges failed (listed at the end).
+    pub const PARTIAL: u8 = 1;
+    /// Bad arguments.
+    pub const USAGE: u8 = 2;
+    /// A root is on a filesystem that can not dedupe, or is read-only.
+    pub const UNSUPPORTED: u8 = 3;
+    /// An unexpected internal error.
+    pub const FATAL: u8 = 4;
+    /// Interrupted (SIGINT/SIGTERM); what was done so far is reported.
+    pub const INTERRUPTED: u8 = 130;
+}
+
+fn main() -> ExitCode {
+    let cli = match args::Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() {
+                exit::USAGE
+            } else {
+                exit::OK
+            });
+        }
+    };
+    let code = match cli.command {
+        args::Command::Dedupe(a) => match dedupe_cmd::run(a) {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("onecopy: {e:#}");
+                exit::FATAL
+            }
+        },
+    };
+    ExitCode::from(code)
+}

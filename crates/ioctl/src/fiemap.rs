@@ -88,7 +88,7 @@ pub enum DecodeError {
 /// `capacity` is the number of extent slots the caller offered; the kernel
 /// never reports more than that, so a larger count is malformed.
 pub fn decode(buf: &[u8], capacity: usize) -> Result<Vec<Extent>, DecodeError> {
-    let mapped = u32_at(buf, 16).ok_or(DecodeError::ShortHeader(buf.len()))?;
+    let mapped = u32_at(buf, 20).ok_or(DecodeError::ShortHeader(buf.len()))?;
     let room = (buf.len().saturating_sub(HEADER) / EXTENT).min(capacity);
     if mapped as usize > room {
         return Err(DecodeError::TooManyExtents { mapped, room });
@@ -160,7 +160,7 @@ mod tests {
 
     fn encode(exts: &[Extent]) -> Vec<u8> {
         let mut b = vec![0u8; HEADER + EXTENT * exts.len()];
-        b[16..20].copy_from_slice(&(exts.len() as u32).to_ne_bytes());
+        b[20..24].copy_from_slice(&(exts.len() as u32).to_ne_bytes());
         for (i, e) in exts.iter().enumerate() {
             let o = HEADER + EXTENT * i;
             b[o..o + 8].copy_from_slice(&e.logical.to_ne_bytes());
@@ -193,7 +193,7 @@ mod tests {
     #[test]
     fn rejects_overcount() {
         let mut b = encode(&[]);
-        b[16..20].copy_from_slice(&5u32.to_ne_bytes());
+        b[20..24].copy_from_slice(&5u32.to_ne_bytes());
         assert!(matches!(
             decode(&b, 8),
             Err(DecodeError::TooManyExtents { .. })

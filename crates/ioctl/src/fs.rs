@@ -160,6 +160,16 @@ pub fn fadvise(fd: BorrowedFd<'_>, advice: Advice) -> io::Result<()> {
     Ok(())
 }
 
+/// `syncfs(fd)`: commits the filesystem holding `fd`, so that space freed
+/// by earlier operations shows in [`fs_info`].
+pub fn syncfs(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: plain syscall on an open descriptor.
+    if unsafe { libc::syncfs(fd.as_raw_fd()) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

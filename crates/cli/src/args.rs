@@ -1,0 +1,108 @@
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Find identical data on btrfs and XFS and share it with the kernel's
+/// FIDEDUPERANGE, which compares the bytes itself: no file ever reads
+/// differently.
+#[derive(Debug, Parser)]
+#[command(name = "onecopy", version, propagate_version = true)]
+#[command(
+    after_help = "Exit codes: 0 done; 1 done with some per-file errors; 2 bad arguments; \
+3 unsupported or read-only filesystem; 4 internal error; 130 interrupted."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Find identical data under PATHs and share it (out-of-band dedupe).
+    Dedupe(DedupeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DedupeArgs {
+    /// Files and directories to dedupe (directories are walked recursively).
+    #[arg(required = true, value_name = "PATH")]
+    pub paths: Vec<PathBuf>,
+
+    /// Decide and report what would be shared and freed, touching nothing.
+    #[arg(short = 'n', long)]
+    pub dry_run: bool,
+
+    /// Print a machine-readable JSON summary on stdout.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Block size for matching (a multiple of the filesystem block size),
+    /// e.g. 4K, 64K, 1M. Smaller finds more partial duplicates and uses more
+    /// memory.
+    #[arg(short = 'b', long, value_name = "SIZE", default_value = "64K", value_parser = parse_size)]
+    pub block_size: u64,
+
+    /// Skip files smaller than SIZE (files below one filesystem block are
+    /// always skipped: their data is inline or in a shared tail).
+    #[arg(long, value_name = "SIZE", default_value = "0", value_parser = parse_size)]
+    pub min_size: u64,
+
+    /// Skip entries whose path or name matches GLOB (repeatable); a
+    /// matching directory is not entered.
+    #[arg(short = 'e', long = "exclude", value_name = "GLOB")]
+    pub excludes: Vec<String>,
+
+    /// Descend into other filesystems mounted below the roots.
+    #[arg(long)]
+    pub cross_filesystems: bool,
+
+    /// Files read in parallel.
+    #[arg(short = 'j', long, value_name = "N", default_value_t = 4)]
+    pub threads: usize,
+
+    /// Print nothing but errors (and the JSON summary with --json).
+    #[arg(short, long)]
+    pub quiet: bool,
+
+    /// List each error instead of only the first few.
+    #[arg(short, long)]
+    pub verbose: bool,
+}
+
+/// Parses sizes like `4096`, `4K`, `64KiB`, `1M`, `2G`.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().map_err(|_| format!("not a size: {s:?}"))?;
+    let mul: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        _ => return Err(format!("unknown size unit in {s:?} (use K, M, G or T)")),
+    };
+    n.checked_mul(mul)
+        .ok_or_else(|| format!("size too large: {s:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64K"), Ok(65536));
+        assert_eq!(parse_size("1MiB"), Ok(1 << 20));
+        assert!(parse_size("x").is_err());
+        assert!(parse_size("1Q").is_err());
+    }
+
+    #[test]
+    fn cli_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

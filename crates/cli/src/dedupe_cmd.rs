@@ -1,0 +1,262 @@
+//! `onecopy dedupe`: walk → read and hash → match and plan → act → report.
+
+use std::collections::BTreeMap;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Result;
+use onecopy_dedupe::{ExecOptions, ExecProgress, Model};
+use onecopy_ioctl::fs::{fs_info, FsInfo, FsKind};
+use onecopy_plan::{PlanFile, PlanOptions};
+use onecopy_scan::{HashOptions, Progress, WalkOptions};
+
+use crate::args::DedupeArgs;
+use crate::exit;
+use crate::output::{Report, Ui};
+
+/// A root's filesystem, checked before any scanning.
+struct Root {
+    info: FsInfo,
+}
+
+fn check_root(path: &Path) -> Result<Root, String> {
+    let f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let info = fs_info(f.as_fd())
+        .map_err(|e| format!("{}: cannot identify filesystem: {e}", path.display()))?;
+    if !info.kind.supports_dedupe() {
+        return Err(format!(
+            "{} is on {}, which can not share extents; onecopy dedupes on btrfs and XFS (reflink=1)",
+            path.display(),
+            info.kind.name()
+        ));
+    }
+    if info.read_only {
+        return Err(format!(
+            "{} is on a read-only mount; nothing can be deduped there",
+            path.display()
+        ));
+    }
+    Ok(Root { info })
+}
+
+pub fn run(a: DedupeArgs) -> Result<u8> {
+    let started = Instant::now();
+    let ui = Ui::new(a.quiet || a.json, a.verbose);
+    if let Err(e) = onecopy_scan::validate_excludes(&a.excludes) {
+        eprintln!("onecopy: invalid --exclude pattern: {e}");
+        return Ok(exit::USAGE);
+    }
+    if a.threads == 0 {
+        eprintln!("onecopy: --threads must be at least 1");
+        return Ok(exit::USAGE);
+    }
+    // Refuse clearly, before scanning.
+    let mut roots = Vec::new();
+    for p in &a.paths {
+        match check_root(p) {
+            Ok(r) => roots.push(r),
+            Err(msg) => {
+                eprintln!("onecopy: {msg}");
+                return Ok(exit::UNSUPPORTED);
+            }
+        }
+    }
+    for r in &roots {
+        let fsb = r.info.block_size;
+        if a.block_size == 0 || !a.block_size.is_multiple_of(fsb) {
+            eprintln!(
+                "onecopy: --block-size {} is not a multiple of the filesystem block size {fsb}",
+                a.block_size
+            );
+            return Ok(exit::USAGE);
+        }
+        if a.block_size > u32::MAX as u64 {
+            eprintln!("onecopy: --block-size {} is too large", a.block_size);
+            return Ok(exit::USAGE);
+        }
+    }
+    let free_before = settled_free(&a.paths);
+
+    let scan_progress = Arc::new(Progress::default());
+    let exec_progress = Arc::new(ExecProgress::default());
+    let interrupted = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, interrupted.clone())?;
+    }
+    let watcher = {
+        let interrupted = interrupted.clone();
+        let sp = scan_progress.clone();
+        let ep = exec_progress.clone();
+        std::thread::spawn(move || loop {
+            if interrupted.load(Ordering::Relaxed) {
+                sp.cancel.store(true, Ordering::Relaxed);
+                ep.cancel.store(true, Ordering::Relaxed);
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        })
+    };
+    drop(watcher);
+
+    let mut report = Report::new(&a);
+
+    // Walk.
+    let t = Instant::now();
+    let spinner = ui.spinner("walking", &scan_progress);
+    let walked = onecopy_scan::walk(
+        &WalkOptions {
+            roots: a.paths.clone(),
+            one_file_system: !a.cross_filesystems,
+            excludes: a.excludes.clone(),
+            min_size: a.min_size,
+            threads: a.threads.max(2),
+        },
+        &scan_progress,
+    );
+    ui.finish(spinner);
+    report.phases.insert("walk", t.elapsed().as_secs_f64());
+    report.add_skips(&walked.skipped);
+    report.add_scan_errors(walked.errors);
+    report.files_scanned = walked.files.len() as u64;
+    report.bytes_scanned = walked.files.iter().map(|f| f.size).sum();
+
+    // Read and hash.
+    let t = Instant::now();
+    let bar = ui.bytes_bar("reading", report.bytes_scanned, &scan_progress);
+    let mut hashed = onecopy_scan::hash_files(
+        walked.files,
+        &HashOptions {
+            block_size: a.block_size,
+            threads: a.threads,
+            read_size: 4 << 20,
+        },
+        &scan_progress,
+    );
+    ui.finish(bar);
+    report.phases.insert("hash", t.elapsed().as_secs_f64());
+    report.add_skips(&hashed.skipped);
+    report.add_scan_errors(std::mem::take(&mut hashed.errors));
+    report.files_read = hashed.files.len() as u64;
+    report.bytes_read = hashed.bytes_read;
+
+    // Match and plan, one filesystem at a time, then act.
+    let zero = onecopy_scan::zero_block_digest(a.block_size);
+    let mut by_fs: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
+    for (i, f) in hashed.files.iter().enumerate() {
+        by_fs.entry(f.entry.fs).or_default().push(i);
+    }
+    let nocow = onecopy_ioctl::fs::inode_flags::NOCOW;
+    let protected =
+        onecopy_ioctl::fs::inode_flags::IMMUTABLE | onecopy_ioctl::fs::inode_flags::APPEND;
+    for idx in by_fs.values() {
+        if scan_progress.cancelled() {
+            break;
+        }
+        let t = Instant::now();
+        let pfiles: Vec<PlanFile<'_>> = idx
+            .iter()
+            .map(|&i| {
+                let f = &hashed.files[i];
+                PlanFile {
+                    size: f.entry.size,
+                    blocks: &f.blocks,
+                    whole: f.whole,
+                    can_be_dest: f.inode_flags & (protected | nocow) == 0,
+                    can_be_src: f.inode_flags & nocow == 0,
+                }
+            })
+            .collect();
+        let plan = onecopy_plan::plan(
+            &pfiles,
+            &PlanOptions {
+                block_size: a.block_size,
+                zero_digest: zero,
+                min_run: 0,
+            },
+        );
+        drop(pfiles);
+        *report.phases.entry("plan").or_default() += t.elapsed().as_secs_f64();
+        report.add_plan(&plan.stats);
+
+        let t = Instant::now();
+        let entries: Vec<onecopy_scan::FileEntry> =
+            idx.iter().map(|&i| hashed.files[i].entry.clone()).collect();
+        let model = accounting_model(&entries);
+        let total: u64 = plan.ops.iter().map(|o| o.candidate_bytes()).sum();
+        let bar = ui.dedupe_bar(a.dry_run, total, &exec_progress);
+        let rep = onecopy_dedupe::execute(
+            &entries,
+            &plan,
+            &ExecOptions {
+                dry_run: a.dry_run,
+                model,
+            },
+            &exec_progress,
+        );
+        ui.finish(bar);
+        *report.phases.entry("dedupe").or_default() += t.elapsed().as_secs_f64();
+        report.add_exec(rep);
+    }
+    drop(hashed.files);
+
+    if !a.dry_run {
+        report.fs_free_delta = settled_free(&a.paths)
+            .zip(free_before)
+            .map(|(after, before)| after as i64 - before as i64);
+    }
+    report.elapsed_secs = started.elapsed().as_secs_f64();
+    report.interrupted = interrupted.load(Ordering::Relaxed);
+    let code = if report.interrupted {
+        exit::INTERRUPTED
+    } else if report.errors.is_empty() {
+        exit::OK
+    } else {
+        exit::PARTIAL
+    };
+    report.exit_code = code;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    }
+    ui.summary(&report);
+    Ok(code)
+}
+
+/// Whole extents on btrfs when the tree search is allowed (root), byte
+/// ranges otherwise.
+fn accounting_model(entries: &[onecopy_scan::FileEntry]) -> Model {
+    let Some(first) = entries.first() else {
+        return Model::Ranges;
+    };
+    let Ok(f) = std::fs::File::open(&first.path) else {
+        return Model::Ranges;
+    };
+    match fs_info(f.as_fd()) {
+        Ok(i) if i.kind == FsKind::Btrfs => {
+            if onecopy_ioctl::btrfs::file_extents(f.as_fd(), first.ino).is_ok() {
+                Model::Extents
+            } else {
+                Model::Ranges
+            }
+        }
+        _ => Model::Ranges,
+    }
+}
+
+/// Free bytes summed over the distinct filesystems of `paths`, after
+/// committing them so that freed extents show.
+fn settled_free(paths: &[PathBuf]) -> Option<u64> {
+    let mut seen = std::collections::HashSet::new();
+    let mut total = 0u64;
+    for p in paths {
+        let f = std::fs::File::open(p).ok()?;
+        let _ = onecopy_ioctl::fs::syncfs(f.as_fd());
+        let i = fs_info(f.as_fd()).ok()?;
+        if seen.insert(i.fsid) {
+            total += i.free_bytes;
+        }
+    }
+    Some(total)
+}

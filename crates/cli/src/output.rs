@@ -1,0 +1,318 @@
+//! The report (text and JSON) and progress bars.
+
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use indicatif::{HumanBytes, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use onecopy_dedupe::{DestSkip, ExecProgress, ExecReport};
+use onecopy_plan::PlanStats;
+use onecopy_scan::{Progress, ScanError, SkipReason};
+use serde::Serialize;
+
+use crate::args::DedupeArgs;
+
+#[derive(Debug, Serialize)]
+pub struct ErrorRecord {
+    pub path: String,
+    pub error: String,
+}
+
+/// Everything a run reports. Serialized as the `--json` output; field
+/// names are a stable interface.
+#[derive(Debug, Serialize, Default)]
+pub struct Report {
+    pub version: u32,
+    pub dry_run: bool,
+    pub roots: Vec<String>,
+    pub block_size: u64,
+    /// Eligible regular files found by the walk (one per inode).
+    pub files_scanned: u64,
+    pub bytes_scanned: u64,
+    /// Files read and fingerprinted.
+    pub files_read: u64,
+    pub bytes_read: u64,
+    /// Files not considered, by reason.
+    pub files_skipped: BTreeMap<SkipReason, u64>,
+    pub plan: PlanStats,
+    /// Bytes of RAM per indexed block in the fingerprint table.
+    pub index_bytes_per_block: u64,
+    pub dedupe_ioctls: u64,
+    pub ranges_deduped: u64,
+    /// Bytes the kernel newly shared.
+    pub bytes_deduped: u64,
+    pub bytes_already_shared: u64,
+    /// Bytes of allocations no file pins any more (extent accounting).
+    pub bytes_freed: u64,
+    /// Dry run: bytes that would be newly shared.
+    pub bytes_would_share: u64,
+    /// Change of the filesystems' free space over the run, after commit.
+    pub fs_free_delta: Option<i64>,
+    /// Destination ranges not deduped, by reason.
+    pub ranges_skipped: BTreeMap<DestSkip, u64>,
+    pub errors: Vec<ErrorRecord>,
+    pub phases: BTreeMap<&'static str, f64>,
+    pub elapsed_secs: f64,
+    pub interrupted: bool,
+    pub exit_code: u8,
+}
+
+impl Report {
+    pub fn new(a: &DedupeArgs) -> Report {
+        Report {
+            version: 1,
+            dry_run: a.dry_run,
+            roots: a.paths.iter().map(|p| p.display().to_string()).collect(),
+            block_size: a.block_size,
+            index_bytes_per_block: onecopy_plan::FingerprintTable::BYTES_PER_ENTRY as u64,
+            ..Default::default()
+        }
+    }
+
+    pub fn add_skips(&mut self, s: &BTreeMap<SkipReason, u64>) {
+        for (k, v) in s {
+            *self.files_skipped.entry(*k).or_default() += v;
+        }
+    }
+
+    pub fn add_scan_errors(&mut self, errs: Vec<ScanError>) {
+        for e in errs {
+            self.errors.push(ErrorRecord {
+                path: e.path().display().to_string(),
+                error: e.to_string(),
+            });
+        }
+    }
+
+    pub fn add_plan(&mut self, p: &PlanStats) {
+        let q = &mut self.plan;
+        q.whole_file_groups += p.whole_file_groups;
+        q.whole_file_dests += p.whole_file_dests;
+        q.whole_file_bytes += p.whole_file_bytes;
+        q.block_runs += p.block_runs;
+        q.block_run_bytes += p.block_run_bytes;
+        q.index_entries += p.index_entries;
+        q.index_memory_bytes = q.index_memory_bytes.max(p.index_memory_bytes);
+    }
+
+    pub fn add_exec(&mut self, r: ExecReport) {
+        let s = r.stats;
+        self.dedupe_ioctls += s.dedupe_ioctls;
+        self.ranges_deduped += s.ranges_deduped;
+        self.bytes_deduped += s.bytes_deduped;
+        self.bytes_already_shared += s.bytes_already_shared;
+        self.bytes_freed += s.bytes_freed;
+        self.bytes_would_share += s.bytes_would_share;
+        for (k, v) in s.skipped {
+            *self.ranges_skipped.entry(k).or_default() += v;
+        }
+        for e in r.errors {
+            let path = match &e {
+                onecopy_dedupe::DedupeError::Open { path, .. }
+                | onecopy_dedupe::DedupeError::Fiemap { path, .. } => path.display().to_string(),
+                onecopy_dedupe::DedupeError::Refused { dst, .. } => dst.display().to_string(),
+            };
+            self.errors.push(ErrorRecord {
+                path,
+                error: e.to_string(),
+            });
+        }
+    }
+}
+
+/// Progress and text output on stderr/stdout.
+pub struct Ui {
+    quiet: bool,
+    verbose: bool,
+    tty: bool,
+}
+
+type Bar = Option<(
+    ProgressBar,
+    std::thread::JoinHandle<()>,
+    Arc<std::sync::atomic::AtomicBool>,
+)>;
+
+impl Ui {
+    pub fn new(quiet: bool, verbose: bool) -> Ui {
+        Ui {
+            quiet,
+            verbose,
+            tty: std::io::stderr().is_terminal(),
+        }
+    }
+
+    fn start(&self, pb: ProgressBar, tick: impl Fn(&ProgressBar) + Send + 'static) -> Bar {
+        if !self.tty {
+            return None;
+        }
+        pb.set_draw_target(ProgressDrawTarget::stderr_with_hz(8));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (p2, s2) = (pb.clone(), stop.clone());
+        let h = std::thread::spawn(move || {
+            while !s2.load(Ordering::Relaxed) {
+                tick(&p2);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            tick(&p2);
+        });
+        Some((pb, h, stop))
+    }
+
+    pub fn spinner(&self, what: &'static str, p: &Arc<Progress>) -> Bar {
+        let pb = ProgressBar::new_spinner();
+        pb.set_style(ProgressStyle::with_template("{spinner} {prefix}: {msg}").unwrap());
+        pb.set_prefix(what);
+        let p = p.clone();
+        self.start(pb, move |pb| {
+            pb.set_message(format!(
+                "{} files, {}",
+                p.files_found.load(Ordering::Relaxed),
+                HumanBytes(p.bytes_found.load(Ordering::Relaxed))
+            ));
+            pb.tick();
+        })
+    }
+
+    pub fn bytes_bar(&self, what: &'static str, total: u64, p: &Arc<Progress>) -> Bar {
+        let pb = ProgressBar::new(total);
+        pb.set_style(
+            ProgressStyle::with_template(
+                "{prefix}: [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta} {msg}",
+            )
+            .unwrap()
+            .progress_chars("=> "),
+        );
+        pb.set_prefix(what);
+        let p = p.clone();
+        self.start(pb, move |pb| {
+            pb.set_position(p.bytes_done.load(Ordering::Relaxed));
+            pb.set_message(format!("{} files", p.files_done.load(Ordering::Relaxed)));
+        })
+    }
+
+    pub fn dedupe_bar(&self, dry: bool, total: u64, p: &Arc<ExecProgress>) -> Bar {
+        let pb = ProgressBar::new(total);
+        pb.set_style(
+            ProgressStyle::with_template("{prefix}: [{bar:30}] {bytes}/{total_bytes} {msg}")
+                .unwrap()
+                .progress_chars("=> "),
+        );
+        pb.set_prefix(if dry { "planning" } else { "sharing" });
+        let p = p.clone();
+        self.start(pb, move |pb| {
+            pb.set_position(p.bytes_done.load(Ordering::Relaxed));
+            pb.set_message(format!("{} ops", p.ops_done.load(Ordering::Relaxed)));
+        })
+    }
+
+    pub fn finish(&self, bar: Bar) {
+        if let Some((pb, h, stop)) = bar {
+            stop.store(true, Ordering::Relaxed);
+            let _ = h.join();
+            pb.finish_and_clear();
+        }
+    }
+
+    pub fn summary(&self, r: &Report) {
+        let shown = if self.verbose { usize::MAX } else { 10 };
+        for e in r.errors.iter().take(shown) {
+            eprintln!("onecopy: {}", e.error);
+        }
+        if r.errors.len() > shown {
+            eprintln!(
+                "onecopy: ... and {} more errors (use --verbose to list all)",
+                r.errors.len() - shown
+            );
+        }
+        if self.quiet {
+            return;
+        }
+        let h = |b: u64| HumanBytes(b).to_string();
+        println!(
+            "Scanned {} files ({}), read {} ({}) in {:.1}s",
+            r.files_scanned,
+            h(r.bytes_scanned),
+            r.files_read,
+            h(r.bytes_read),
+            r.elapsed_secs
+        );
+        if !r.files_skipped.is_empty() {
+            let parts: Vec<String> = r
+                .files_skipped
+                .iter()
+                .map(|(k, v)| format!("{v} {}", skip_name(*k)))
+                .collect();
+            println!("Skipped files: {}", parts.join(", "));
+        }
+        println!(
+            "Found {} identical-file groups ({} copies) and {} block runs ({})",
+            r.plan.whole_file_groups,
+            r.plan.whole_file_dests,
+            r.plan.block_runs,
+            h(r.plan.block_run_bytes)
+        );
+        if r.dry_run {
+            println!(
+                "Dry run: would share {} (about {} freed); {} already shared",
+                h(r.bytes_would_share),
+                h(r.bytes_freed),
+                h(r.bytes_already_shared)
+            );
+        } else {
+            println!(
+                "Shared {} in {} ranges with {} dedupe calls; {} were already shared",
+                h(r.bytes_deduped),
+                r.ranges_deduped,
+                r.dedupe_ioctls,
+                h(r.bytes_already_shared)
+            );
+            print!("Freed {}", h(r.bytes_freed));
+            if let Some(d) = r.fs_free_delta {
+                print!(
+                    " (filesystem free space changed by {}{})",
+                    if d < 0 { "-" } else { "+" },
+                    h(d.unsigned_abs())
+                );
+            }
+            println!();
+        }
+        if !r.ranges_skipped.is_empty() {
+            let parts: Vec<String> = r
+                .ranges_skipped
+                .iter()
+                .map(|(k, v)| format!("{v} {}", dest_name(*k)))
+                .collect();
+            println!("Ranges not deduped: {}", parts.join(", "));
+        }
+        if r.interrupted {
+            println!("Interrupted: the figures above cover the work done before the signal.");
+        }
+    }
+}
+
+fn skip_name(k: SkipReason) -> &'static str {
+    match k {
+        SkipReason::TooSmall => "too small",
+        SkipReason::NotRegular => "not regular files",
+        SkipReason::OtherFilesystem => "on other filesystems",
+        SkipReason::Excluded => "excluded",
+        SkipReason::Hardlink => "extra hardlinks",
+        SkipReason::ChangedWhileReading => "changed while reading",
+        SkipReason::UnsupportedFilesystem => "on unsupported filesystems",
+    }
+}
+
+fn dest_name(k: DestSkip) -> &'static str {
+    match k {
+        DestSkip::AlreadyShared => "already shared",
+        DestSkip::Changed => "changed since read",
+        DestSkip::DataDiffers => "data differs",
+        DestSkip::Protected => "immutable or append-only",
+        DestSkip::NotShareable => "inline/unwritten extents",
+        DestSkip::Refused => "refused",
+        DestSkip::Cancelled => "cancelled",
+    }
+}

@@ -56,6 +56,13 @@ pub struct DedupeArgs {
     #[arg(long)]
     pub cross_filesystems: bool,
 
+    /// On btrfs, re-home the unique remainder of a partly shared extent when
+    /// it is at most this fraction of the extent it keeps allocated: the
+    /// remainder is copied to a fresh extent and shared back with
+    /// FIDEDUPERANGE, so the old extent is freed. 0 disables.
+    #[arg(long, value_name = "RATIO", default_value_t = 0.5, value_parser = parse_ratio)]
+    pub rehome_ratio: f64,
+
     /// Files read in parallel.
     #[arg(short = 'j', long, value_name = "N", default_value_t = 4)]
     pub threads: usize,
@@ -67,6 +74,13 @@ pub struct DedupeArgs {
     /// List each error instead of only the first few.
     #[arg(short, long)]
     pub verbose: bool,
+}
+
+fn parse_ratio(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
+        _ => Err(format!("not a ratio between 0 and 1: {s:?}")),
+    }
 }
 
 /// Parses sizes like `4096`, `4K`, `64KiB`, `1M`, `2G`.

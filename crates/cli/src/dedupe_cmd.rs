@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Result;
-use onecopy_dedupe::{ExecOptions, ExecProgress, Model};
+use onecopy_dedupe::{ExecOptions, ExecProgress, Model, RehomeOptions};
 use onecopy_ioctl::fs::{fs_info, FsInfo, FsKind};
 use onecopy_plan::{PlanFile, PlanOptions};
 use onecopy_scan::{HashOptions, Progress, WalkOptions};
@@ -31,6 +31,13 @@ fn check_root(path: &Path) -> Result<Root, String> {
             "{} is on {}, which can not share extents; onecopy dedupes on btrfs and XFS (reflink=1)",
             path.display(),
             info.kind.name()
+        ));
+    }
+    if info.kind == FsKind::Xfs && onecopy_ioctl::fs::xfs_has_reflink(f.as_fd()).ok() == Some(false)
+    {
+        return Err(format!(
+            "{} is on XFS without reflink support (made with -m reflink=0); it can not share extents",
+            path.display()
         ));
     }
     if info.read_only {
@@ -84,6 +91,13 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
     let exec_progress = Arc::new(ExecProgress::default());
     let interrupted = Arc::new(std::sync::atomic::AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        // A second signal ends the process at once; the next run removes
+        // whatever temporary directory that leaves behind.
+        signal_hook::flag::register_conditional_shutdown(
+            sig,
+            exit::INTERRUPTED as i32,
+            interrupted.clone(),
+        )?;
         signal_hook::flag::register(sig, interrupted.clone())?;
     }
     let watcher = {
@@ -151,7 +165,7 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
     let nocow = onecopy_ioctl::fs::inode_flags::NOCOW;
     let protected =
         onecopy_ioctl::fs::inode_flags::IMMUTABLE | onecopy_ioctl::fs::inode_flags::APPEND;
-    for idx in by_fs.values() {
+    for (&fs, idx) in &by_fs {
         if scan_progress.cancelled() {
             break;
         }
@@ -187,16 +201,37 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
         let model = accounting_model(&entries);
         let total: u64 = plan.ops.iter().map(|o| o.candidate_bytes()).sum();
         let bar = ui.dedupe_bar(a.dry_run, total, &exec_progress);
+        let tmp = match (model, a.dry_run, a.rehome_ratio > 0.0) {
+            (Model::Extents, false, true) => {
+                match onecopy_dedupe::tmpdir::TmpDir::create(&tmp_parent(&a.paths, fs)) {
+                    Ok(t) => Some(t),
+                    Err(e) => {
+                        report.errors.push(crate::output::ErrorRecord {
+                        path: tmp_parent(&a.paths, fs).display().to_string(),
+                        error: format!("cannot create a temporary directory for re-homing (re-homing disabled): {e}"),
+                    });
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
+        let rehome = tmp.as_ref().map(|t| RehomeOptions {
+            tmp_dir: t.path().to_path_buf(),
+            max_ratio: a.rehome_ratio,
+        });
         let rep = onecopy_dedupe::execute(
             &entries,
             &plan,
             &ExecOptions {
                 dry_run: a.dry_run,
                 model,
+                rehome,
             },
             &exec_progress,
         );
         ui.finish(bar);
+        drop(tmp);
         *report.phases.entry("dedupe").or_default() += t.elapsed().as_secs_f64();
         report.add_exec(rep);
     }
@@ -243,6 +278,36 @@ fn accounting_model(entries: &[onecopy_scan::FileEntry]) -> Model {
         }
         _ => Model::Ranges,
     }
+}
+
+/// Where the temporary directory for filesystem `fs` goes: the first root
+/// on it that is a directory, else the directory of the first root file.
+fn tmp_parent(roots: &[PathBuf], fs: u64) -> PathBuf {
+    let on_fs = |p: &Path| {
+        std::fs::File::open(p)
+            .ok()
+            .and_then(|f| fs_info(f.as_fd()).ok())
+            .is_some_and(|i| i.fsid == fs)
+    };
+    let mut fallback = None;
+    for r in roots {
+        if r.is_dir() && on_fs(r) {
+            return r.clone();
+        }
+        if fallback.is_none() && on_fs(r) {
+            fallback = r
+                .parent()
+                .map(|p| {
+                    if p.as_os_str().is_empty() {
+                        Path::new(".")
+                    } else {
+                        p
+                    }
+                })
+                .map(Path::to_path_buf);
+        }
+    }
+    fallback.unwrap_or_else(|| PathBuf::from("."))
 }
 
 /// Free bytes summed over the distinct filesystems of `paths`, after

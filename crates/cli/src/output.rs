@@ -48,6 +48,12 @@ pub struct Report {
     pub bytes_freed: u64,
     /// Dry run: bytes that would be newly shared.
     pub bytes_would_share: u64,
+    /// btrfs bookending: remainder ranges re-homed, bytes copied for that,
+    /// and extents (and their bytes) released by it.
+    pub rehome_ranges: u64,
+    pub rehome_bytes_written: u64,
+    pub rehome_extents: u64,
+    pub rehome_bytes_released: u64,
     /// Change of the filesystems' free space over the run, after commit.
     pub fs_free_delta: Option<i64>,
     /// Destination ranges not deduped, by reason.
@@ -105,6 +111,10 @@ impl Report {
         self.bytes_already_shared += s.bytes_already_shared;
         self.bytes_freed += s.bytes_freed;
         self.bytes_would_share += s.bytes_would_share;
+        self.rehome_ranges += s.rehome_ranges;
+        self.rehome_bytes_written += s.rehome_bytes_written;
+        self.rehome_extents += s.rehome_extents;
+        self.rehome_bytes_released += s.rehome_bytes_released;
         for (k, v) in s.skipped {
             *self.ranges_skipped.entry(k).or_default() += v;
         }
@@ -113,6 +123,7 @@ impl Report {
                 onecopy_dedupe::DedupeError::Open { path, .. }
                 | onecopy_dedupe::DedupeError::Fiemap { path, .. } => path.display().to_string(),
                 onecopy_dedupe::DedupeError::Refused { dst, .. } => dst.display().to_string(),
+                onecopy_dedupe::DedupeError::Rehome { path, .. } => path.display().to_string(),
             };
             self.errors.push(ErrorRecord {
                 path,
@@ -278,6 +289,15 @@ impl Ui {
                 );
             }
             println!();
+            if r.rehome_ranges > 0 {
+                println!(
+                    "Re-homed {} unique remainders ({} copied) to release {} partly shared extents ({})",
+                    r.rehome_ranges,
+                    h(r.rehome_bytes_written),
+                    r.rehome_extents,
+                    h(r.rehome_bytes_released)
+                );
+            }
         }
         if !r.ranges_skipped.is_empty() {
             let parts: Vec<String> = r

@@ -91,8 +91,9 @@ pub fn file_units(f: &File, model: Model) -> std::io::Result<FileUnits> {
     Ok(FileUnits { units })
 }
 
-/// Bytes pinned by `before` (the files changed) that nothing in `after`
-/// (every file involved, after the run) pins any more.
+/// Net bytes released between two snapshots of the same files: the
+/// allocations `before` pinned that nothing in `after` pins any more, less
+/// the allocations `after` pins that are new (such as re-homed copies).
 pub fn freed_bytes(model: Model, before: &[&FileUnits], after: &[&FileUnits]) -> u64 {
     // How many snapshotted files referenced each unit before.
     let mut refs: HashMap<Unit, (u32, bool)> = HashMap::new();
@@ -103,6 +104,7 @@ pub fn freed_bytes(model: Model, before: &[&FileUnits], after: &[&FileUnits]) ->
             e.1 |= shared;
         }
     }
+    let all_before: Vec<Unit> = refs.keys().copied().collect();
     let claimable: Vec<Unit> = refs
         .into_iter()
         .filter(|(_, (n, shared))| !*shared || *n >= 2)
@@ -114,18 +116,29 @@ pub fn freed_bytes(model: Model, before: &[&FileUnits], after: &[&FileUnits]) ->
         .collect();
     match model {
         Model::Extents => {
-            let still: std::collections::HashSet<u64> =
-                after_units.iter().map(|u| u.start).collect();
-            claimable
+            use std::collections::HashSet;
+            let still: HashSet<u64> = after_units.iter().map(|u| u.start).collect();
+            let was: HashSet<u64> = all_before.iter().map(|u| u.start).collect();
+            let gone: u64 = claimable
                 .iter()
                 .filter(|u| !still.contains(&u.start))
                 .map(|u| u.len)
-                .sum()
+                .sum();
+            let mut new_seen = HashSet::new();
+            let new: u64 = after_units
+                .iter()
+                .filter(|u| !was.contains(&u.start) && new_seen.insert(u.start))
+                .map(|u| u.len)
+                .sum();
+            gone.saturating_sub(new)
         }
         Model::Ranges => {
-            let b = merge(claimable);
+            let c = merge(claimable);
             let a = merge(after_units);
-            measure(&b) - overlap(&b, &a)
+            let b = merge(all_before);
+            let gone = measure(&c) - overlap(&c, &a);
+            let new = measure(&a) - overlap(&a, &b);
+            gone.saturating_sub(new)
         }
     }
 }
@@ -193,8 +206,24 @@ mod tests {
         let after_dst = fu(&[(0, 30, false), (120, 20, false)]);
         let src = fu(&[(0, 30, false)]);
         assert_eq!(
-            freed_bytes(Model::Ranges, &[&before], &[&after_dst, &src]),
+            freed_bytes(Model::Ranges, &[&before, &src], &[&after_dst, &src]),
             30
+        );
+    }
+
+    #[test]
+    fn new_allocations_are_subtracted() {
+        // A 50-byte extent is released, a 5-byte re-homed copy is new.
+        let before = fu(&[(100, 50, false)]);
+        let after = fu(&[(0, 30, false), (500, 5, false)]);
+        let src = fu(&[(0, 30, false)]);
+        assert_eq!(
+            freed_bytes(Model::Extents, &[&before, &src], &[&after, &src]),
+            45
+        );
+        assert_eq!(
+            freed_bytes(Model::Ranges, &[&before, &src], &[&after, &src]),
+            45
         );
     }
 

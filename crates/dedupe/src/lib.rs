@@ -15,6 +15,10 @@
 //!   ([`account`]); they are never candidate bytes.
 
 pub mod account;
+mod rehome;
+pub mod tmpdir;
+
+pub use rehome::RehomeOptions;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
@@ -34,11 +38,13 @@ use account::FileUnits;
 pub use account::Model;
 
 /// Executor settings.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ExecOptions {
     /// Decide and report, but issue no dedupe.
     pub dry_run: bool,
     pub model: Model,
+    /// Re-home small remainders of partly shared extents (btrfs only).
+    pub rehome: Option<RehomeOptions>,
 }
 
 /// Why a destination range was not deduped.
@@ -80,6 +86,8 @@ pub enum DedupeError {
         dst: PathBuf,
         why: String,
     },
+    #[error("{path}: cannot re-home the unique remainder of a partly shared extent: {why}")]
+    Rehome { path: PathBuf, why: String },
 }
 
 /// What the executor did.
@@ -97,6 +105,13 @@ pub struct ExecStats {
     pub bytes_freed: u64,
     /// Dry run: bytes that would be newly shared.
     pub bytes_would_share: u64,
+    /// Re-homed remainder ranges (btrfs bookending, see `rehome`).
+    pub rehome_ranges: u64,
+    /// Bytes copied into fresh extents by re-homing.
+    pub rehome_bytes_written: u64,
+    /// Extents fully released by re-homing, and their size.
+    pub rehome_extents: u64,
+    pub rehome_bytes_released: u64,
     pub skipped: BTreeMap<DestSkip, u64>,
 }
 
@@ -122,6 +137,7 @@ struct Files<'a> {
     model: Model,
     before: HashMap<u32, FileUnits>,
     involved: Vec<bool>,
+    changed: Vec<bool>,
 }
 
 const MAX_OPEN: usize = 256;
@@ -204,6 +220,7 @@ pub fn execute(
         model: opts.model,
         before: HashMap::new(),
         involved: vec![false; entries.len()],
+        changed: vec![false; entries.len()],
     };
     let mut rep = ExecReport::default();
     for op in &plan.ops {
@@ -214,6 +231,33 @@ pub fn execute(
         rep.stats.ops += 1;
         run_op(op, &mut files, opts, progress, &mut rep);
         progress.ops_done.fetch_add(1, Ordering::Relaxed);
+    }
+    // Bookending: release extents pinned by small unique remainders.
+    if let (Some(ro), false, Model::Extents) = (&opts.rehome, opts.dry_run, opts.model) {
+        if ro.max_ratio > 0.0 {
+            let changed: Vec<u32> = (0..entries.len() as u32)
+                .filter(|&i| files.changed[i as usize])
+                .collect();
+            for i in changed {
+                if progress.cancel.load(Ordering::Relaxed) {
+                    break;
+                }
+                let Ok(f) = files.get(i) else { continue };
+                if !files.unchanged(i, &f) {
+                    continue;
+                }
+                let e = &entries[i as usize];
+                rehome::rehome_file(
+                    &e.path,
+                    &f,
+                    e.size,
+                    ro,
+                    progress,
+                    &mut rep.stats,
+                    &mut rep.errors,
+                );
+            }
+        }
     }
     // Accounting.
     if opts.dry_run {
@@ -339,6 +383,7 @@ fn run_op(
         return;
     }
     files.involved[op.src as usize] = true;
+    files.snapshot_before(op.src, &src);
     for (i, _, f) in &todo {
         files.involved[*i as usize] = true;
         files.snapshot_before(*i, f);
@@ -405,6 +450,7 @@ fn run_op(
                             if !counted[k] {
                                 counted[k] = true;
                                 rep.stats.ranges_deduped += 1;
+                                files.changed[pending[k].0 as usize] = true;
                             }
                             pending[k].3 += bytes;
                             rep.stats.bytes_deduped += bytes;

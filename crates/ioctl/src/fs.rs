@@ -170,6 +170,21 @@ pub fn syncfs(fd: BorrowedFd<'_>) -> io::Result<()> {
     Ok(())
 }
 
+/// `XFS_IOC_FSGEOMETRY_V4`: `_IOR('X', 124, struct xfs_fsop_geom_v4)`.
+const XFS_IOC_FSGEOMETRY_V4: libc::c_ulong = 0x8070_587C;
+const XFS_GEOM_SIZE_V4: usize = 112;
+const XFS_GEOM_FLAGS_OFFSET: usize = 92;
+const XFS_FSOP_GEOM_FLAGS_REFLINK: u32 = 1 << 20;
+
+/// Whether the XFS filesystem holding `fd` was made with `reflink=1`
+/// (without it, every dedupe fails with EOPNOTSUPP).
+pub fn xfs_has_reflink(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    let mut buf = crate::AlignedBuf::new(XFS_GEOM_SIZE_V4);
+    crate::ioctl_buf(fd, XFS_IOC_FSGEOMETRY_V4, &mut buf)?;
+    let flags = crate::bytes::u32_at(buf.as_bytes(), XFS_GEOM_FLAGS_OFFSET).unwrap_or(0);
+    Ok(flags & XFS_FSOP_GEOM_FLAGS_REFLINK != 0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -194,6 +194,12 @@ pub fn walk(opts: &WalkOptions, progress: &Progress) -> WalkOutput {
                 if e.depth() == 0 {
                     return true;
                 }
+                if e.file_name()
+                    .to_string_lossy()
+                    .starts_with(crate::TMP_DIR_PREFIX)
+                {
+                    return false;
+                }
                 let excluded = !globs.is_empty()
                     && (globs.is_match(e.path()) || globs.is_match(Path::new(e.file_name())));
                 if excluded {

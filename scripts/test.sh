@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs everything the test suite needs, then runs all of it:
+# formatting, lints, unit tests and the integration tests, which create
+# real btrfs, XFS, ext4 and tmpfs filesystems on loop devices (root needed).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" != 0 ]; then
+    echo "scripts/test.sh: the integration tests mount loop filesystems; run as root (sudo $0)" >&2
+    exit 2
+fi
+
+# System packages: mkfs tools, mount helpers, chattr, fuse.
+need_pkgs=()
+for pair in mkfs.btrfs:btrfs-progs mkfs.xfs:xfsprogs mkfs.ext4:e2fsprogs chattr:e2fsprogs \
+            losetup:mount fusermount3:fuse3 xfs_io:xfsprogs; do
+    command -v "${pair%%:*}" >/dev/null 2>&1 || need_pkgs+=("${pair#*:}")
+done
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+    echo "scripts/test.sh: installing ${need_pkgs[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+fi
+modprobe loop 2>/dev/null || true
+for fs in btrfs xfs; do
+    grep -qw "$fs" /proc/filesystems || modprobe "$fs" 2>/dev/null || true
+done
+
+# Rust toolchain components.
+if ! command -v cargo >/dev/null 2>&1; then
+    echo "scripts/test.sh: cargo not found; install Rust (https://rustup.rs) first" >&2
+    exit 2
+fi
+rustup component add rustfmt clippy >/dev/null 2>&1 || true
+
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo test --workspace --locked

@@ -1,1 +1,589 @@
-//! stub
+//! The persistent catalog: what onecopy learned about each file, so that an
+//! unchanged file is never read twice.
+//!
+//! # On-disk format (version 1)
+//!
+//! One SQLite database (WAL journal, `synchronous=NORMAL`) per catalog file.
+//! `PRAGMA user_version` holds [`FORMAT_VERSION`] and the `meta` table holds
+//! `magic = onecopy-catalog` and `block_size`. A database whose version or
+//! magic differ, that is not SQLite at all, or that fails to load, is set
+//! aside (renamed `*.broken`) and rebuilt: it is never misread.
+//!
+//! ```sql
+//! CREATE TABLE files (
+//!   fs TEXT, subvol INTEGER, ino INTEGER,   -- key: filesystem identity, btrfs subvolume, inode
+//!   generation INTEGER, path BLOB,          -- path: absolute, raw bytes
+//!   size INTEGER, mtime_ns INTEGER, ctime_ns INTEGER,
+//!   whole BLOB,                             -- 16 bytes, XXH3-128, little-endian
+//!   blocks BLOB,                            -- 16 bytes per block, little-endian
+//!   flags INTEGER,                          -- FS_IOC_GETFLAGS inode flags
+//!   settled INTEGER,                        -- 1: every planned range was shared last run
+//!   last_seen INTEGER,                      -- run number
+//!   checksum INTEGER,                       -- XXH3-64 of all fields above
+//!   PRIMARY KEY (fs, subvol, ino)) WITHOUT ROWID;
+//! ```
+//!
+//! # Crash model
+//!
+//! Each run's changes are written in one transaction at the end of the run.
+//! A run killed before commit leaves the previous run's catalog, which is
+//! still correct: records are only trusted for files whose identity (inode,
+//! size, mtime, ctime, and generation where it is checked) still matches, and
+//! the kernel verifies every dedupe byte by byte anyway. SQLite's journal makes
+//! the commit atomic. Each record carries a checksum, so a damaged page that
+//! SQLite itself does not notice is still detected on load.
+
+mod incremental;
+
+pub use incremental::{classify, Classified, Known};
+
+use std::path::{Path, PathBuf};
+
+use rusqlite::{params, Connection, OpenFlags};
+use xxhash_rust::xxh3::Xxh3;
+
+/// The catalog format this build reads and writes.
+pub const FORMAT_VERSION: i64 = 1;
+const MAGIC: &str = "onecopy-catalog";
+
+/// What the catalog knows about one file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileRecord {
+    pub fs: String,
+    pub subvol: u64,
+    pub ino: u64,
+    pub generation: u64,
+    pub path: PathBuf,
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+    pub whole: u128,
+    pub blocks: Vec<u128>,
+    pub flags: u32,
+    pub settled: bool,
+    pub last_seen: u64,
+}
+
+impl FileRecord {
+    fn checksum(&self) -> i64 {
+        use std::os::unix::ffi::OsStrExt;
+        let mut h = Xxh3::new();
+        h.update(self.fs.as_bytes());
+        for v in [self.subvol, self.ino, self.generation, self.size] {
+            h.update(&v.to_le_bytes());
+        }
+        h.update(&(self.path.as_os_str().len() as u64).to_le_bytes());
+        h.update(self.path.as_os_str().as_bytes());
+        h.update(&self.mtime_ns.to_le_bytes());
+        h.update(&self.ctime_ns.to_le_bytes());
+        h.update(&self.whole.to_le_bytes());
+        h.update(&digests_to_blob(&self.blocks));
+        h.update(&self.flags.to_le_bytes());
+        h.update(&[self.settled as u8]);
+        h.update(&self.last_seen.to_le_bytes());
+        h.digest() as i64
+    }
+}
+
+/// Why a catalog could not be used as it was.
+#[derive(Debug, thiserror::Error)]
+pub enum CatalogError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {source}")]
+    Sqlite {
+        path: PathBuf,
+        source: rusqlite::Error,
+    },
+    #[error("{path}: catalog format {found} is not format {FORMAT_VERSION} of this onecopy")]
+    Version { path: PathBuf, found: i64 },
+    #[error("{path}: not an onecopy catalog")]
+    Foreign { path: PathBuf },
+    #[error("{path}: damaged record ({what})")]
+    Corrupt { path: PathBuf, what: String },
+}
+
+/// Counts for `onecopy catalog stats`.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct CatalogStats {
+    pub path: String,
+    pub files: u64,
+    pub blocks: u64,
+    pub bytes: u64,
+    pub file_size_on_disk: u64,
+    pub runs: u64,
+    pub last_run_unix: Option<i64>,
+    pub block_size: Option<u64>,
+}
+
+/// An open catalog.
+pub struct Catalog {
+    conn: Connection,
+    path: PathBuf,
+    run: u64,
+}
+
+fn digests_to_blob(v: &[u128]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(v.len() * 16);
+    for d in v {
+        b.extend_from_slice(&d.to_le_bytes());
+    }
+    b
+}
+
+/// Decodes a blob of 16-byte digests; `None` if its length is not a
+/// multiple of 16.
+pub fn blob_to_digests(b: &[u8]) -> Option<Vec<u128>> {
+    if !b.len().is_multiple_of(16) {
+        return None;
+    }
+    Some(
+        b.chunks_exact(16)
+            .map(|c| u128::from_le_bytes(c.try_into().unwrap()))
+            .collect(),
+    )
+}
+
+impl Catalog {
+    /// Opens the catalog at `path` for `block_size`, creating it if absent.
+    /// A catalog of another format, block size, or that is not a catalog,
+    /// is an error: see [`Catalog::open_or_rebuild`].
+    pub fn open(path: &Path, block_size: u64) -> Result<Catalog, CatalogError> {
+        let sq = |source| CatalogError::Sqlite {
+            path: path.to_path_buf(),
+            source,
+        };
+        if let Some(dir) = path.parent() {
+            if !dir.as_os_str().is_empty() {
+                std::fs::create_dir_all(dir).map_err(|source| CatalogError::Io {
+                    path: dir.to_path_buf(),
+                    source,
+                })?;
+            }
+        }
+        let fresh = !path.exists()
+            || std::fs::metadata(path)
+                .map(|m| m.len() == 0)
+                .unwrap_or(true);
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_CREATE
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(sq)?;
+        conn.busy_timeout(std::time::Duration::from_secs(30))
+            .map_err(sq)?;
+        // Any non-SQLite file fails here.
+        let version: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(|e| match e {
+                rusqlite::Error::SqliteFailure(ref f, _)
+                    if f.code == rusqlite::ErrorCode::NotADatabase =>
+                {
+                    CatalogError::Foreign {
+                        path: path.to_path_buf(),
+                    }
+                }
+                e => sq(e),
+            })?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(sq)?;
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(sq)?;
+        if fresh || version == 0 {
+            let has_tables: i64 = conn
+                .query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))
+                .map_err(sq)?;
+            if has_tables > 0 {
+                return Err(CatalogError::Foreign {
+                    path: path.to_path_buf(),
+                });
+            }
+            conn.execute_batch(
+                "BEGIN;
+                 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+                 CREATE TABLE files (
+                   fs TEXT NOT NULL, subvol INTEGER NOT NULL, ino INTEGER NOT NULL,
+                   generation INTEGER NOT NULL, path BLOB NOT NULL,
+                   size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, ctime_ns INTEGER NOT NULL,
+                   whole BLOB NOT NULL, blocks BLOB NOT NULL, flags INTEGER NOT NULL,
+                   settled INTEGER NOT NULL, last_seen INTEGER NOT NULL, checksum INTEGER NOT NULL,
+                   PRIMARY KEY (fs, subvol, ino)) WITHOUT ROWID;
+                 CREATE TABLE runs (run INTEGER PRIMARY KEY, started INTEGER NOT NULL, roots TEXT NOT NULL);
+                 COMMIT;",
+            )
+            .map_err(sq)?;
+            conn.execute("INSERT INTO meta VALUES ('magic', ?1)", [MAGIC])
+                .map_err(sq)?;
+            conn.execute(
+                "INSERT INTO meta VALUES ('block_size', ?1)",
+                [block_size.to_string()],
+            )
+            .map_err(sq)?;
+            conn.pragma_update(None, "user_version", FORMAT_VERSION)
+                .map_err(sq)?;
+        } else if version != FORMAT_VERSION {
+            return Err(CatalogError::Version {
+                path: path.to_path_buf(),
+                found: version,
+            });
+        }
+        let magic: Option<String> = conn
+            .query_row("SELECT value FROM meta WHERE key = 'magic'", [], |r| {
+                r.get(0)
+            })
+            .ok();
+        if magic.as_deref() != Some(MAGIC) {
+            return Err(CatalogError::Foreign {
+                path: path.to_path_buf(),
+            });
+        }
+        let bs: Option<String> = conn
+            .query_row("SELECT value FROM meta WHERE key = 'block_size'", [], |r| {
+                r.get(0)
+            })
+            .ok();
+        if bs.as_deref() != Some(block_size.to_string().as_str()) {
+            // Digests of another block size are useless: start over in place.
+            conn.execute_batch("DELETE FROM files;").map_err(sq)?;
+            conn.execute(
+                "INSERT OR REPLACE INTO meta VALUES ('block_size', ?1)",
+                [block_size.to_string()],
+            )
+            .map_err(sq)?;
+        }
+        let run: u64 = conn
+            .query_row("SELECT coalesce(max(run), 0) FROM runs", [], |r| {
+                r.get::<_, i64>(0)
+            })
+            .map_err(sq)? as u64
+            + 1;
+        Ok(Catalog {
+            conn,
+            path: path.to_path_buf(),
+            run,
+        })
+    }
+
+    /// Opens the catalog, and if it is damaged, foreign or of another
+    /// format, sets it aside as `<path>.broken` and creates a new one.
+    /// Returns the reason it was rebuilt, if it was.
+    pub fn open_or_rebuild(
+        path: &Path,
+        block_size: u64,
+    ) -> Result<(Catalog, Option<CatalogError>), CatalogError> {
+        match Catalog::open(path, block_size).and_then(|c| c.load_all().map(|_| c)) {
+            Ok(c) => Ok((c, None)),
+            Err(e @ CatalogError::Io { .. }) => Err(e),
+            Err(why) => {
+                Self::set_aside(path)?;
+                let c = Catalog::open(path, block_size)?;
+                Ok((c, Some(why)))
+            }
+        }
+    }
+
+    fn set_aside(path: &Path) -> Result<(), CatalogError> {
+        let mut aside = path.as_os_str().to_owned();
+        aside.push(".broken");
+        let _ = std::fs::remove_file(&aside);
+        std::fs::rename(path, &aside).map_err(|source| CatalogError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        for ext in ["-wal", "-shm"] {
+            let mut p = path.as_os_str().to_owned();
+            p.push(ext);
+            let _ = std::fs::remove_file(p);
+        }
+        Ok(())
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// This run's number (one more than the last recorded run).
+    pub fn run(&self) -> u64 {
+        self.run
+    }
+
+    /// Every record, checked against its checksum.
+    pub fn load_all(&self) -> Result<Vec<FileRecord>, CatalogError> {
+        use std::os::unix::ffi::OsStringExt;
+        let sq = |source| CatalogError::Sqlite {
+            path: self.path.clone(),
+            source,
+        };
+        let mut st = self
+            .conn
+            .prepare(
+                "SELECT fs, subvol, ino, generation, path, size, mtime_ns, ctime_ns, whole, blocks,
+                        flags, settled, last_seen, checksum FROM files",
+            )
+            .map_err(sq)?;
+        let mut rows = st.query([]).map_err(sq)?;
+        let mut out = Vec::new();
+        while let Some(r) = rows.next().map_err(sq)? {
+            let corrupt = |what: &str| CatalogError::Corrupt {
+                path: self.path.clone(),
+                what: what.into(),
+            };
+            let whole: Vec<u8> = r.get(8).map_err(sq)?;
+            let blocks: Vec<u8> = r.get(9).map_err(sq)?;
+            let rec = FileRecord {
+                fs: r.get(0).map_err(sq)?,
+                subvol: r.get::<_, i64>(1).map_err(sq)? as u64,
+                ino: r.get::<_, i64>(2).map_err(sq)? as u64,
+                generation: r.get::<_, i64>(3).map_err(sq)? as u64,
+                path: PathBuf::from(std::ffi::OsString::from_vec(
+                    r.get::<_, Vec<u8>>(4).map_err(sq)?,
+                )),
+                size: r.get::<_, i64>(5).map_err(sq)? as u64,
+                mtime_ns: r.get(6).map_err(sq)?,
+                ctime_ns: r.get(7).map_err(sq)?,
+                whole: u128::from_le_bytes(
+                    whole
+                        .as_slice()
+                        .try_into()
+                        .map_err(|_| corrupt("whole digest"))?,
+                ),
+                blocks: blob_to_digests(&blocks).ok_or_else(|| corrupt("block digests"))?,
+                flags: r.get::<_, i64>(10).map_err(sq)? as u32,
+                settled: r.get::<_, i64>(11).map_err(sq)? != 0,
+                last_seen: r.get::<_, i64>(12).map_err(sq)? as u64,
+            };
+            let sum: i64 = r.get(13).map_err(sq)?;
+            if sum != rec.checksum() {
+                return Err(corrupt("checksum mismatch"));
+            }
+            out.push(rec);
+        }
+        Ok(out)
+    }
+
+    /// Writes a run's changes in one transaction: `upserts` replace records
+    /// with the same key, `deletes` remove keys; the run is recorded.
+    pub fn commit_run(
+        &mut self,
+        roots: &[PathBuf],
+        upserts: &[FileRecord],
+        deletes: &[(String, u64, u64)],
+    ) -> Result<(), CatalogError> {
+        use std::os::unix::ffi::OsStrExt;
+        let path = self.path.clone();
+        let sq = |source| CatalogError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let tx = self.conn.transaction().map_err(sq)?;
+        {
+            let mut ins = tx
+                .prepare(
+                    "INSERT OR REPLACE INTO files VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+                )
+                .map_err(sq)?;
+            for r in upserts {
+                ins.execute(params![
+                    r.fs,
+                    r.subvol as i64,
+                    r.ino as i64,
+                    r.generation as i64,
+                    r.path.as_os_str().as_bytes(),
+                    r.size as i64,
+                    r.mtime_ns,
+                    r.ctime_ns,
+                    &r.whole.to_le_bytes()[..],
+                    digests_to_blob(&r.blocks),
+                    r.flags as i64,
+                    r.settled as i64,
+                    r.last_seen as i64,
+                    r.checksum(),
+                ])
+                .map_err(sq)?;
+            }
+            let mut del = tx
+                .prepare("DELETE FROM files WHERE fs = ?1 AND subvol = ?2 AND ino = ?3")
+                .map_err(sq)?;
+            for (fs, sv, ino) in deletes {
+                del.execute(params![fs, *sv as i64, *ino as i64])
+                    .map_err(sq)?;
+            }
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs() as i64)
+                .unwrap_or(0);
+            let roots: Vec<String> = roots.iter().map(|p| p.display().to_string()).collect();
+            tx.execute(
+                "INSERT OR REPLACE INTO runs VALUES (?1, ?2, ?3)",
+                params![self.run as i64, now, roots.join("\n")],
+            )
+            .map_err(sq)?;
+        }
+        tx.commit().map_err(sq)?;
+        Ok(())
+    }
+
+    /// Removes every record whose path is `prefix` or below it. Returns the
+    /// number removed.
+    pub fn forget(&mut self, prefix: &Path) -> Result<u64, CatalogError> {
+        let recs = self.load_all()?;
+        let gone: Vec<(String, u64, u64)> = recs
+            .into_iter()
+            .filter(|r| r.path.starts_with(prefix))
+            .map(|r| (r.fs, r.subvol, r.ino))
+            .collect();
+        let n = gone.len() as u64;
+        let path = self.path.clone();
+        let sq = |source| CatalogError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let tx = self.conn.transaction().map_err(sq)?;
+        {
+            let mut del = tx
+                .prepare("DELETE FROM files WHERE fs = ?1 AND subvol = ?2 AND ino = ?3")
+                .map_err(sq)?;
+            for (fs, sv, ino) in &gone {
+                del.execute(params![fs, *sv as i64, *ino as i64])
+                    .map_err(sq)?;
+            }
+        }
+        tx.commit().map_err(sq)?;
+        Ok(n)
+    }
+
+    /// Counts for display.
+    pub fn stats(&self) -> Result<CatalogStats, CatalogError> {
+        let recs = self.load_all()?;
+        let sq = |source| CatalogError::Sqlite {
+            path: self.path.clone(),
+            source,
+        };
+        let (runs, last): (i64, Option<i64>) = self
+            .conn
+            .query_row("SELECT count(*), max(started) FROM runs", [], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .map_err(sq)?;
+        let bs: Option<String> = self
+            .conn
+            .query_row("SELECT value FROM meta WHERE key = 'block_size'", [], |r| {
+                r.get(0)
+            })
+            .ok();
+        let mut size = 0;
+        for ext in ["", "-wal"] {
+            let mut p = self.path.as_os_str().to_owned();
+            p.push(ext);
+            size += std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+        }
+        Ok(CatalogStats {
+            path: self.path.display().to_string(),
+            files: recs.len() as u64,
+            blocks: recs.iter().map(|r| r.blocks.len() as u64).sum(),
+            bytes: recs.iter().map(|r| r.size).sum(),
+            file_size_on_disk: size,
+            runs: runs as u64,
+            last_run_unix: last,
+            block_size: bs.and_then(|b| b.parse().ok()),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(ino: u64) -> FileRecord {
+        FileRecord {
+            fs: "uuid:ab".into(),
+            subvol: 5,
+            ino,
+            generation: 7,
+            path: PathBuf::from(format!("/data/f{ino}")),
+            size: 100_000,
+            mtime_ns: 1,
+            ctime_ns: 2,
+            whole: 0xdead_beef,
+            blocks: vec![1, 2, u128::MAX],
+            flags: 0,
+            settled: false,
+            last_seen: 1,
+        }
+    }
+
+    #[test]
+    fn roundtrip_and_delete() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("c.sqlite");
+        let mut c = Catalog::open(&p, 65536).unwrap();
+        c.commit_run(&[], &[rec(1), rec(2)], &[]).unwrap();
+        assert_eq!(c.load_all().unwrap().len(), 2);
+        c.commit_run(&[], &[], &[("uuid:ab".into(), 5, 1)]).unwrap();
+        let all = c.load_all().unwrap();
+        assert_eq!(all, vec![rec(2)]);
+        drop(c);
+        let c = Catalog::open(&p, 65536).unwrap();
+        assert_eq!(c.run(), 2);
+        assert_eq!(c.stats().unwrap().files, 1);
+    }
+
+    #[test]
+    fn other_block_size_starts_over() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("c.sqlite");
+        let mut c = Catalog::open(&p, 65536).unwrap();
+        c.commit_run(&[], &[rec(1)], &[]).unwrap();
+        drop(c);
+        let c = Catalog::open(&p, 4096).unwrap();
+        assert!(c.load_all().unwrap().is_empty());
+    }
+
+    #[test]
+    fn foreign_and_damaged_files_are_rebuilt() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("c.sqlite");
+        std::fs::write(
+            &p,
+            b"this is not a database at all, just some text that is long enough",
+        )
+        .unwrap();
+        assert!(matches!(
+            Catalog::open(&p, 65536),
+            Err(CatalogError::Foreign { .. } | CatalogError::Sqlite { .. })
+        ));
+        let (c, why) = Catalog::open_or_rebuild(&p, 65536).unwrap();
+        assert!(why.is_some());
+        assert!(c.load_all().unwrap().is_empty());
+        drop(c);
+        // A record whose checksum does not match is detected.
+        let mut c = Catalog::open(&p, 65536).unwrap();
+        c.commit_run(&[], &[rec(1)], &[]).unwrap();
+        c.conn.execute("UPDATE files SET size = 5", []).unwrap();
+        assert!(matches!(c.load_all(), Err(CatalogError::Corrupt { .. })));
+        drop(c);
+        let (c, why) = Catalog::open_or_rebuild(&p, 65536).unwrap();
+        assert!(matches!(why, Some(CatalogError::Corrupt { .. })));
+        assert!(c.load_all().unwrap().is_empty());
+        // Another format version.
+        c.conn.pragma_update(None, "user_version", 99).unwrap();
+        drop(c);
+        assert!(matches!(
+            Catalog::open(&p, 65536),
+            Err(CatalogError::Version { found: 99, .. })
+        ));
+        let (_c, why) = Catalog::open_or_rebuild(&p, 65536).unwrap();
+        assert!(matches!(why, Some(CatalogError::Version { .. })));
+    }
+
+    #[test]
+    fn blob_decoding_rejects_bad_lengths() {
+        assert_eq!(blob_to_digests(&[0u8; 32]).unwrap().len(), 2);
+        assert!(blob_to_digests(&[0u8; 17]).is_none());
+    }
+}

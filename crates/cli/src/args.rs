@@ -63,6 +63,15 @@ pub struct DedupeArgs {
     #[arg(long, value_name = "RATIO", default_value_t = 0.5, value_parser = parse_ratio)]
     pub rehome_ratio: f64,
 
+    /// Use this catalog file instead of the default one per filesystem
+    /// (under /var/cache/onecopy for root, else $XDG_CACHE_HOME/onecopy).
+    #[arg(long, value_name = "PATH", conflicts_with = "no_catalog")]
+    pub hashfile: Option<PathBuf>,
+
+    /// Read every file and keep nothing: no catalog is read or written.
+    #[arg(long)]
+    pub no_catalog: bool,
+
     /// Files read in parallel.
     #[arg(short = 'j', long, value_name = "N", default_value_t = 4)]
     pub threads: usize,

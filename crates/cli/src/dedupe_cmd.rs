@@ -8,10 +8,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Result;
+use onecopy_catalog::{Catalog, FileRecord, Known};
 use onecopy_dedupe::{ExecOptions, ExecProgress, Model, RehomeOptions};
 use onecopy_ioctl::fs::{fs_info, FsInfo, FsKind};
 use onecopy_plan::{PlanFile, PlanOptions};
-use onecopy_scan::{HashOptions, Progress, WalkOptions};
+use onecopy_scan::{FsId, HashOptions, HashedFile, Progress, WalkOptions};
 
 use crate::args::DedupeArgs;
 use crate::exit;
@@ -86,6 +87,12 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
         }
     }
     let free_before = settled_free(&a.paths);
+    // Absolute, symlink-free roots: catalog records hold absolute paths.
+    let roots_abs: Vec<PathBuf> = a
+        .paths
+        .iter()
+        .map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()))
+        .collect();
 
     let scan_progress = Arc::new(Progress::default());
     let exec_progress = Arc::new(ExecProgress::default());
@@ -122,7 +129,7 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
     let spinner = ui.spinner("walking", &scan_progress);
     let walked = onecopy_scan::walk(
         &WalkOptions {
-            roots: a.paths.clone(),
+            roots: roots_abs.clone(),
             one_file_system: !a.cross_filesystems,
             excludes: a.excludes.clone(),
             min_size: a.min_size,
@@ -137,11 +144,61 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
     report.files_scanned = walked.files.len() as u64;
     report.bytes_scanned = walked.files.iter().map(|f| f.size).sum();
 
-    // Read and hash.
+    // Split by filesystem; consult each filesystem's catalog.
     let t = Instant::now();
-    let bar = ui.bytes_bar("reading", report.bytes_scanned, &scan_progress);
+    let mut per_fs: BTreeMap<FsId, FsRun> = BTreeMap::new();
+    for e in walked.files {
+        per_fs
+            .entry(e.fs)
+            .or_insert_with(|| FsRun::new(&e))
+            .walked
+            .push(e);
+    }
+    let mut to_read = Vec::new();
+    for run in per_fs.values_mut() {
+        let walked = std::mem::take(&mut run.walked);
+        if a.no_catalog {
+            to_read.extend(walked);
+            continue;
+        }
+        let path = catalog_path(&a, &run.key);
+        match Catalog::open_or_rebuild(&path, a.block_size) {
+            Ok((cat, why)) => {
+                if let Some(why) = why {
+                    ui.warn(&format!("{why}; the catalog was set aside and is rebuilt"));
+                    report.catalog_rebuilt = true;
+                }
+                let records = cat.load_all().unwrap_or_default();
+                let c = onecopy_catalog::classify(
+                    &run.key,
+                    run.fs,
+                    run.fs_block,
+                    records,
+                    walked,
+                    &roots_abs,
+                );
+                report.files_known += c.known.len() as u64;
+                report.files_renamed += c.renamed;
+                report.catalogs.push(path.display().to_string());
+                to_read.extend(c.to_read);
+                run.known = c.known;
+                run.deleted = c.deleted;
+                run.catalog = Some(cat);
+            }
+            Err(e) => {
+                ui.warn(&format!("{e}; running without a catalog"));
+                to_read.extend(walked);
+            }
+        }
+    }
+    report.phases.insert("catalog", t.elapsed().as_secs_f64());
+
+    // Read and hash what the catalogs did not know.
+    let t = Instant::now();
+    let to_read_bytes = to_read.iter().map(|f| f.size).sum();
+    let bar = ui.bytes_bar("reading", to_read_bytes, &scan_progress);
     let mut hashed = onecopy_scan::hash_files(
-        walked.files,
+        to_read,
         &HashOptions {
             block_size: a.block_size,
             threads: a.threads,
@@ -155,87 +212,159 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
     report.add_scan_errors(std::mem::take(&mut hashed.errors));
     report.files_read = hashed.files.len() as u64;
     report.bytes_read = hashed.bytes_read;
-
-    // Match and plan, one filesystem at a time, then act.
-    let zero = onecopy_scan::zero_block_digest(a.block_size);
-    let mut by_fs: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
-    for (i, f) in hashed.files.iter().enumerate() {
-        by_fs.entry(f.entry.fs).or_default().push(i);
+    if a.verbose {
+        report.read_paths = Some(
+            hashed
+                .files
+                .iter()
+                .map(|f| f.entry.path.display().to_string())
+                .collect(),
+        );
     }
+    for f in hashed.files {
+        if let Some(run) = per_fs.get_mut(&f.entry.fs) {
+            run.fresh.push(f);
+        }
+    }
+
+    // Match and plan, one filesystem at a time, then act, then remember.
+    let zero = onecopy_scan::zero_block_digest(a.block_size);
     let nocow = onecopy_ioctl::fs::inode_flags::NOCOW;
     let protected =
         onecopy_ioctl::fs::inode_flags::IMMUTABLE | onecopy_ioctl::fs::inode_flags::APPEND;
-    for (&fs, idx) in &by_fs {
-        if scan_progress.cancelled() {
-            break;
-        }
-        let t = Instant::now();
-        let pfiles: Vec<PlanFile<'_>> = idx
+    for (&fs, run) in per_fs.iter_mut() {
+        // Sources first: files outside the roots, then settled ones, so
+        // that known canonical copies stay canonical.
+        run.known.sort_by_key(|k| (!k.outside_roots, !k.settled));
+        let n_known = run.known.len();
+        let files: Vec<&HashedFile> = run
+            .known
             .iter()
-            .map(|&i| {
-                let f = &hashed.files[i];
-                PlanFile {
+            .map(|k| &k.file)
+            .chain(run.fresh.iter())
+            .collect();
+        let settled: Vec<bool> = run
+            .known
+            .iter()
+            .map(|k| k.settled)
+            .chain(run.fresh.iter().map(|_| false))
+            .collect();
+        let outside: Vec<bool> = run
+            .known
+            .iter()
+            .map(|k| k.outside_roots)
+            .chain(run.fresh.iter().map(|_| false))
+            .collect();
+        let mut unsettled = vec![false; files.len()];
+        if !scan_progress.cancelled() {
+            let t = Instant::now();
+            let pfiles: Vec<PlanFile<'_>> = files
+                .iter()
+                .zip(&outside)
+                .map(|(f, &out)| PlanFile {
                     size: f.entry.size,
                     blocks: &f.blocks,
                     whole: f.whole,
-                    can_be_dest: f.inode_flags & (protected | nocow) == 0,
+                    can_be_dest: !out && f.inode_flags & (protected | nocow) == 0,
                     can_be_src: f.inode_flags & nocow == 0,
-                }
-            })
-            .collect();
-        let plan = onecopy_plan::plan(
-            &pfiles,
-            &PlanOptions {
-                block_size: a.block_size,
-                zero_digest: zero,
-                min_run: 0,
-            },
-        );
-        drop(pfiles);
-        *report.phases.entry("plan").or_default() += t.elapsed().as_secs_f64();
-        report.add_plan(&plan.stats);
+                })
+                .collect();
+            let plan = onecopy_plan::plan(
+                &pfiles,
+                &PlanOptions {
+                    block_size: a.block_size,
+                    zero_digest: zero,
+                    min_run: 0,
+                },
+            );
+            drop(pfiles);
+            *report.phases.entry("plan").or_default() += t.elapsed().as_secs_f64();
+            report.add_plan(&plan.stats);
 
-        let t = Instant::now();
-        let entries: Vec<onecopy_scan::FileEntry> =
-            idx.iter().map(|&i| hashed.files[i].entry.clone()).collect();
-        let model = accounting_model(&entries);
-        let total: u64 = plan.ops.iter().map(|o| o.candidate_bytes()).sum();
-        let bar = ui.dedupe_bar(a.dry_run, total, &exec_progress);
-        let tmp = match (model, a.dry_run, a.rehome_ratio > 0.0) {
-            (Model::Extents, false, true) => {
-                match onecopy_dedupe::tmpdir::TmpDir::create(&tmp_parent(&a.paths, fs)) {
-                    Ok(t) => Some(t),
-                    Err(e) => {
-                        report.errors.push(crate::output::ErrorRecord {
-                        path: tmp_parent(&a.paths, fs).display().to_string(),
-                        error: format!("cannot create a temporary directory for re-homing (re-homing disabled): {e}"),
-                    });
-                        None
+            let t = Instant::now();
+            let entries: Vec<onecopy_scan::FileEntry> =
+                files.iter().map(|f| f.entry.clone()).collect();
+            let model = accounting_model(&entries);
+            let total: u64 = plan.ops.iter().map(|o| o.candidate_bytes()).sum();
+            let bar = ui.dedupe_bar(a.dry_run, total, &exec_progress);
+            let tmp = match (model, a.dry_run, a.rehome_ratio > 0.0, plan.ops.is_empty()) {
+                (Model::Extents, false, true, false) => {
+                    let parent = tmp_parent(&roots_abs, fs);
+                    match onecopy_dedupe::tmpdir::TmpDir::create(&parent) {
+                        Ok(t) => Some(t),
+                        Err(e) => {
+                            report.errors.push(crate::output::ErrorRecord {
+                                path: parent.display().to_string(),
+                                error: format!(
+                                    "cannot create a temporary directory for re-homing (re-homing disabled): {e}"
+                                ),
+                            });
+                            None
+                        }
                     }
                 }
+                _ => None,
+            };
+            let rehome = tmp.as_ref().map(|t| RehomeOptions {
+                tmp_dir: t.path().to_path_buf(),
+                max_ratio: a.rehome_ratio,
+            });
+            let rep = onecopy_dedupe::execute(
+                &entries,
+                &plan,
+                &ExecOptions {
+                    dry_run: a.dry_run,
+                    model,
+                    rehome,
+                },
+                &settled,
+                &exec_progress,
+            );
+            ui.finish(bar);
+            drop(tmp);
+            *report.phases.entry("dedupe").or_default() += t.elapsed().as_secs_f64();
+            unsettled.clone_from(&rep.unsettled);
+            report.add_exec(rep);
+        }
+
+        // Remember: every file seen now, and forget the ones gone. An
+        // interrupted run may have missed files, so it deletes nothing and
+        // settles nothing.
+        if let Some(cat) = run.catalog.as_mut() {
+            let t = Instant::now();
+            let stopped = interrupted.load(Ordering::Relaxed);
+            let this_run = cat.run();
+            let key = run.key.clone();
+            let records: Vec<FileRecord> = files
+                .iter()
+                .enumerate()
+                .map(|(i, f)| FileRecord {
+                    fs: key.clone(),
+                    subvol: f.entry.subvol,
+                    ino: f.entry.ino,
+                    generation: f.generation,
+                    path: f.entry.path.clone(),
+                    size: f.entry.size,
+                    mtime_ns: f.entry.mtime_ns,
+                    ctime_ns: f.entry.ctime_ns,
+                    whole: f.whole,
+                    blocks: f.blocks.clone(),
+                    flags: f.inode_flags,
+                    settled: !stopped && !unsettled[i] && (i < n_known || !a.dry_run),
+                    last_seen: this_run,
+                })
+                .collect();
+            let deletes = if stopped {
+                Vec::new()
+            } else {
+                std::mem::take(&mut run.deleted)
+            };
+            if let Err(e) = cat.commit_run(&roots_abs, &records, &deletes) {
+                ui.warn(&format!("cannot update the catalog: {e}"));
             }
-            _ => None,
-        };
-        let rehome = tmp.as_ref().map(|t| RehomeOptions {
-            tmp_dir: t.path().to_path_buf(),
-            max_ratio: a.rehome_ratio,
-        });
-        let rep = onecopy_dedupe::execute(
-            &entries,
-            &plan,
-            &ExecOptions {
-                dry_run: a.dry_run,
-                model,
-                rehome,
-            },
-            &exec_progress,
-        );
-        ui.finish(bar);
-        drop(tmp);
-        *report.phases.entry("dedupe").or_default() += t.elapsed().as_secs_f64();
-        report.add_exec(rep);
+            *report.phases.entry("catalog").or_default() += t.elapsed().as_secs_f64();
+        }
     }
-    drop(hashed.files);
 
     if !a.dry_run {
         report.fs_free_delta = settled_free(&a.paths)
@@ -257,6 +386,74 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
     }
     ui.summary(&report);
     Ok(code)
+}
+
+/// One filesystem's share of the run.
+struct FsRun {
+    fs: FsId,
+    fs_block: u64,
+    /// Stable identity of the filesystem (UUID, else `f_fsid`).
+    key: String,
+    walked: Vec<onecopy_scan::FileEntry>,
+    known: Vec<Known>,
+    fresh: Vec<HashedFile>,
+    deleted: Vec<(String, u64, u64)>,
+    catalog: Option<Catalog>,
+}
+
+impl FsRun {
+    fn new(first: &onecopy_scan::FileEntry) -> FsRun {
+        FsRun {
+            fs: first.fs,
+            fs_block: first.fs_block,
+            key: fs_key(&first.path, first.fs),
+            walked: Vec::new(),
+            known: Vec::new(),
+            fresh: Vec::new(),
+            deleted: Vec::new(),
+            catalog: None,
+        }
+    }
+}
+
+/// A filesystem identity that survives remounts: its UUID where the kernel
+/// gives it, else `f_fsid` (derived from the UUID on btrfs).
+fn fs_key(path: &Path, fsid: FsId) -> String {
+    let f = std::fs::File::open(path)
+        .or_else(|_| std::fs::File::open(path.parent().unwrap_or(Path::new("/"))));
+    if let Ok(f) = f {
+        if let Ok(u) = onecopy_ioctl::fs::fs_uuid(f.as_fd()) {
+            if u != [0u8; 16] {
+                return format!(
+                    "uuid-{}",
+                    u.iter().map(|b| format!("{b:02x}")).collect::<String>()
+                );
+            }
+        }
+    }
+    format!("fsid-{fsid:016x}")
+}
+
+/// Where the catalogs live by default: `/var/cache/onecopy` for root,
+/// `$XDG_CACHE_HOME/onecopy` (or `~/.cache/onecopy`) for others.
+pub fn default_catalog_dir() -> PathBuf {
+    if rustix::process::geteuid().is_root() {
+        return PathBuf::from("/var/cache/onecopy");
+    }
+    if let Some(x) = std::env::var_os("XDG_CACHE_HOME").filter(|x| !x.is_empty()) {
+        return PathBuf::from(x).join("onecopy");
+    }
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."));
+    home.join(".cache").join("onecopy")
+}
+
+fn catalog_path(a: &DedupeArgs, key: &str) -> PathBuf {
+    match &a.hashfile {
+        Some(p) => p.clone(),
+        None => default_catalog_dir().join(format!("{key}.sqlite")),
+    }
 }
 
 /// Whole extents on btrfs when the tree search is allowed (root), byte

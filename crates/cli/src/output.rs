@@ -34,6 +34,17 @@ pub struct Report {
     /// Files read and fingerprinted.
     pub files_read: u64,
     pub bytes_read: u64,
+    /// Files whose fingerprints came from the catalog (not read).
+    pub files_known: u64,
+    /// Of those, files found under a new path (renamed or moved).
+    pub files_renamed: u64,
+    /// Catalog files used.
+    pub catalogs: Vec<String>,
+    /// A catalog was damaged, foreign or of another format, and rebuilt.
+    pub catalog_rebuilt: bool,
+    /// With --verbose: the paths of the files read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub read_paths: Option<Vec<String>>,
     /// Files not considered, by reason.
     pub files_skipped: BTreeMap<SkipReason, u64>,
     pub plan: PlanStats,
@@ -44,6 +55,9 @@ pub struct Report {
     /// Bytes the kernel newly shared.
     pub bytes_deduped: u64,
     pub bytes_already_shared: u64,
+    /// Already-shared ranges trusted from the catalog (settled by an earlier
+    /// run, unchanged since) without asking the filesystem.
+    pub ranges_settled: u64,
     /// Bytes of allocations no file pins any more (extent accounting).
     pub bytes_freed: u64,
     /// Dry run: bytes that would be newly shared.
@@ -109,6 +123,7 @@ impl Report {
         self.ranges_deduped += s.ranges_deduped;
         self.bytes_deduped += s.bytes_deduped;
         self.bytes_already_shared += s.bytes_already_shared;
+        self.ranges_settled += s.ranges_settled;
         self.bytes_freed += s.bytes_freed;
         self.bytes_would_share += s.bytes_would_share;
         self.rehome_ranges += s.rehome_ranges;
@@ -227,6 +242,10 @@ impl Ui {
         }
     }
 
+    pub fn warn(&self, msg: &str) {
+        eprintln!("onecopy: warning: {msg}");
+    }
+
     pub fn summary(&self, r: &Report) {
         let shown = if self.verbose { usize::MAX } else { 10 };
         for e in r.errors.iter().take(shown) {
@@ -250,6 +269,12 @@ impl Ui {
             h(r.bytes_read),
             r.elapsed_secs
         );
+        if r.files_known > 0 {
+            println!(
+                "Known from the catalog, not read: {} files ({} renamed or moved)",
+                r.files_known, r.files_renamed
+            );
+        }
         if !r.files_skipped.is_empty() {
             let parts: Vec<String> = r
                 .files_skipped

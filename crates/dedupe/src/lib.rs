@@ -101,6 +101,9 @@ pub struct ExecStats {
     pub bytes_deduped: u64,
     pub ranges_already_shared: u64,
     pub bytes_already_shared: u64,
+    /// Of those, ranges between files an earlier run settled and that are
+    /// unchanged since: trusted without a FIEMAP check.
+    pub ranges_settled: u64,
     /// Bytes the run unpinned (see [`account`]); an estimate in a dry run.
     pub bytes_freed: u64,
     /// Dry run: bytes that would be newly shared.
@@ -128,6 +131,10 @@ pub struct ExecProgress {
 pub struct ExecReport {
     pub stats: ExecStats,
     pub errors: Vec<DedupeError>,
+    /// Files for which some planned range was neither shared nor found
+    /// permanently unshareable (changed, refused, cancelled): a later run
+    /// must look at them again.
+    pub unsettled: Vec<bool>,
 }
 
 /// Open files, bounded, and per-file snapshots.
@@ -208,10 +215,15 @@ fn physical_layout(f: &File, off: u64, len: u64) -> std::io::Result<Option<Vec<(
 }
 
 /// Carries out `plan` over `entries` (the files the plan's indices name).
+///
+/// `settled[i]` says file `i` was settled by an earlier run and is unchanged
+/// since (empty: none is): ranges between two such files are taken as
+/// already shared without asking the filesystem.
 pub fn execute(
     entries: &[FileEntry],
     plan: &Plan,
     opts: &ExecOptions,
+    settled: &[bool],
     progress: &ExecProgress,
 ) -> ExecReport {
     let mut files = Files {
@@ -222,14 +234,18 @@ pub fn execute(
         involved: vec![false; entries.len()],
         changed: vec![false; entries.len()],
     };
-    let mut rep = ExecReport::default();
+    let mut rep = ExecReport {
+        unsettled: vec![false; entries.len()],
+        ..Default::default()
+    };
+    let settled = |i: u32| settled.get(i as usize).copied().unwrap_or(false);
     for op in &plan.ops {
         if progress.cancel.load(Ordering::Relaxed) {
-            *rep.stats.skipped.entry(DestSkip::Cancelled).or_default() += op.dests.len() as u64;
+            skip_all(&mut rep, op, DestSkip::Cancelled);
             continue;
         }
         rep.stats.ops += 1;
-        run_op(op, &mut files, opts, progress, &mut rep);
+        run_op(op, &mut files, opts, &settled, progress, &mut rep);
         progress.ops_done.fetch_add(1, Ordering::Relaxed);
     }
     // Bookending: release extents pinned by small unique remainders.
@@ -290,34 +306,62 @@ fn estimate_freed(files: &Files<'_>, rep: &ExecReport) -> u64 {
     rep.stats.bytes_would_share
 }
 
-fn skip(rep: &mut ExecReport, why: DestSkip) {
+fn skip(rep: &mut ExecReport, file: u32, why: DestSkip) {
     *rep.stats.skipped.entry(why).or_default() += 1;
+    if matches!(
+        why,
+        DestSkip::Changed | DestSkip::DataDiffers | DestSkip::Refused | DestSkip::Cancelled
+    ) {
+        rep.unsettled[file as usize] = true;
+    }
+}
+
+fn skip_all(rep: &mut ExecReport, op: &Op, why: DestSkip) {
+    for d in &op.dests {
+        skip(rep, d.file, why);
+    }
 }
 
 fn run_op(
     op: &Op,
     files: &mut Files<'_>,
     opts: &ExecOptions,
+    settled: &dyn Fn(u32) -> bool,
     progress: &ExecProgress,
     rep: &mut ExecReport,
 ) {
+    // Settled by an earlier run on both sides, unchanged since: trusted.
+    let trusted: Vec<bool> = op
+        .dests
+        .iter()
+        .map(|d| settled(op.src) && settled(d.file))
+        .collect();
+    if trusted.iter().all(|t| *t) {
+        for d in &op.dests {
+            rep.stats.ranges_already_shared += 1;
+            rep.stats.ranges_settled += 1;
+            rep.stats.bytes_already_shared += op.len;
+            skip(rep, d.file, DestSkip::AlreadyShared);
+        }
+        return;
+    }
     let src = match files.get(op.src) {
         Ok(f) => f,
         Err(e) => {
             rep.errors.push(e);
-            *rep.stats.skipped.entry(DestSkip::Refused).or_default() += op.dests.len() as u64;
+            skip_all(rep, op, DestSkip::Refused);
             return;
         }
     };
     let src_path = files.entries[op.src as usize].path.clone();
     if !files.unchanged(op.src, &src) {
-        *rep.stats.skipped.entry(DestSkip::Changed).or_default() += op.dests.len() as u64;
+        skip_all(rep, op, DestSkip::Changed);
         return;
     }
     let src_layout = match physical_layout(&src, op.src_offset, op.len) {
         Ok(Some(l)) => l,
         Ok(None) => {
-            *rep.stats.skipped.entry(DestSkip::NotShareable).or_default() += op.dests.len() as u64;
+            skip_all(rep, op, DestSkip::NotShareable);
             return;
         }
         Err(source) => {
@@ -325,43 +369,50 @@ fn run_op(
                 path: src_path,
                 source,
             });
-            *rep.stats.skipped.entry(DestSkip::Refused).or_default() += op.dests.len() as u64;
+            skip_all(rep, op, DestSkip::Refused);
             return;
         }
     };
     // Decide per destination.
     let mut todo: Vec<(u32, u64, std::rc::Rc<File>)> = Vec::new();
-    for d in &op.dests {
+    for (d, trusted) in op.dests.iter().zip(&trusted) {
+        if *trusted {
+            rep.stats.ranges_already_shared += 1;
+            rep.stats.ranges_settled += 1;
+            rep.stats.bytes_already_shared += op.len;
+            skip(rep, d.file, DestSkip::AlreadyShared);
+            continue;
+        }
         let path = &files.entries[d.file as usize].path;
         let f = match files.get(d.file) {
             Ok(f) => f,
             Err(e) => {
                 rep.errors.push(e);
-                skip(rep, DestSkip::Refused);
+                skip(rep, d.file, DestSkip::Refused);
                 continue;
             }
         };
         if !files.unchanged(d.file, &f) {
-            skip(rep, DestSkip::Changed);
+            skip(rep, d.file, DestSkip::Changed);
             continue;
         }
         let fl = iflags(f.as_fd()).unwrap_or(0);
         if fl & (onecopy_ioctl::fs::inode_flags::IMMUTABLE | onecopy_ioctl::fs::inode_flags::APPEND)
             != 0
         {
-            skip(rep, DestSkip::Protected);
+            skip(rep, d.file, DestSkip::Protected);
             continue;
         }
         match physical_layout(&f, d.offset, op.len) {
             Ok(Some(l)) if l == src_layout => {
                 rep.stats.ranges_already_shared += 1;
                 rep.stats.bytes_already_shared += op.len;
-                skip(rep, DestSkip::AlreadyShared);
+                skip(rep, d.file, DestSkip::AlreadyShared);
                 continue;
             }
             Ok(Some(_)) => {}
             Ok(None) => {
-                skip(rep, DestSkip::NotShareable);
+                skip(rep, d.file, DestSkip::NotShareable);
                 continue;
             }
             Err(source) => {
@@ -369,7 +420,7 @@ fn run_op(
                     path: path.clone(),
                     source,
                 });
-                skip(rep, DestSkip::Refused);
+                skip(rep, d.file, DestSkip::Refused);
                 continue;
             }
         }
@@ -398,8 +449,8 @@ fn run_op(
     let mut ids: Vec<usize> = (0..pending.len()).collect();
     while !ids.is_empty() {
         if progress.cancel.load(Ordering::Relaxed) {
-            for _ in &ids {
-                skip(rep, DestSkip::Cancelled);
+            for &k in &ids {
+                skip(rep, pending[k].0, DestSkip::Cancelled);
             }
             return;
         }
@@ -439,7 +490,7 @@ fn run_op(
                         dst: files.entries[pending[k].0 as usize].path.clone(),
                         why: why.clone(),
                     });
-                    skip(rep, DestSkip::Refused);
+                    skip(rep, pending[k].0, DestSkip::Refused);
                     finished.push(k);
                 }
             }
@@ -465,11 +516,11 @@ fn run_op(
                                 dst: files.entries[pending[k].0 as usize].path.clone(),
                                 why: "the kernel shared no bytes".into(),
                             });
-                            skip(rep, DestSkip::Refused);
+                            skip(rep, pending[k].0, DestSkip::Refused);
                             finished.push(k);
                         }
                         DedupeStatus::Differs => {
-                            skip(rep, DestSkip::DataDiffers);
+                            skip(rep, pending[k].0, DestSkip::DataDiffers);
                             finished.push(k);
                         }
                         DedupeStatus::Error(errno) => {
@@ -478,7 +529,7 @@ fn run_op(
                                 dst: files.entries[pending[k].0 as usize].path.clone(),
                                 why: describe_errno(errno),
                             });
-                            skip(rep, DestSkip::Refused);
+                            skip(rep, pending[k].0, DestSkip::Refused);
                             finished.push(k);
                         }
                     }

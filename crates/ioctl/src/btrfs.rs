@@ -153,6 +153,21 @@ pub fn file_extents(fd: BorrowedFd<'_>, ino: u64) -> io::Result<Vec<FileExtent>>
     Ok(out)
 }
 
+/// `_IOWR(0x94, 18, struct btrfs_ioctl_ino_lookup_args)` (4096 bytes).
+const BTRFS_IOC_INO_LOOKUP: libc::c_ulong = 0xD000_9412;
+const BTRFS_FIRST_FREE_OBJECTID: u64 = 256;
+
+/// The id of the btrfs subvolume holding `fd` (stable across mounts, unlike
+/// the anonymous device number a subvolume gets).
+pub fn subvol_id(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    let mut buf = AlignedBuf::new(4096);
+    buf.put_u64(0, 0);
+    buf.put_u64(8, BTRFS_FIRST_FREE_OBJECTID);
+    crate::ioctl_buf(fd, BTRFS_IOC_INO_LOOKUP, &mut buf)?;
+    u64_at(buf.as_bytes(), 0)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "short answer"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -185,6 +185,27 @@ pub fn xfs_has_reflink(fd: BorrowedFd<'_>) -> io::Result<bool> {
     Ok(flags & XFS_FSOP_GEOM_FLAGS_REFLINK != 0)
 }
 
+/// `FS_IOC_GETFSUUID`: `_IOR(0x15, 0, struct fsuuid2)` (Linux 6.5+).
+const FS_IOC_GETFSUUID: libc::c_ulong = 0x8011_1500;
+
+/// The filesystem's UUID, stable across mounts and device renumbering.
+/// Filesystems or kernels without `FS_IOC_GETFSUUID` give an error.
+pub fn fs_uuid(fd: BorrowedFd<'_>) -> io::Result<[u8; 16]> {
+    let mut buf = crate::AlignedBuf::new(17);
+    crate::ioctl_buf(fd, FS_IOC_GETFSUUID, &mut buf)?;
+    let b = buf.as_bytes();
+    let len = b[0] as usize;
+    if len == 0 || len > 16 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "bad uuid length",
+        ));
+    }
+    let mut out = [0u8; 16];
+    out[..len].copy_from_slice(&b[1..1 + len]);
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

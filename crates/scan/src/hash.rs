@@ -48,6 +48,8 @@ pub struct HashedFile {
     pub whole: u128,
     /// `FS_IOC_GETFLAGS` of the inode (immutable, append-only, nocow ...).
     pub inode_flags: u32,
+    /// The inode generation (`FS_IOC_GETVERSION`; 0 where unknown).
+    pub generation: u64,
 }
 
 /// The digest of a block of `len` zero bytes.
@@ -153,12 +155,13 @@ fn hash_one(entry: &FileEntry, bs: usize, buf: &mut [u8]) -> Outcome {
     if !meta.is_file() {
         return Outcome::Skip(SkipReason::NotRegular);
     }
-    let entry = FileEntry::from_meta(path.clone(), &meta, entry.fs, entry.fs_block);
+    let entry = FileEntry::from_meta(path.clone(), &meta, entry.fs, entry.subvol, entry.fs_block);
     if entry.size < entry.fs_block {
         return Outcome::Skip(SkipReason::TooSmall);
     }
     advise_sequential(&f);
     let inode_flags = onecopy_ioctl::fs::inode_flags(f.as_fd()).unwrap_or(0);
+    let generation = onecopy_ioctl::fs::inode_generation(f.as_fd()).unwrap_or(0);
     let mut blocks = Vec::with_capacity(entry.size.div_ceil(bs as u64) as usize);
     let mut total = 0u64;
     loop {
@@ -201,6 +204,7 @@ fn hash_one(entry: &FileEntry, bs: usize, buf: &mut [u8]) -> Outcome {
             blocks,
             whole,
             inode_flags,
+            generation,
         },
         total,
     )

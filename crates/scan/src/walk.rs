@@ -41,12 +41,21 @@ pub struct FileEntry {
     pub mtime_ns: i64,
     pub ctime_ns: i64,
     pub fs: FsId,
+    /// The btrfs subvolume id (0 elsewhere): with `ino`, a key that stays
+    /// valid across mounts.
+    pub subvol: u64,
     /// The filesystem's block size: dedupe offsets are multiples of it.
     pub fs_block: u64,
 }
 
 impl FileEntry {
-    pub(crate) fn from_meta(path: PathBuf, m: &Metadata, fs: FsId, fs_block: u64) -> FileEntry {
+    pub fn from_meta(
+        path: PathBuf,
+        m: &Metadata,
+        fs: FsId,
+        subvol: u64,
+        fs_block: u64,
+    ) -> FileEntry {
         FileEntry {
             path,
             dev: m.dev(),
@@ -55,6 +64,7 @@ impl FileEntry {
             mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
             ctime_ns: m.ctime() * 1_000_000_000 + m.ctime_nsec(),
             fs,
+            subvol,
             fs_block,
         }
     }
@@ -80,6 +90,7 @@ pub struct WalkOutput {
 #[derive(Clone, Copy)]
 struct DevInfo {
     fs: FsId,
+    subvol: u64,
     block: u64,
     supported: bool,
 }
@@ -94,10 +105,18 @@ impl DevCache {
         if let Some(v) = self.map.lock().unwrap().get(&dev) {
             return *v;
         }
-        let info = std::fs::File::open(path).ok().and_then(|f| {
+        // An unreadable file is identified through its directory (same
+        // device unless the file is itself a mount point, which it is not).
+        let opened = std::fs::File::open(path)
+            .ok()
+            .filter(|f| f.metadata().is_ok_and(|m| m.dev() == dev))
+            .or_else(|| path.parent().and_then(|p| std::fs::File::open(p).ok()))
+            .filter(|f| f.metadata().is_ok_and(|m| m.dev() == dev));
+        let info = opened.and_then(|f| {
             use std::os::fd::AsFd;
             onecopy_ioctl::fs::fs_info(f.as_fd()).ok().map(|i| DevInfo {
                 fs: i.fsid,
+                subvol: onecopy_ioctl::btrfs::subvol_id(f.as_fd()).unwrap_or(0),
                 block: i.block_size.max(512),
                 supported: i.kind.supports_dedupe() && !i.read_only,
             })
@@ -288,6 +307,7 @@ pub fn walk(opts: &WalkOptions, progress: &Progress) -> WalkOutput {
                     ent.into_path(),
                     &meta,
                     dev.fs,
+                    dev.subvol,
                     dev.block,
                 ));
                 if local.files.len() >= 4096 {

@@ -1,0 +1,137 @@
+//! Deciding, from the catalog, which walked files must be read again.
+//!
+//! A file is known (its digests are reused, it is not read) when the
+//! catalog holds a record for its `(filesystem, subvolume, inode)` with the
+//! same size and mtime and:
+//! * the same ctime, or
+//! * another path (a rename or move updates ctime) and the same inode
+//!   generation, which rules out a reused inode number.
+//!
+//! So a rename costs no read, while a content change whose mtime was put
+//! back (`touch -r`) is caught by its ctime. Records of files under the
+//! roots that the walk did not see are deleted. Records outside the roots
+//! are kept, and used as dedupe sources (never destinations) while their
+//! file still exists unchanged.
+
+use std::collections::HashMap;
+use std::os::fd::AsFd;
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+
+use onecopy_scan::{FileEntry, FsId, HashedFile};
+
+use crate::FileRecord;
+
+/// A file whose digests come from the catalog.
+#[derive(Debug, Clone)]
+pub struct Known {
+    pub file: HashedFile,
+    /// Every range planned for it was shared by an earlier run.
+    pub settled: bool,
+    /// Outside this run's roots: a source only.
+    pub outside_roots: bool,
+}
+
+/// What [`classify`] decided.
+#[derive(Debug, Default)]
+pub struct Classified {
+    pub known: Vec<Known>,
+    pub to_read: Vec<FileEntry>,
+    /// Catalog keys to delete: files gone, changed outside the roots, or
+    /// no longer found under the roots.
+    pub deleted: Vec<(String, u64, u64)>,
+    /// Known files found under another path than recorded.
+    pub renamed: u64,
+}
+
+fn under_roots(p: &std::path::Path, roots: &[PathBuf]) -> bool {
+    roots.iter().any(|r| p.starts_with(r))
+}
+
+fn to_hashed(rec: &FileRecord, entry: FileEntry) -> HashedFile {
+    HashedFile {
+        entry,
+        blocks: rec.blocks.clone(),
+        whole: rec.whole,
+        inode_flags: rec.flags,
+        generation: rec.generation,
+    }
+}
+
+fn generation_of(path: &std::path::Path) -> Option<u64> {
+    let f = std::fs::File::open(path).ok()?;
+    onecopy_ioctl::fs::inode_generation(f.as_fd()).ok()
+}
+
+/// Splits the walked files of one filesystem (`fs_key`, `fs`, `fs_block`)
+/// into known and to-read, against that filesystem's `records`. `roots`
+/// must be absolute, as the walked paths are.
+pub fn classify(
+    fs_key: &str,
+    fs: FsId,
+    fs_block: u64,
+    records: Vec<FileRecord>,
+    walked: Vec<FileEntry>,
+    roots: &[PathBuf],
+) -> Classified {
+    let mut by_key: HashMap<(u64, u64), FileRecord> = records
+        .into_iter()
+        .filter(|r| r.fs == fs_key)
+        .map(|r| ((r.subvol, r.ino), r))
+        .collect();
+    let mut out = Classified::default();
+    for e in walked {
+        let Some(rec) = by_key.remove(&(e.subvol, e.ino)) else {
+            out.to_read.push(e);
+            continue;
+        };
+        let same_data = rec.size == e.size && rec.mtime_ns == e.mtime_ns;
+        let known = if !same_data {
+            false
+        } else if rec.ctime_ns == e.ctime_ns {
+            true
+        } else if rec.path != e.path {
+            generation_of(&e.path) == Some(rec.generation)
+        } else {
+            false
+        };
+        if known {
+            if rec.path != e.path {
+                out.renamed += 1;
+            }
+            out.known.push(Known {
+                file: to_hashed(&rec, e),
+                settled: rec.settled,
+                outside_roots: false,
+            });
+        } else {
+            out.to_read.push(e);
+        }
+    }
+    // Records the walk did not meet.
+    for (_, rec) in by_key {
+        let key = (rec.fs.clone(), rec.subvol, rec.ino);
+        if under_roots(&rec.path, roots) {
+            out.deleted.push(key);
+            continue;
+        }
+        match std::fs::symlink_metadata(&rec.path) {
+            Ok(m)
+                if m.is_file()
+                    && m.ino() == rec.ino
+                    && m.size() == rec.size
+                    && m.mtime() * 1_000_000_000 + m.mtime_nsec() == rec.mtime_ns
+                    && m.ctime() * 1_000_000_000 + m.ctime_nsec() == rec.ctime_ns =>
+            {
+                let entry = FileEntry::from_meta(rec.path.clone(), &m, fs, rec.subvol, fs_block);
+                out.known.push(Known {
+                    file: to_hashed(&rec, entry),
+                    settled: rec.settled,
+                    outside_roots: true,
+                });
+            }
+            _ => out.deleted.push(key),
+        }
+    }
+    out
+}

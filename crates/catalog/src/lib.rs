@@ -269,6 +269,31 @@ impl Catalog {
         })
     }
 
+    /// Opens an existing catalog with whatever block size it was made for
+    /// (for inspection and pruning).
+    pub fn open_existing(path: &Path) -> Result<Catalog, CatalogError> {
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(|source| CatalogError::Sqlite {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let bs: Option<String> = conn
+            .query_row("SELECT value FROM meta WHERE key = 'block_size'", [], |r| {
+                r.get(0)
+            })
+            .ok();
+        drop(conn);
+        let bs = bs
+            .and_then(|b| b.parse().ok())
+            .ok_or_else(|| CatalogError::Foreign {
+                path: path.to_path_buf(),
+            })?;
+        Catalog::open(path, bs)
+    }
+
     /// Opens the catalog, and if it is damaged, foreign or of another
     /// format, sets it aside as `<path>.broken` and creates a new one.
     /// Returns the reason it was rebuilt, if it was.

@@ -20,6 +20,34 @@ pub struct Cli {
 pub enum Command {
     /// Find identical data under PATHs and share it (out-of-band dedupe).
     Dedupe(DedupeArgs),
+    /// Inspect or prune the catalogs that make later runs incremental.
+    Catalog(CatalogArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CatalogArgs {
+    #[command(subcommand)]
+    pub action: CatalogAction,
+
+    /// Work on this catalog file instead of every catalog in the default
+    /// directory.
+    #[arg(long, value_name = "PATH", global = true)]
+    pub hashfile: Option<PathBuf>,
+
+    /// Print JSON on stdout.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CatalogAction {
+    /// Files, blocks, bytes, size on disk and last run of each catalog.
+    Stats,
+    /// Forget every file at or below each PATH (it is read again next time).
+    Forget {
+        #[arg(required = true, value_name = "PATH")]
+        paths: Vec<PathBuf>,
+    },
 }
 
 #[derive(Debug, Args)]

@@ -434,9 +434,13 @@ fn fs_key(path: &Path, fsid: FsId) -> String {
     format!("fsid-{fsid:016x}")
 }
 
-/// Where the catalogs live by default: `/var/cache/onecopy` for root,
-/// `$XDG_CACHE_HOME/onecopy` (or `~/.cache/onecopy`) for others.
+/// Where the catalogs live by default: `$ONECOPY_CACHE_DIR` if set, else
+/// `/var/cache/onecopy` for root, `$XDG_CACHE_HOME/onecopy` (or
+/// `~/.cache/onecopy`) for others.
 pub fn default_catalog_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("ONECOPY_CACHE_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d);
+    }
     if rustix::process::geteuid().is_root() {
         return PathBuf::from("/var/cache/onecopy");
     }

@@ -2,6 +2,7 @@
 //! progress and prints; the work happens in the engine crates.
 
 mod args;
+mod catalog_cmd;
 mod dedupe_cmd;
 mod output;
 
@@ -39,6 +40,13 @@ fn main() -> ExitCode {
     };
     let code = match cli.command {
         args::Command::Dedupe(a) => match dedupe_cmd::run(a) {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("onecopy: {e:#}");
+                exit::FATAL
+            }
+        },
+        args::Command::Catalog(a) => match catalog_cmd::run(a) {
             Ok(code) => code,
             Err(e) => {
                 eprintln!("onecopy: {e:#}");

@@ -122,7 +122,10 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
 {
+    // Catalogs of the throw-away test filesystems stay out of /var/cache.
+    let cache = std::env::temp_dir().join(format!("onecopy-tests-{}", std::process::id()));
     let out = Command::new(env!("CARGO_BIN_EXE_onecopy"))
+        .env("ONECOPY_CACHE_DIR", cache)
         .args(args)
         .output()
         .expect("run the onecopy binary");

@@ -30,6 +30,8 @@ pub struct Known {
     pub settled: bool,
     /// Outside this run's roots: a source only.
     pub outside_roots: bool,
+    /// The record must be rewritten (new path or ctime).
+    pub dirty: bool,
 }
 
 /// What [`classify`] decided.
@@ -99,10 +101,12 @@ pub fn classify(
             if rec.path != e.path {
                 out.renamed += 1;
             }
+            let dirty = rec.path != e.path || rec.ctime_ns != e.ctime_ns;
             out.known.push(Known {
                 file: to_hashed(&rec, e),
                 settled: rec.settled,
                 outside_roots: false,
+                dirty,
             });
         } else {
             out.to_read.push(e);
@@ -128,6 +132,7 @@ pub fn classify(
                     file: to_hashed(&rec, entry),
                     settled: rec.settled,
                     outside_roots: true,
+                    dirty: false,
                 });
             }
             _ => out.deleted.push(key),

@@ -335,23 +335,31 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
             let stopped = interrupted.load(Ordering::Relaxed);
             let this_run = cat.run();
             let key = run.key.clone();
+            // Only what changed is written: a warm run rewrites nothing.
             let records: Vec<FileRecord> = files
                 .iter()
                 .enumerate()
-                .map(|(i, f)| FileRecord {
-                    fs: key.clone(),
-                    subvol: f.entry.subvol,
-                    ino: f.entry.ino,
-                    generation: f.generation,
-                    path: f.entry.path.clone(),
-                    size: f.entry.size,
-                    mtime_ns: f.entry.mtime_ns,
-                    ctime_ns: f.entry.ctime_ns,
-                    whole: f.whole,
-                    blocks: f.blocks.clone(),
-                    flags: f.inode_flags,
-                    settled: !stopped && !unsettled[i] && (i < n_known || !a.dry_run),
-                    last_seen: this_run,
+                .filter_map(|(i, f)| {
+                    let settled_now = !stopped && !unsettled[i] && (i < n_known || !a.dry_run);
+                    let write = match run.known.get(i) {
+                        Some(k) => k.dirty || k.settled != settled_now,
+                        None => true,
+                    };
+                    write.then(|| FileRecord {
+                        fs: key.clone(),
+                        subvol: f.entry.subvol,
+                        ino: f.entry.ino,
+                        generation: f.generation,
+                        path: f.entry.path.clone(),
+                        size: f.entry.size,
+                        mtime_ns: f.entry.mtime_ns,
+                        ctime_ns: f.entry.ctime_ns,
+                        whole: f.whole,
+                        blocks: f.blocks.clone(),
+                        flags: f.inode_flags,
+                        settled: settled_now,
+                        last_seen: this_run,
+                    })
                 })
                 .collect();
             let deletes = if stopped {

@@ -255,9 +255,28 @@ fn dedupe_args<'a, P: AsRef<Path>>(paths: &'a [P], extra: &'a [&'a str]) -> Vec<
     args
 }
 
+/// The catalog directory of this test process (`ONECOPY_CACHE_DIR`): out
+/// of `/var/cache`, world-writable and sticky so that runs as `nobody` can
+/// keep their catalogs too. Each loop filesystem has its own UUID, so
+/// parallel tests never share a catalog.
+pub fn cache_dir() -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let d = std::env::temp_dir().join(format!("onecopy-adversarial-{}", std::process::id()));
+    if std::fs::create_dir_all(&d).is_ok() {
+        let _ = std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o1777));
+    }
+    d
+}
+
+fn command(program: &str) -> Command {
+    let mut c = Command::new(program);
+    c.env("ONECOPY_CACHE_DIR", cache_dir()).stdin(Stdio::null());
+    c
+}
+
 /// Runs `onecopy ARGS...` as root.
 pub fn onecopy(args: &[&OsStr]) -> Outcome {
-    let out = Command::new(env!("CARGO_BIN_EXE_onecopy"))
+    let out = command(env!("CARGO_BIN_EXE_onecopy"))
         .args(args)
         .stdin(Stdio::null())
         .output()
@@ -274,11 +293,10 @@ pub fn dedupe<P: AsRef<Path>>(paths: &[P], extra: &[&str]) -> Outcome {
 /// `nobody` (no supplementary groups, no capabilities).
 pub fn dedupe_as_nobody<P: AsRef<Path>>(paths: &[P], extra: &[&str]) -> Outcome {
     let args = dedupe_args(paths, extra);
-    let out = Command::new("setpriv")
+    let out = command("setpriv")
         .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
         .arg(env!("CARGO_BIN_EXE_onecopy"))
         .args(&args)
-        .stdin(Stdio::null())
         .output()
         .expect("run setpriv");
     Outcome::from_output(format!("(as nobody) {}", describe(&args)), out)
@@ -288,9 +306,8 @@ pub fn dedupe_as_nobody<P: AsRef<Path>>(paths: &[P], extra: &[&str]) -> Outcome 
 /// output captured, to be signalled.
 pub fn spawn_dedupe<P: AsRef<Path>>(paths: &[P], extra: &[&str]) -> (Child, String) {
     let args = dedupe_args(paths, extra);
-    let child = Command::new(env!("CARGO_BIN_EXE_onecopy"))
+    let child = command(env!("CARGO_BIN_EXE_onecopy"))
         .args(&args)
-        .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -327,7 +344,13 @@ pub fn put(p: &Path, data: &[u8]) {
 
 /// `groups` groups of `copies` identical random files of `len` bytes under
 /// `dir`: `dir/g<i>/c<j>.bin`, every copy a byte copy with its own extents.
-pub fn dup_groups(dir: &Path, groups: usize, copies: usize, len: u64, seed: u64) -> Vec<Vec<PathBuf>> {
+pub fn dup_groups(
+    dir: &Path,
+    groups: usize,
+    copies: usize,
+    len: u64,
+    seed: u64,
+) -> Vec<Vec<PathBuf>> {
     (0..groups)
         .map(|g| {
             let first = dir.join(format!("g{g}")).join("c0.bin");
@@ -463,11 +486,18 @@ impl Mounted {
     /// `mount --bind src dst` then `remount,bind,ro`.
     pub fn bind_ro(src: &Path, dst: &Path) -> Mounted {
         std::fs::create_dir_all(dst).unwrap();
-        run("mount", &[OsStr::new("--bind"), src.as_os_str(), dst.as_os_str()]);
+        run(
+            "mount",
+            &[OsStr::new("--bind"), src.as_os_str(), dst.as_os_str()],
+        );
         let m = Mounted(dst.to_path_buf());
         run(
             "mount",
-            &[OsStr::new("-o"), OsStr::new("remount,bind,ro"), dst.as_os_str()],
+            &[
+                OsStr::new("-o"),
+                OsStr::new("remount,bind,ro"),
+                dst.as_os_str(),
+            ],
         );
         m
     }
@@ -492,7 +522,10 @@ impl Mounted {
     /// A bind mount of `src` (a whole other filesystem) on `dst`.
     pub fn bind(src: &Path, dst: &Path) -> Mounted {
         std::fs::create_dir_all(dst).unwrap();
-        run("mount", &[OsStr::new("--bind"), src.as_os_str(), dst.as_os_str()]);
+        run(
+            "mount",
+            &[OsStr::new("--bind"), src.as_os_str(), dst.as_os_str()],
+        );
         Mounted(dst.to_path_buf())
     }
 }
@@ -534,7 +567,10 @@ impl Attrs {
 impl Drop for Attrs {
     fn drop(&mut self) {
         for p in &self.0 {
-            let _ = try_run("chattr", &[OsStr::new("-i"), OsStr::new("-a"), p.as_os_str()]);
+            let _ = try_run(
+                "chattr",
+                &[OsStr::new("-i"), OsStr::new("-a"), p.as_os_str()],
+            );
         }
     }
 }
@@ -681,7 +717,14 @@ pub fn open_up(dir: &Path) {
 
 /// `chown -R nobody:nogroup path`.
 pub fn give_to_nobody(path: &Path) {
-    run("chown", &[OsStr::new("-R"), OsStr::new("nobody:nogroup"), path.as_os_str()]);
+    run(
+        "chown",
+        &[
+            OsStr::new("-R"),
+            OsStr::new("nobody:nogroup"),
+            path.as_os_str(),
+        ],
+    );
 }
 
 /// Sets the permission bits of `p`.
@@ -702,7 +745,8 @@ pub fn read_tree(root: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
                 stack.push(e.path());
             } else if ft.is_file() {
                 let p = e.path();
-                let data = std::fs::read(&p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()));
+                let data =
+                    std::fs::read(&p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()));
                 out.insert(p.strip_prefix(root).unwrap().to_path_buf(), data);
             }
         }

@@ -423,7 +423,11 @@ def generate(args, workload_bin, lfs):
 
 def fresh(args, workload_bin, workdir, size):
     lfs = LoopFs(workdir, args.fs, size, direct_io=not args.no_direct_io)
-    summary = generate(args, workload_bin, lfs)
+    try:
+        summary = generate(args, workload_bin, lfs)
+    except BaseException:
+        lfs.destroy()
+        raise
     return lfs, summary
 
 
@@ -622,7 +626,7 @@ def main():
     for tool in tools:
         try:
             r, s = measure_tool(args, tool, workload_bin, onecopy, workdir, size, stamp)
-        except (RuntimeError, OSError) as e:
+        except (RuntimeError, OSError, ValueError) as e:
             log(f"{tool}: FAILED: {e}")
             r, s = [dict(tool=tool, run=1, status="error", note=str(e))], None
         rows += r

@@ -54,6 +54,7 @@ fn to_hashed(rec: &FileRecord, entry: FileEntry) -> HashedFile {
     HashedFile {
         entry,
         blocks: rec.blocks.clone(),
+        subs: Vec::new(),
         whole: rec.whole,
         inode_flags: rec.flags,
         generation: rec.generation,

@@ -1,7 +1,7 @@
 //! The persistent catalog: what onecopy learned about each file, so that an
 //! unchanged file is never read twice.
 //!
-//! # On-disk format (version 1)
+//! # On-disk format (version 2)
 //!
 //! One SQLite database (WAL journal, `synchronous=NORMAL`) per catalog file.
 //! `PRAGMA user_version` holds [`FORMAT_VERSION`] and the `meta` table holds
@@ -16,6 +16,9 @@
 //!   size INTEGER, mtime_ns INTEGER, ctime_ns INTEGER,
 //!   whole BLOB,                             -- 16 bytes, XXH3-128, little-endian
 //!   blocks BLOB,                            -- 16 bytes per block, little-endian
+//!                                           -- (XXH3-128 of the block's XXH3-64
+//!                                           -- filesystem-block digests; version 1
+//!                                           -- hashed the bytes directly)
 //!   flags INTEGER,                          -- FS_IOC_GETFLAGS inode flags
 //!   settled INTEGER,                        -- 1: every planned range was shared last run
 //!   last_seen INTEGER,                      -- run number
@@ -43,7 +46,7 @@ use rusqlite::{params, Connection, OpenFlags};
 use xxhash_rust::xxh3::Xxh3;
 
 /// The catalog format this build reads and writes.
-pub const FORMAT_VERSION: i64 = 1;
+pub const FORMAT_VERSION: i64 = 2;
 const MAGIC: &str = "onecopy-catalog";
 
 /// What the catalog knows about one file.

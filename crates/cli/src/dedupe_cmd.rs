@@ -228,7 +228,6 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
     }
 
     // Match and plan, one filesystem at a time, then act, then remember.
-    let zero = onecopy_scan::zero_block_digest(a.block_size);
     let nocow = onecopy_ioctl::fs::inode_flags::NOCOW;
     let protected =
         onecopy_ioctl::fs::inode_flags::IMMUTABLE | onecopy_ioctl::fs::inode_flags::APPEND;
@@ -264,6 +263,7 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
                 .map(|(f, &out)| PlanFile {
                     size: f.entry.size,
                     blocks: &f.blocks,
+                    subs: &f.subs,
                     whole: f.whole,
                     can_be_dest: !out && f.inode_flags & (protected | nocow) == 0,
                     can_be_src: f.inode_flags & nocow == 0,
@@ -273,8 +273,9 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
                 &pfiles,
                 &PlanOptions {
                     block_size: a.block_size,
-                    zero_digest: zero,
+                    zero_digest: onecopy_scan::zero_block_digest(a.block_size, run.fs_block),
                     min_run: 0,
+                    sub_size: run.fs_block,
                 },
             );
             drop(pfiles);

@@ -27,6 +27,10 @@ pub use onecopy_index::{BlockRef, FingerprintTable};
 pub struct PlanFile<'a> {
     pub size: u64,
     pub blocks: &'a [u128],
+    /// Sub-block digests (one per `PlanOptions::sub_size` bytes), or empty.
+    /// With them, the file is also matched at every sub-block offset, not
+    /// only at block boundaries.
+    pub subs: &'a [u64],
     pub whole: u128,
     /// May be a destination (not immutable, append-only, ...).
     pub can_be_dest: bool,
@@ -43,6 +47,9 @@ pub struct PlanOptions {
     pub zero_digest: u128,
     /// Runs shorter than this many bytes are not planned.
     pub min_run: u64,
+    /// Bytes per sub-block digest (the filesystem block size); divides
+    /// `block_size`.
+    pub sub_size: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -93,6 +100,177 @@ pub struct Plan {
     /// Largest candidate savings first.
     pub ops: Vec<Op>,
     pub stats: PlanStats,
+}
+
+/// Extends a match of `f` at block position `i` (in `f`'s blocks, via
+/// `win`) against the canonical block `src`: returns the run length in
+/// blocks. `win(j)` gives `f`'s digest `j` blocks after the start, or None
+/// past the end.
+fn extend(
+    table: &FingerprintTable,
+    g: &PlanFile<'_>,
+    src: BlockRef,
+    limit: usize,
+    zero: u128,
+    win: &dyn Fn(usize) -> Option<u128>,
+) -> usize {
+    let k = src.block as usize;
+    let mut len = 1usize;
+    while len < limit && k + len < g.blocks.len() {
+        let Some(d) = win(len) else { break };
+        if d != g.blocks[k + len]
+            || (d != zero
+                && table.get(d)
+                    != Some(BlockRef {
+                        file: src.file,
+                        block: (k + len) as u32,
+                    }))
+        {
+            break;
+        }
+        len += 1;
+    }
+    // Trailing zero blocks add nothing a run needs.
+    while len > 1 && win(len - 1) == Some(zero) {
+        len -= 1;
+    }
+    len
+}
+
+/// Block runs of `files[fi]` at block-aligned offsets only (files whose
+/// sub-block digests are not at hand).
+fn match_aligned(
+    files: &[PlanFile<'_>],
+    fi: u32,
+    opts: &PlanOptions,
+    table: &mut FingerprintTable,
+    emit: &mut dyn FnMut(u32, u64, u32, u64, u64),
+) {
+    let f = &files[fi as usize];
+    let bs = opts.block_size;
+    let n = f.blocks.len();
+    let mut i = 0usize;
+    while i < n {
+        let d = f.blocks[i];
+        if d == opts.zero_digest {
+            i += 1;
+            continue;
+        }
+        let here = BlockRef {
+            file: fi,
+            block: i as u32,
+        };
+        let first = if f.can_be_src {
+            table.insert_first(d, here)
+        } else {
+            table.get(d)
+        };
+        let Some(src) = first else {
+            i += 1;
+            continue;
+        };
+        let g = &files[src.file as usize];
+        let k = src.block as usize;
+        let limit = if src.file == fi {
+            i.saturating_sub(k)
+        } else {
+            usize::MAX
+        };
+        if !f.can_be_dest || !g.can_be_src || limit == 0 {
+            i += 1;
+            continue;
+        }
+        let len = extend(table, g, src, limit, opts.zero_digest, &|j| {
+            f.blocks.get(i + j).copied()
+        });
+        let src_off = k as u64 * bs;
+        let dst_off = i as u64 * bs;
+        // The last block may be a partial tail: the byte length is bounded
+        // by both files' sizes (equal tails end both files).
+        let bytes = (len as u64 * bs)
+            .min(g.size - src_off)
+            .min(f.size - dst_off);
+        emit(src.file, src_off, fi, dst_off, bytes);
+        i += len;
+    }
+}
+
+/// Block runs of `files[fi]` at every sub-block offset: the digest of the
+/// block-sized window at each offset is computed from the sub-digests and
+/// looked up, so data shifted by any multiple of the filesystem block is
+/// found. Only the file's block-aligned blocks are indexed.
+fn match_shifted(
+    files: &[PlanFile<'_>],
+    fi: u32,
+    opts: &PlanOptions,
+    table: &mut FingerprintTable,
+    emit: &mut dyn FnMut(u32, u64, u32, u64, u64),
+) {
+    let f = &files[fi as usize];
+    let bs = opts.block_size;
+    let sub = opts.sub_size;
+    let k = (bs / sub) as usize;
+    let nsub = f.subs.len();
+    // Digest of the block-sized window starting at sub-block `s`.
+    let win = |s: usize| -> Option<u128> {
+        if s >= nsub {
+            return None;
+        }
+        if s % k == 0 {
+            return f.blocks.get(s / k).copied();
+        }
+        let len = bs.min(f.size - s as u64 * sub);
+        let end = (s + k).min(nsub);
+        Some(onecopy_index::window_digest(
+            &f.subs[s..end],
+            len,
+            len == bs,
+        ))
+    };
+    let mut s = 0usize;
+    while s < nsub {
+        let Some(d) = win(s) else { break };
+        if d == opts.zero_digest {
+            s += 1;
+            continue;
+        }
+        let aligned = s % k == 0;
+        let first = if aligned && f.can_be_src {
+            table.insert_first(
+                d,
+                BlockRef {
+                    file: fi,
+                    block: (s / k) as u32,
+                },
+            )
+        } else {
+            table.get(d)
+        };
+        let Some(src) = first else {
+            s += 1;
+            continue;
+        };
+        let g = &files[src.file as usize];
+        let kb = src.block as usize;
+        let dst_off = s as u64 * sub;
+        let src_off = kb as u64 * bs;
+        // Within one file the source must end before the destination starts.
+        let limit = if src.file == fi {
+            (dst_off.saturating_sub(src_off) / bs) as usize
+        } else {
+            usize::MAX
+        };
+        if !f.can_be_dest || !g.can_be_src || limit == 0 {
+            s += 1;
+            continue;
+        }
+        let len = extend(table, g, src, limit, opts.zero_digest, &|j| win(s + j * k));
+        let bytes = (len as u64 * bs)
+            .min(g.size - src_off)
+            .min(f.size - dst_off);
+        emit(src.file, src_off, fi, dst_off, bytes);
+        s += len * k;
+    }
 }
 
 /// Plans the dedupe of `files` (all on one filesystem).
@@ -149,76 +327,30 @@ pub fn plan(files: &[PlanFile<'_>], opts: &PlanOptions) -> Plan {
     let mut table = FingerprintTable::with_capacity(total_blocks.min(1 << 26));
     // Runs keyed by source range, so equal ranges share one op.
     let mut runs: HashMap<(u32, u64, u64), Vec<Dest>> = HashMap::new();
+    let mut emit =
+        |src: u32, src_off: u64, dst: u32, dst_off: u64, bytes: u64, stats: &mut PlanStats| {
+            if bytes >= opts.min_run.max(1) {
+                runs.entry((src, src_off, bytes)).or_default().push(Dest {
+                    file: dst,
+                    offset: dst_off,
+                });
+                stats.block_runs += 1;
+                stats.block_run_bytes += bytes;
+            }
+        };
     for (fi, f) in files.iter().enumerate() {
         if covered[fi] {
             continue;
         }
         let fi = fi as u32;
-        let n = f.blocks.len();
-        let mut i = 0usize;
-        while i < n {
-            let d = f.blocks[i];
-            if d == opts.zero_digest {
-                i += 1;
-                continue;
-            }
-            let here = BlockRef {
-                file: fi,
-                block: i as u32,
-            };
-            let first = if f.can_be_src {
-                table.insert_first(d, here)
-            } else {
-                table.get(d)
-            };
-            let Some(src) = first else {
-                i += 1;
-                continue;
-            };
-            if !f.can_be_dest || !files[src.file as usize].can_be_src {
-                i += 1;
-                continue;
-            }
-            let g = &files[src.file as usize];
-            let k = src.block as usize;
-            // Extend while both sides match and the source stays canonical.
-            let mut len = 1usize;
-            let same_file_limit = if src.file == fi { i - k } else { usize::MAX };
-            while i + len < n
-                && k + len < g.blocks.len()
-                && len < same_file_limit
-                && f.blocks[i + len] == g.blocks[k + len]
-                && (f.blocks[i + len] == opts.zero_digest
-                    || table.get(f.blocks[i + len])
-                        == Some(BlockRef {
-                            file: src.file,
-                            block: (k + len) as u32,
-                        }))
-            {
-                len += 1;
-            }
-            // Trailing zero blocks add nothing a run needs.
-            while len > 1 && f.blocks[i + len - 1] == opts.zero_digest {
-                len -= 1;
-            }
-            let src_off = k as u64 * bs;
-            let dst_off = i as u64 * bs;
-            // The last block may be a partial tail: the byte length is
-            // bounded by both files' sizes (equal tails end both files).
-            let bytes = (len as u64 * bs)
-                .min(g.size - src_off)
-                .min(f.size - dst_off);
-            if bytes >= opts.min_run.max(1) {
-                runs.entry((src.file, src_off, bytes))
-                    .or_default()
-                    .push(Dest {
-                        file: fi,
-                        offset: dst_off,
-                    });
-                stats.block_runs += 1;
-                stats.block_run_bytes += bytes;
-            }
-            i += len;
+        if f.subs.is_empty() || opts.sub_size == 0 || opts.sub_size >= bs {
+            match_aligned(files, fi, opts, &mut table, &mut |s, so, d, dof, n| {
+                emit(s, so, d, dof, n, &mut stats)
+            });
+        } else {
+            match_shifted(files, fi, opts, &mut table, &mut |s, so, d, dof, n| {
+                emit(s, so, d, dof, n, &mut stats)
+            });
         }
     }
     stats.index_entries = table.len() as u64;
@@ -254,6 +386,7 @@ mod tests {
             block_size: BS,
             zero_digest: Z,
             min_run: 1,
+            sub_size: 0,
         }
     }
 
@@ -264,6 +397,7 @@ mod tests {
         PlanFile {
             size: blocks.len() as u64 * BS,
             blocks,
+            subs: &[],
             whole,
             can_be_dest: true,
             can_be_src: true,
@@ -344,6 +478,61 @@ mod tests {
         f1.can_be_dest = false;
         let p = plan(&[f0, f1], &opts());
         assert!(p.ops.is_empty());
+    }
+
+    /// Blocks of 4 sub-blocks; block digests derived from sub-digests as
+    /// the scanner does.
+    fn blocks_of(subs: &[u64], size: u64, sub: u64) -> Vec<u128> {
+        let bs = 4 * sub;
+        subs.chunks(4)
+            .enumerate()
+            .map(|(i, c)| {
+                let len = bs.min(size - i as u64 * bs);
+                onecopy_index::window_digest(c, len, len == bs)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn data_shifted_by_sub_blocks_is_found() {
+        let sub = 1u64;
+        // a: 12 sub-blocks of unique data; b: 3 other sub-blocks, then a.
+        let a_subs: Vec<u64> = (100..112).collect();
+        let mut b_subs: Vec<u64> = vec![7, 8, 9];
+        b_subs.extend(&a_subs);
+        let a_blocks = blocks_of(&a_subs, 12, sub);
+        let b_blocks = blocks_of(&b_subs, 15, sub);
+        let o = PlanOptions {
+            block_size: 4,
+            zero_digest: Z,
+            min_run: 1,
+            sub_size: sub,
+        };
+        let fa = PlanFile {
+            size: 12,
+            blocks: &a_blocks,
+            subs: &a_subs,
+            whole: 1,
+            can_be_dest: true,
+            can_be_src: true,
+        };
+        let fb = PlanFile {
+            size: 15,
+            blocks: &b_blocks,
+            subs: &b_subs,
+            whole: 2,
+            can_be_dest: true,
+            can_be_src: true,
+        };
+        let p = plan(&[fa, fb], &o);
+        assert_eq!(p.ops.len(), 1, "{:?}", p.ops);
+        let op = &p.ops[0];
+        assert_eq!((op.src, op.src_offset, op.len), (0, 0, 12));
+        assert_eq!(op.dests, vec![Dest { file: 1, offset: 3 }]);
+        // Without sub-digests only aligned blocks are compared: no match.
+        let fb2 = PlanFile { subs: &[], ..fb };
+        let fa2 = PlanFile { subs: &[], ..fa };
+        assert!(plan(&[fa2, fb2], &o).ops.is_empty());
     }
 
     #[test]

@@ -8,13 +8,26 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use xxhash_rust::xxh3::{xxh3_128, Xxh3};
+use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
 use crate::{FileEntry, Progress, ScanError, SkipReason};
 
-/// A block's fingerprint: XXH3-128 of its bytes. A collision can only make
-/// a dedupe request fail (the kernel compares the bytes), never lose data.
+/// A block's fingerprint. A collision can only make a dedupe request fail
+/// (the kernel compares the bytes), never lose data.
+///
+/// Each filesystem block ("sub-block", 4 KiB on most filesystems) gets an
+/// XXH3-64 [`SubDigest`]; a block of `block_size` bytes is fingerprinted as
+/// [`window_digest`] of its sub-digests. Because a block digest is a
+/// function of sub-digests only, the digest of the `block_size` window at
+/// *any* sub-block offset of a file can be computed from its sub-digests,
+/// without reading it again: that is how data shifted by a multiple of the
+/// filesystem block is matched.
 pub type BlockDigest = u128;
+
+/// Fingerprint of one filesystem block: XXH3-64 of its bytes.
+pub type SubDigest = u64;
+
+pub use onecopy_index::window_digest;
 
 /// How to read and fingerprint.
 #[derive(Debug, Clone)]
@@ -44,6 +57,10 @@ pub struct HashedFile {
     pub entry: FileEntry,
     /// One digest per `block_size` block; the last covers the partial tail.
     pub blocks: Vec<BlockDigest>,
+    /// One digest per filesystem block (`entry.fs_block`), kept only for
+    /// files read in this run (empty for files known from a catalog): 8
+    /// bytes per 4 KiB read, for matching data at shifted offsets.
+    pub subs: Vec<SubDigest>,
     /// Digest of the whole content (of the block digests and the size).
     pub whole: u128,
     /// `FS_IOC_GETFLAGS` of the inode (immutable, append-only, nocow ...).
@@ -52,9 +69,11 @@ pub struct HashedFile {
     pub generation: u64,
 }
 
-/// The digest of a block of `len` zero bytes.
-pub fn zero_block_digest(len: u64) -> BlockDigest {
-    xxh3_128(&vec![0u8; len as usize])
+/// The digest of a full block of `block_size` zero bytes, on a filesystem
+/// of `sub_size`-byte blocks.
+pub fn zero_block_digest(block_size: u64, sub_size: u64) -> BlockDigest {
+    let z = xxh3_64(&vec![0u8; sub_size as usize]);
+    window_digest(&vec![z; (block_size / sub_size) as usize], block_size, true)
 }
 
 /// What [`hash_files`] produced, in the input's order.
@@ -163,6 +182,8 @@ fn hash_one(entry: &FileEntry, bs: usize, buf: &mut [u8]) -> Outcome {
     let inode_flags = onecopy_ioctl::fs::inode_flags(f.as_fd()).unwrap_or(0);
     let generation = onecopy_ioctl::fs::inode_generation(f.as_fd()).unwrap_or(0);
     let mut blocks = Vec::with_capacity(entry.size.div_ceil(bs as u64) as usize);
+    let sub = (entry.fs_block as usize).clamp(512, bs);
+    let mut subs = Vec::with_capacity(entry.size.div_ceil(sub as u64) as usize);
     let mut total = 0u64;
     loop {
         let n = match read_full(&mut f, buf) {
@@ -175,7 +196,13 @@ fn hash_one(entry: &FileEntry, bs: usize, buf: &mut [u8]) -> Outcome {
             }
         };
         for chunk in buf[..n].chunks(bs) {
-            blocks.push(xxh3_128(chunk));
+            let first = subs.len();
+            subs.extend(chunk.chunks(sub).map(xxh3_64));
+            blocks.push(window_digest(
+                &subs[first..],
+                chunk.len() as u64,
+                chunk.len() == bs,
+            ));
         }
         total += n as u64;
         if n < buf.len() {
@@ -202,6 +229,7 @@ fn hash_one(entry: &FileEntry, bs: usize, buf: &mut [u8]) -> Outcome {
         HashedFile {
             entry,
             blocks,
+            subs,
             whole,
             inode_flags,
             generation,

@@ -9,7 +9,10 @@
 mod hash;
 mod walk;
 
-pub use hash::{hash_files, zero_block_digest, BlockDigest, HashOptions, HashOutput, HashedFile};
+pub use hash::{
+    hash_files, window_digest, zero_block_digest, BlockDigest, HashOptions, HashOutput, HashedFile,
+    SubDigest,
+};
 pub use walk::{validate_excludes, walk, FileEntry, FsId, WalkOptions, WalkOutput};
 
 use std::path::PathBuf;

@@ -216,7 +216,7 @@ fn match_shifted(
         if s >= nsub {
             return None;
         }
-        if s % k == 0 {
+        if s.is_multiple_of(k) {
             return f.blocks.get(s / k).copied();
         }
         let len = bs.min(f.size - s as u64 * sub);
@@ -234,7 +234,7 @@ fn match_shifted(
             s += 1;
             continue;
         }
-        let aligned = s % k == 0;
+        let aligned = s.is_multiple_of(k);
         let first = if aligned && f.can_be_src {
             table.insert_first(
                 d,

@@ -6,10 +6,10 @@
 //! message, never panicked, and that a following clean run completes
 //! correctly with exit 0.
 //!
-//! Not covered here: the persistent catalog (corrupt, truncated or
-//! foreign-version catalog, record decoding fuzz) does not exist yet
-//! (issue 4). The FIEMAP and btrfs tree-search decoders are fuzzed with
-//! proptest in `crates/ioctl`.
+//! The catalog (issue 4) is attacked through the binary: damaged,
+//! truncated, foreign-version catalogs and dry runs. Its record decoding
+//! under arbitrary bytes is fuzzed in `crates/catalog`'s own tests, the
+//! FIEMAP and btrfs tree-search decoders in `crates/ioctl`'s.
 //!
 //! Needs root (mkfs, loop devices, mount, chattr, swapon, setpriv).
 
@@ -32,8 +32,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use onecopy_testfs::{
-    checksum_file, checksum_tree, copy_no_reflink, data_extents, is_fully_shared, random_bytes,
-    shared_bytes_between, write_random, FsKind, Prng,
+    checksum_file, checksum_tree, copy_no_reflink, random_bytes, shared_bytes_between,
+    write_random, FsKind, Prng,
 };
 use support::*;
 
@@ -57,6 +57,9 @@ on_btrfs_and_xfs!(
     out_of_space,
     sigint_at_random_points,
     sigkill_at_random_points,
+    whole_copies_converge_with_block_runs,
+    catalog_dry_runs_settle_nothing,
+    damaged_catalogs,
 );
 
 /// A seed for the randomised cases: `ONECOPY_ADVERSARIAL_SEED` or the
@@ -84,6 +87,21 @@ fn sums_of(paths: &[PathBuf]) -> BTreeMap<PathBuf, u128> {
 
 fn flat(groups: &[Vec<PathBuf>]) -> Vec<PathBuf> {
     groups.iter().flatten().cloned().collect()
+}
+
+/// After a complete run on a quiet tree, planning again from scratch
+/// (no catalog) must find nothing left to share: every duplicate converged
+/// on one physical copy.
+#[track_caller]
+fn assert_nothing_left(ctx: &str, root: &Path) {
+    let r = dedupe(&[root], &["--dry-run", "--no-catalog"]);
+    r.assert_ok();
+    assert_eq!(
+        r.u("bytes_would_share"),
+        0,
+        "{ctx}: a fresh plan still finds data to share (ranges_skipped {})",
+        r.report()["ranges_skipped"]
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -176,6 +194,7 @@ fn concurrent_writer(kind: FsKind) {
     let r = dedupe(&[root], &[]);
     r.assert_ok();
     verify("after the clean run");
+    assert_nothing_left("after the clean run", root);
     assert_groups_shared("untouched duplicates", &stable);
     // Everything the writer left that is identical is now shared.
     let mut by_content: BTreeMap<&Vec<u8>, Vec<PathBuf>> = BTreeMap::new();
@@ -291,11 +310,11 @@ fn immutable_and_append_only(kind: FsKind) {
     );
     let g = &groups;
     assert!(
-        is_fully_shared(&g[0][0], &g[0][2]),
+        same_physical(&g[0][0], &g[0][2]),
         "the writable pair of group 0 was not shared"
     );
     assert!(
-        is_fully_shared(&g[1][0], &g[1][1]) || is_fully_shared(&g[1][2], &g[1][1]),
+        same_physical(&g[1][0], &g[1][1]) || same_physical(&g[1][2], &g[1][1]),
         "the writable file of group 1 was not shared with an append-only source"
     );
 
@@ -345,7 +364,7 @@ fn active_swap_file(kind: FsKind) {
         "the active swap file was touched"
     );
     assert!(
-        is_fully_shared(&copies[0], &copies[1]),
+        same_physical(&copies[0], &copies[1]),
         "the copies of the swap file were not shared with each other"
     );
     assert_groups_shared("other duplicates", &other);
@@ -538,7 +557,7 @@ fn nested_subvolume_btrfs() {
     r.assert_ok();
     assert_same("file contents changed", &checksum_tree(root), &sums);
     assert!(
-        is_fully_shared(&a, &b),
+        same_physical(&a, &b),
         "duplicates across a btrfs subvolume boundary were not shared (files_skipped {})",
         r.report()["files_skipped"]
     );
@@ -924,25 +943,6 @@ fn sparse_files(kind: FsKind) {
         "second run over sparse files issued dedupe calls"
     );
     assert_same("file contents changed", &checksum_tree(root), &sums);
-}
-
-/// Physical address of each piece of `[off, off + len)` of `path`.
-/// Physically contiguous pieces are merged, so equal results mean the same
-/// bytes whatever the extent boundaries.
-fn physical_of(path: &Path, off: u64, len: u64) -> Vec<(u64, u64)> {
-    let mut v: Vec<(u64, u64)> = Vec::new();
-    for e in data_extents(path) {
-        let s = e.logical.max(off);
-        let t = (e.logical + e.length).min(off + len);
-        if s < t {
-            let piece = (e.physical + (s - e.logical), t - s);
-            match v.last_mut() {
-                Some(last) if last.0 + last.1 == piece.0 => last.1 += piece.1,
-                _ => v.push(piece),
-            }
-        }
-    }
-    v
 }
 
 /// A sparse file over 4 GiB holding the same 2 MiB at offset 1 MiB and
@@ -1358,6 +1358,10 @@ fn clean_run_after_signals(
     let r = dedupe(&[root], &[]);
     r.assert_ok();
     assert_eq!(r.u("dedupe_ioctls"), 0, "a further run issued dedupe calls");
+    assert!(
+        r.u("files_known") > 0,
+        "the catalog is not usable after the signalled runs"
+    );
 }
 
 /// Signals are sent at least this long after the start: the process must
@@ -1520,4 +1524,199 @@ fn sigkill_at_random_points(kind: FsKind) {
     }
     let sums = user_sums(root);
     clean_run_after_signals(root, &sums, &whole, &near);
+}
+
+// ---------------------------------------------------------------------------
+// Convergence and the catalog
+// ---------------------------------------------------------------------------
+
+/// The deterministic form of what the concurrent writer found: two
+/// identical files (a whole-file group) whose first MiB also exists in an
+/// older file. The canonical copy of the group must not be moved onto the
+/// older file's extents while its copy keeps the old ones: all three
+/// converge, nothing is left to share, and later runs (trusting the
+/// catalog) do not claim otherwise.
+fn whole_copies_converge_with_block_runs(kind: FsKind) {
+    let fs = new_fs(kind, 512 * MIB);
+    let root = fs.path();
+    let old = root.join("a").join("old.bin");
+    put(&old, &random_bytes(2 * MIB as usize, 261));
+    dedupe(&[root], &[]).assert_ok();
+    let mut data = std::fs::read(&old).unwrap()[..MIB as usize].to_vec();
+    data.extend_from_slice(&random_bytes(300_000, 262));
+    let c1 = root.join("b").join("c1.bin");
+    let c2 = root.join("c").join("c2.bin");
+    put(&c1, &data);
+    put(&c2, &data);
+    let sums = checksum_tree(root);
+
+    let r = dedupe(&[root], &[]);
+    r.assert_ok();
+    assert_same("file contents changed", &checksum_tree(root), &sums);
+    assert_eq!(
+        physical_of(&c1, 0, MIB),
+        physical_of(&old, 0, MIB),
+        "the first MiB of c1.bin was not shared with old.bin"
+    );
+    assert!(
+        same_physical(&c1, &c2),
+        "c1.bin and c2.bin (identical) do not share their extents: c1 {:?}, c2 {:?}",
+        physical_of(&c1, 0, data.len() as u64),
+        physical_of(&c2, 0, data.len() as u64)
+    );
+    assert_nothing_left("after one run", root);
+    let r = dedupe(&[root], &[]);
+    r.assert_ok();
+    assert_eq!(r.u("dedupe_ioctls"), 0, "second run issued dedupe calls");
+}
+
+/// Dry runs record what they read, but must not record files as
+/// "settled": a real run afterwards still shares them.
+fn catalog_dry_runs_settle_nothing(kind: FsKind) {
+    let fs = new_fs(kind, 512 * MIB);
+    let root = fs.path();
+    let groups = dup_groups(&root.join("d"), 2, 2, 2 * MIB + 3, 271);
+    for _ in 0..2 {
+        let r = dedupe(&[root], &["--dry-run"]);
+        r.assert_ok();
+        assert!(r.u("bytes_would_share") > 0, "dry run found nothing");
+    }
+    assert_unshared("after dry runs", &flat(&groups));
+    let r = dedupe(&[root], &[]);
+    r.assert_ok();
+    assert_groups_shared("after dry runs and a real run", &groups);
+    assert_nothing_left("after dry runs and a real run", root);
+}
+
+/// The `<catalog>.broken*` entries next to catalog `cat`.
+fn set_aside(cat: &Path) -> Vec<PathBuf> {
+    let name = cat.file_name().unwrap().as_bytes().to_vec();
+    std::fs::read_dir(cat.parent().unwrap())
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            let n = e.file_name();
+            let n = n.as_bytes();
+            n.starts_with(&name) && n.len() > name.len() && n[name.len()..].starts_with(b".broken")
+        })
+        .map(|e| e.path())
+        .collect()
+}
+
+/// The catalog file of `root`'s filesystem, from a run's report.
+fn catalog_of(r: &Outcome) -> PathBuf {
+    let c = r.report()["catalogs"]
+        .as_array()
+        .and_then(|a| a.first())
+        .and_then(|c| c.as_str())
+        .unwrap_or_else(|| panic!("no catalog in the report: {}", r.stdout));
+    PathBuf::from(c)
+}
+
+/// Damaged, truncated, foreign-version and unusable catalogs: every run
+/// still exits 0 with a correct result (a damaged catalog is set aside and
+/// rebuilt with a warning, never misread), and the next run finds a
+/// usable catalog again.
+fn damaged_catalogs(kind: FsKind) {
+    let fs = new_fs(kind, 512 * MIB);
+    let root = fs.path();
+    let mut groups = dup_groups(&root.join("d"), 2, 2, MIB + 3, 281);
+    let r = dedupe(&[root], &[]);
+    r.assert_ok();
+    let cat = catalog_of(&r);
+    assert!(cat.is_file(), "no catalog at {}", cat.display());
+    let mut rng = Prng::new(282);
+    let damages: [&str; 7] = [
+        "truncated to half",
+        "truncated to zero",
+        "garbage",
+        "bytes flipped",
+        "foreign version",
+        "newer version",
+        "a directory",
+    ];
+    for (i, what) in damages.iter().enumerate() {
+        // New work for this run, so that it has something to dedupe.
+        groups.extend(dup_groups(
+            &root.join(format!("n{i}")),
+            1,
+            2,
+            MIB + 5,
+            283 + i as u64,
+        ));
+        for ext in ["-wal", "-shm"] {
+            let mut p = cat.clone().into_os_string();
+            p.push(ext);
+            let _ = std::fs::remove_file(&p);
+        }
+        for b in set_aside(&cat) {
+            if b.is_dir() {
+                std::fs::remove_dir_all(&b).unwrap();
+            } else {
+                std::fs::remove_file(&b).unwrap();
+            }
+        }
+        let mut bytes = std::fs::read(&cat).unwrap();
+        match *what {
+            "truncated to half" => bytes.truncate(bytes.len() / 2),
+            "truncated to zero" => bytes.clear(),
+            "garbage" => rng.fill(&mut bytes),
+            "bytes flipped" => {
+                for _ in 0..64 {
+                    let at = 100 + rng.below(bytes.len() as u64 - 100) as usize;
+                    bytes[at] ^= 1 << rng.below(8);
+                }
+            }
+            // SQLite keeps `PRAGMA user_version` at offset 60, big-endian.
+            "foreign version" => bytes[60..64].copy_from_slice(&0x4f43_4f50u32.to_be_bytes()),
+            "newer version" => {
+                let v = u32::from_be_bytes(bytes[60..64].try_into().unwrap());
+                bytes[60..64].copy_from_slice(&(v + 1).to_be_bytes());
+            }
+            _ => {}
+        }
+        if *what == "a directory" {
+            std::fs::remove_file(&cat).unwrap();
+            std::fs::create_dir(&cat).unwrap();
+        } else {
+            std::fs::write(&cat, &bytes).unwrap();
+        }
+        let sums = checksum_tree(root);
+
+        let r = dedupe(&[root], &[]);
+        r.assert_ok();
+        eprintln!("damaged_catalogs/{kind}: {what}: stderr {:?}", r.stderr);
+        assert_same(what, &checksum_tree(root), &sums);
+        assert_groups_shared(what, &groups);
+        // An empty file is a valid empty SQLite database (nothing to
+        // misread) and flipped bytes may land in unused space.
+        if !["bytes flipped", "truncated to zero"].contains(what) {
+            assert!(
+                r.stderr.contains("catalog"),
+                "{what}: no warning about the catalog: {:?}",
+                r.stderr
+            );
+            assert!(
+                !set_aside(&cat).is_empty(),
+                "{what}: the damaged catalog was not set aside as .broken"
+            );
+        }
+        if cat.is_dir() {
+            // Not set aside: onecopy ran without a catalog.
+            std::fs::remove_dir(&cat).unwrap();
+            continue;
+        }
+        let r = dedupe(&[root], &[]);
+        r.assert_ok();
+        assert!(
+            r.u("files_known") > 0,
+            "{what}: the catalog is not usable after the run that met it"
+        );
+        assert_eq!(
+            r.u("dedupe_ioctls"),
+            0,
+            "{what}: a further run issued dedupe calls"
+        );
+    }
+    assert_nothing_left("after damaged catalogs", root);
 }

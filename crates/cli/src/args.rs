@@ -70,8 +70,8 @@ pub struct DedupeArgs {
     #[arg(short = 'b', long, value_name = "SIZE", default_value = "64K", value_parser = parse_size)]
     pub block_size: u64,
 
-    /// Skip files smaller than SIZE (files below one filesystem block are
-    /// always skipped: their data is inline or in a shared tail).
+    /// Skip files smaller than SIZE. Empty files, and on btrfs files of at
+    /// most 2048 bytes (stored inline in metadata), are always skipped.
     #[arg(long, value_name = "SIZE", default_value = "0", value_parser = parse_size)]
     pub min_size: u64,
 

@@ -175,7 +175,7 @@ fn hash_one(entry: &FileEntry, bs: usize, buf: &mut [u8]) -> Outcome {
         return Outcome::Skip(SkipReason::NotRegular);
     }
     let entry = FileEntry::from_meta(path.clone(), &meta, entry.fs, entry.subvol, entry.fs_block);
-    if entry.size < entry.fs_block {
+    if entry.size == 0 {
         return Outcome::Skip(SkipReason::TooSmall);
     }
     advise_sequential(&f);

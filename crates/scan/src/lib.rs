@@ -26,8 +26,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SkipReason {
-    /// Smaller than `--min-size` or than one filesystem block (such data is
-    /// inline or shares a tail block: nothing the filesystem can share).
+    /// Smaller than `--min-size`, empty, or on btrfs small enough to be
+    /// stored inline in metadata (at most 2048 bytes), where nothing can be
+    /// shared.
     TooSmall,
     /// A symlink, device, socket or fifo.
     NotRegular,

@@ -92,8 +92,17 @@ struct DevInfo {
     fs: FsId,
     subvol: u64,
     block: u64,
+    /// The smallest file that can own a data block of its own.
+    min_size: u64,
     supported: bool,
 }
+
+/// btrfs stores files of up to `max_inline` bytes (2048 by default) inside
+/// metadata, where nothing can be shared; XFS always gives file data its
+/// own blocks, so even a 1-byte file frees a block when deduped. A btrfs
+/// file above the threshold that is inline anyway (compression, a larger
+/// `max_inline`) is caught by the FIEMAP check before any dedupe.
+const BTRFS_MAX_INLINE: u64 = 2048;
 
 /// Caches what `statfs` says per device number; devices are few.
 struct DevCache {
@@ -118,6 +127,11 @@ impl DevCache {
                 fs: i.fsid,
                 subvol: onecopy_ioctl::btrfs::subvol_id(f.as_fd()).unwrap_or(0),
                 block: i.block_size.max(512),
+                min_size: if i.kind == onecopy_ioctl::fs::FsKind::Btrfs {
+                    BTRFS_MAX_INLINE + 1
+                } else {
+                    1
+                },
                 supported: i.kind.supports_dedupe() && !i.read_only,
             })
         });
@@ -295,7 +309,7 @@ pub fn walk(opts: &WalkOptions, progress: &Progress) -> WalkOutput {
                     local.skip(SkipReason::UnsupportedFilesystem);
                     return WalkState::Continue;
                 }
-                if meta.size() < min_size.max(dev.block) {
+                if meta.size() < min_size.max(dev.min_size) {
                     local.skip(SkipReason::TooSmall);
                     return WalkState::Continue;
                 }

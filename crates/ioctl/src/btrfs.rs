@@ -209,5 +209,60 @@ mod tests {
         fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..4096), n in 0u32..100) {
             let _ = decode_items(&bytes, n);
         }
+
+        /// Well-formed search headers over arbitrary item bodies and keys
+        /// (random bytes alone almost never form a valid first header),
+        /// with the count overstated or the buffer cut short: never a
+        /// panic; an `Ok` decodes exactly the EXTENT_DATA items, in order,
+        /// and errors name an item that exists or was promised.
+        #[test]
+        fn decode_structured_never_panics(
+            items in proptest::collection::vec(
+                (
+                    any::<u64>(),
+                    prop_oneof![Just(EXTENT_DATA_KEY), any::<u32>()],
+                    proptest::collection::vec(any::<u8>(), 0..80),
+                ),
+                0..12,
+            ),
+            extra in 0u32..3,
+            cut in 0usize..40,
+        ) {
+            let mut b = Vec::new();
+            for (offset, typ, body) in &items {
+                let mut h = [0u8; SEARCH_HEADER];
+                h[16..24].copy_from_slice(&offset.to_ne_bytes());
+                h[24..28].copy_from_slice(&typ.to_ne_bytes());
+                h[28..32].copy_from_slice(&(body.len() as u32).to_ne_bytes());
+                b.extend_from_slice(&h);
+                b.extend_from_slice(body);
+            }
+            let full = b.len();
+            b.truncate(full.saturating_sub(cut));
+            let nr = items.len() as u32 + extra;
+            match decode_items(&b, nr) {
+                Ok((v, last)) => {
+                    prop_assert!(extra == 0 && (cut == 0 || items.is_empty()));
+                    let data: Vec<_> = items.iter().filter(|i| i.1 == EXTENT_DATA_KEY).collect();
+                    prop_assert_eq!(v.len(), data.len());
+                    for (fe, (offset, _, body)) in v.iter().zip(&data) {
+                        prop_assert_eq!(fe.file_offset, *offset);
+                        if fe.kind != FileExtentKind::Inline {
+                            prop_assert!(body.len() >= 53);
+                        }
+                    }
+                    prop_assert_eq!(last, items.last().map(|i| i.0));
+                }
+                Err(DecodeError::Truncated { index }) => {
+                    prop_assert!(index < nr as usize && index <= items.len());
+                }
+                Err(DecodeError::ShortItem { index, len }) => {
+                    prop_assert!(index < items.len());
+                    prop_assert_eq!(items[index].1, EXTENT_DATA_KEY);
+                    prop_assert_eq!(len as usize, items[index].2.len());
+                    prop_assert!(len < 53);
+                }
+            }
+        }
     }
 }

@@ -217,6 +217,64 @@ mod tests {
         }
     }
 
+    proptest! {
+        /// The realistic malformed answer: a header with a small count over
+        /// arbitrary extent bytes (random bytes alone almost never get past
+        /// the count check). Never a panic; an `Ok` holds exactly the
+        /// counted extents, each inside the buffer and without overflow.
+        #[test]
+        fn decode_structured_never_panics(
+            body in proptest::collection::vec(any::<u8>(), 0..EXTENT * 24),
+            mapped in 0u32..32,
+            cap in 0usize..32,
+            cut in 0usize..EXTENT,
+        ) {
+            let mut b = vec![0u8; HEADER];
+            b[20..24].copy_from_slice(&mapped.to_ne_bytes());
+            b.extend_from_slice(&body);
+            b.truncate(b.len().saturating_sub(cut).max(24));
+            match decode(&b, cap) {
+                Ok(v) => {
+                    prop_assert_eq!(v.len(), mapped as usize);
+                    prop_assert!(v.len() <= cap);
+                    prop_assert!(HEADER + EXTENT * v.len() <= b.len());
+                    for e in &v {
+                        prop_assert!(e.logical.checked_add(e.length).is_some());
+                    }
+                }
+                Err(DecodeError::TooManyExtents { mapped: m, room }) => {
+                    prop_assert_eq!(m, mapped);
+                    prop_assert!(m as usize > room);
+                }
+                Err(DecodeError::Overflow { index, .. }) => prop_assert!(index < mapped as usize),
+                Err(e) => prop_assert!(false, "unexpected {:?}", e),
+            }
+        }
+
+        /// Extents anywhere in the u64 space: the first one whose end
+        /// overflows is refused by index, otherwise everything decodes to
+        /// what was encoded; the helpers never overflow either.
+        #[test]
+        fn decode_full_range(
+            v in proptest::collection::vec((any::<u64>(), any::<u64>(), any::<u64>(), any::<u32>()), 0..16)
+        ) {
+            let exts: Vec<Extent> = v
+                .into_iter()
+                .map(|(l, p, n, f)| Extent { logical: l, physical: p, length: n, flags: f })
+                .collect();
+            let first_bad = exts.iter().position(|e| e.logical.checked_add(e.length).is_none());
+            match (decode(&encode(&exts), exts.len()), first_bad) {
+                (Ok(got), None) => prop_assert_eq!(got, exts.clone()),
+                (Err(DecodeError::Overflow { index, .. }), Some(i)) => prop_assert_eq!(index, i),
+                (other, _) => prop_assert!(false, "unexpected {:?}", other),
+            }
+            for e in &exts {
+                prop_assert!(e.logical_end() >= e.logical);
+                let _ = (e.is_shared(), e.is_undedupable(), e.is_unwritten());
+            }
+        }
+    }
+
     #[test]
     fn maps_a_real_file() {
         use std::io::Write;

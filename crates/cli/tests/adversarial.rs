@@ -1801,12 +1801,12 @@ fn catalog_decoding_fuzz() {
         rng.fill(&mut b);
         match blob_to_digests(&b) {
             Some(v) => {
-                assert!(n % 16 == 0);
+                assert!(n.is_multiple_of(16));
                 assert_eq!(v.len(), n / 16);
                 let back: Vec<u8> = v.iter().flat_map(|d| d.to_le_bytes()).collect();
                 assert_eq!(back, b);
             }
-            None => assert!(n % 16 != 0),
+            None => assert!(!n.is_multiple_of(16)),
         }
     }
 }

@@ -995,16 +995,28 @@ fn sparse_over_4gib(kind: FsKind) {
 }
 
 /// Empty files, files smaller than a block, and all-zero files (dense,
-/// and a sparse one): skipped or handled without error or space growth; a
-/// second run issues no dedupe call.
+/// and a sparse one). As documented, empty files and (on btrfs, where they
+/// are inline in metadata) files of at most 2048 bytes are skipped as too
+/// small; larger small files are deduped as a whole (on XFS even a 1-byte
+/// file owns a block). No error, no space growth, and a second run issues
+/// no dedupe call.
 fn empty_and_zero_files(kind: FsKind) {
     let fs = new_fs(kind, 512 * MIB);
     let root = fs.path();
     for i in 0..5 {
         put(&root.join("empty").join(format!("e{i}")), b"");
     }
-    for (i, n) in [1usize, 1, 100, 100, 4095].iter().enumerate() {
-        put(&root.join("tiny").join(format!("t{i}")), &vec![7u8; *n]);
+    // Pairs of identical small files: 1 byte, 100 bytes, 2048 bytes (the
+    // btrfs inline limit), 2049 bytes, 4095 bytes.
+    let mut tiny = Vec::new();
+    for n in [1usize, 100, 2048, 2049, 4095] {
+        let pair: Vec<PathBuf> = (0..2)
+            .map(|c| root.join("tiny").join(format!("t{n}-{c}")))
+            .collect();
+        for p in &pair {
+            put(p, &vec![7u8; n]);
+        }
+        tiny.push((n, pair));
     }
     for (i, n) in [MIB, MIB, MIB, 4 * KIB, 4 * KIB, 64 * KIB + 1]
         .iter()
@@ -1024,12 +1036,23 @@ fn empty_and_zero_files(kind: FsKind) {
 
     let r = dedupe(&[root], &[]);
     r.assert_ok();
-    assert!(
-        r.files_skipped("too_small") >= 10,
-        "empty and tiny files not skipped as too small: {}",
+    let inline = |n: usize| kind == FsKind::Btrfs && n <= 2048;
+    let want_small = 5 + 2 * tiny.iter().filter(|(n, _)| inline(*n)).count() as u64;
+    assert_eq!(
+        r.files_skipped("too_small"),
+        want_small,
+        "files skipped as too small: {}",
         r.report()["files_skipped"]
     );
     assert_same("file contents changed", &checksum_tree(root), &sums);
+    for (n, pair) in &tiny {
+        if !inline(*n) {
+            assert!(
+                same_physical(&pair[0], &pair[1]),
+                "identical {n}-byte files were not shared"
+            );
+        }
+    }
     let used1 = fs.used_bytes();
     assert!(used1 <= used0 + MIB, "space used: {used0} -> {used1}");
     let r = dedupe(&[root], &[]);

@@ -58,6 +58,7 @@ fn to_hashed(rec: &FileRecord, entry: FileEntry) -> HashedFile {
         whole: rec.whole,
         inode_flags: rec.flags,
         generation: rec.generation,
+        racy: false,
     }
 }
 

@@ -23,10 +23,21 @@ struct Root {
     info: FsInfo,
 }
 
-fn check_root(path: &Path) -> Result<Root, String> {
-    let f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let info = fs_info(f.as_fd())
-        .map_err(|e| format!("{}: cannot identify filesystem: {e}", path.display()))?;
+/// Checks a root: a path that can not be opened is a usage error (exit 2),
+/// a filesystem that can not dedupe is exit 3.
+fn check_root(path: &Path) -> Result<Root, (u8, String)> {
+    let f =
+        std::fs::File::open(path).map_err(|e| (exit::USAGE, format!("{}: {e}", path.display())))?;
+    let info = fs_info(f.as_fd()).map_err(|e| {
+        (
+            exit::UNSUPPORTED,
+            format!("{}: cannot identify filesystem: {e}", path.display()),
+        )
+    })?;
+    check_fs(path, &f, info).map_err(|m| (exit::UNSUPPORTED, m))
+}
+
+fn check_fs(path: &Path, f: &std::fs::File, info: FsInfo) -> Result<Root, String> {
     if !info.kind.supports_dedupe() {
         return Err(format!(
             "{} is on {}, which can not share extents; onecopy dedupes on btrfs and XFS (reflink=1)",
@@ -52,48 +63,7 @@ fn check_root(path: &Path) -> Result<Root, String> {
 
 pub fn run(a: DedupeArgs) -> Result<u8> {
     let started = Instant::now();
-    let ui = Ui::new(a.quiet || a.json, a.verbose);
-    if let Err(e) = onecopy_scan::validate_excludes(&a.excludes) {
-        eprintln!("onecopy: invalid --exclude pattern: {e}");
-        return Ok(exit::USAGE);
-    }
-    if a.threads == 0 {
-        eprintln!("onecopy: --threads must be at least 1");
-        return Ok(exit::USAGE);
-    }
-    // Refuse clearly, before scanning.
-    let mut roots = Vec::new();
-    for p in &a.paths {
-        match check_root(p) {
-            Ok(r) => roots.push(r),
-            Err(msg) => {
-                eprintln!("onecopy: {msg}");
-                return Ok(exit::UNSUPPORTED);
-            }
-        }
-    }
-    for r in &roots {
-        let fsb = r.info.block_size;
-        if a.block_size == 0 || !a.block_size.is_multiple_of(fsb) {
-            eprintln!(
-                "onecopy: --block-size {} is not a multiple of the filesystem block size {fsb}",
-                a.block_size
-            );
-            return Ok(exit::USAGE);
-        }
-        if a.block_size > u32::MAX as u64 {
-            eprintln!("onecopy: --block-size {} is too large", a.block_size);
-            return Ok(exit::USAGE);
-        }
-    }
-    let free_before = settled_free(&a.paths);
-    // Absolute, symlink-free roots: catalog records hold absolute paths.
-    let roots_abs: Vec<PathBuf> = a
-        .paths
-        .iter()
-        .map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()))
-        .collect();
-
+    // Signals first: a Ctrl-C at any point ends in a report and exit 130.
     let scan_progress = Arc::new(Progress::default());
     let exec_progress = Arc::new(ExecProgress::default());
     let interrupted = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -121,6 +91,47 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
         })
     };
     drop(watcher);
+    let ui = Ui::new(a.quiet || a.json, a.verbose);
+    if let Err(e) = onecopy_scan::validate_excludes(&a.excludes) {
+        eprintln!("onecopy: invalid --exclude pattern: {e}");
+        return Ok(exit::USAGE);
+    }
+    if a.threads == 0 {
+        eprintln!("onecopy: --threads must be at least 1");
+        return Ok(exit::USAGE);
+    }
+    // Refuse clearly, before scanning.
+    let mut roots = Vec::new();
+    for p in &a.paths {
+        match check_root(p) {
+            Ok(r) => roots.push(r),
+            Err((code, msg)) => {
+                eprintln!("onecopy: {msg}");
+                return Ok(code);
+            }
+        }
+    }
+    for r in &roots {
+        let fsb = r.info.block_size;
+        if a.block_size == 0 || !a.block_size.is_multiple_of(fsb) {
+            eprintln!(
+                "onecopy: --block-size {} is not a multiple of the filesystem block size {fsb}",
+                a.block_size
+            );
+            return Ok(exit::USAGE);
+        }
+        if a.block_size > u32::MAX as u64 {
+            eprintln!("onecopy: --block-size {} is too large", a.block_size);
+            return Ok(exit::USAGE);
+        }
+    }
+    let free_before = settled_free(&a.paths);
+    // Absolute, symlink-free roots: catalog records hold absolute paths.
+    let roots_abs: Vec<PathBuf> = a
+        .paths
+        .iter()
+        .map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()))
+        .collect();
 
     let mut report = Report::new(&a);
 
@@ -235,7 +246,6 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
         // Sources first: files outside the roots, then settled ones, so
         // that known canonical copies stay canonical.
         run.known.sort_by_key(|k| (!k.outside_roots, !k.settled));
-        let n_known = run.known.len();
         let files: Vec<&HashedFile> = run
             .known
             .iter()
@@ -341,11 +351,18 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
                 .iter()
                 .enumerate()
                 .filter_map(|(i, f)| {
-                    let settled_now = !stopped && !unsettled[i] && (i < n_known || !a.dry_run);
+                    // A dry run changes nothing, so it settles nothing that
+                    // was not settled before.
+                    let was = run.known.get(i).is_none_or(|k| k.settled);
+                    let settled_now = !stopped && !unsettled[i] && (!a.dry_run || was);
                     let write = match run.known.get(i) {
                         Some(k) => k.dirty || k.settled != settled_now,
                         None => true,
                     };
+                    // A file modified within a second of being read may have
+                    // been read half old, half new with timestamps that do
+                    // not show it ("racily clean"): never remember it.
+                    let write = write && !f.racy;
                     write.then(|| FileRecord {
                         fs: key.clone(),
                         subvol: f.entry.subvol,
@@ -415,7 +432,7 @@ impl FsRun {
         FsRun {
             fs: first.fs,
             fs_block: first.fs_block,
-            key: fs_key(&first.path, first.fs),
+            key: fs_key(first.fs),
             walked: Vec::new(),
             known: Vec::new(),
             fresh: Vec::new(),
@@ -425,22 +442,10 @@ impl FsRun {
     }
 }
 
-/// A filesystem identity that survives remounts: its UUID where the kernel
-/// gives it, else `f_fsid` (derived from the UUID on btrfs).
-fn fs_key(path: &Path, fsid: FsId) -> String {
-    let f = std::fs::File::open(path)
-        .or_else(|_| std::fs::File::open(path.parent().unwrap_or(Path::new("/"))));
-    if let Ok(f) = f {
-        if let Ok(u) = onecopy_ioctl::fs::fs_uuid(f.as_fd()) {
-            if u != [0u8; 16] {
-                return format!(
-                    "uuid-{}",
-                    u.iter().map(|b| format!("{b:02x}")).collect::<String>()
-                );
-            }
-        }
-    }
-    format!("fsid-{fsid:016x}")
+/// A filesystem identity that survives remounts: `FsInfo::fsid` is derived
+/// from the filesystem's UUID on btrfs and XFS.
+fn fs_key(fsid: FsId) -> String {
+    format!("fs-{fsid:016x}")
 }
 
 /// Where the catalogs live by default: `$ONECOPY_CACHE_DIR` if set, else

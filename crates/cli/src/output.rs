@@ -346,6 +346,8 @@ fn skip_name(k: SkipReason) -> &'static str {
         SkipReason::Excluded => "excluded",
         SkipReason::Hardlink => "extra hardlinks",
         SkipReason::ChangedWhileReading => "changed while reading",
+        SkipReason::Vanished => "deleted while running",
+        SkipReason::SwapFile => "active swap files",
         SkipReason::UnsupportedFilesystem => "on unsupported filesystems",
     }
 }

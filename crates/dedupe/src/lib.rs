@@ -90,6 +90,13 @@ pub enum DedupeError {
     Rehome { path: PathBuf, why: String },
 }
 
+impl DedupeError {
+    /// The file was not there any more.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, DedupeError::Open { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
+    }
+}
+
 /// What the executor did.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct ExecStats {
@@ -347,6 +354,11 @@ fn run_op(
     }
     let src = match files.get(op.src) {
         Ok(f) => f,
+        // Deleted or renamed since it was read: a change, not an error.
+        Err(e) if e.is_not_found() => {
+            skip_all(rep, op, DestSkip::Changed);
+            return;
+        }
         Err(e) => {
             rep.errors.push(e);
             skip_all(rep, op, DestSkip::Refused);
@@ -386,6 +398,10 @@ fn run_op(
         let path = &files.entries[d.file as usize].path;
         let f = match files.get(d.file) {
             Ok(f) => f,
+            Err(e) if e.is_not_found() => {
+                skip(rep, d.file, DestSkip::Changed);
+                continue;
+            }
             Err(e) => {
                 rep.errors.push(e);
                 skip(rep, d.file, DestSkip::Refused);
@@ -431,6 +447,10 @@ fn run_op(
     }
     if opts.dry_run {
         rep.stats.bytes_would_share += op.len * todo.len() as u64;
+        // Not done, so not settled.
+        for (i, _, _) in &todo {
+            rep.unsettled[*i as usize] = true;
+        }
         return;
     }
     files.involved[op.src as usize] = true;

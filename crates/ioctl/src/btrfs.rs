@@ -153,6 +153,19 @@ pub fn file_extents(fd: BorrowedFd<'_>, ino: u64) -> io::Result<Vec<FileExtent>>
     Ok(out)
 }
 
+/// `_IOR(0x94, 31, struct btrfs_ioctl_fs_info_args)` (1024 bytes).
+const BTRFS_IOC_FS_INFO: libc::c_ulong = 0x8400_941F;
+
+/// The UUID of the btrfs filesystem holding `fd` (the same for all its
+/// subvolumes, unlike `f_fsid`, into which btrfs mixes the subvolume).
+pub fn fs_uuid(fd: BorrowedFd<'_>) -> io::Result<[u8; 16]> {
+    let mut buf = AlignedBuf::new(1024);
+    crate::ioctl_buf(fd, BTRFS_IOC_FS_INFO, &mut buf)?;
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&buf.as_bytes()[16..32]);
+    Ok(out)
+}
+
 /// `_IOWR(0x94, 18, struct btrfs_ioctl_ino_lookup_args)` (4096 bytes).
 const BTRFS_IOC_INO_LOOKUP: libc::c_ulong = 0xD000_9412;
 const BTRFS_FIRST_FREE_OBJECTID: u64 = 256;

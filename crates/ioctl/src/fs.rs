@@ -62,7 +62,9 @@ pub struct FsInfo {
     pub total_bytes: u64,
     pub free_bytes: u64,
     pub avail_bytes: u64,
-    /// The filesystem id (`f_fsid`), equal for all subvolumes of one btrfs.
+    /// Identifies the filesystem: derived from its UUID where the kernel
+    /// tells it (btrfs, XFS, ext4), so that all subvolumes of one btrfs
+    /// share it; else `f_fsid`.
     pub fsid: u64,
 }
 
@@ -75,7 +77,20 @@ pub fn fs_info(fd: BorrowedFd<'_>) -> io::Result<FsInfo> {
     }
     // SAFETY: fsid_t is two ints; reading it as bytes is always valid.
     let fsid_raw: [i32; 2] = unsafe { std::mem::transmute(s.f_fsid) };
-    let fsid = (fsid_raw[0] as u32 as u64) | ((fsid_raw[1] as u32 as u64) << 32);
+    let kind = FsKind::from_magic(s.f_type as u64);
+    let uuid = match kind {
+        FsKind::Btrfs => crate::btrfs::fs_uuid(fd).ok(),
+        _ => fs_uuid(fd).ok(),
+    }
+    .filter(|u| *u != [0u8; 16]);
+    let fsid = match uuid {
+        Some(u) => {
+            let lo = u64::from_le_bytes(u[..8].try_into().unwrap());
+            let hi = u64::from_le_bytes(u[8..].try_into().unwrap());
+            lo ^ hi.rotate_left(32)
+        }
+        None => (fsid_raw[0] as u32 as u64) | ((fsid_raw[1] as u32 as u64) << 32),
+    };
     let bsize = s.f_bsize as u64;
     // SAFETY: statvfs is plain old data; zeroed is a valid value.
     let mut v: libc::statvfs = unsafe { std::mem::zeroed() };
@@ -84,7 +99,7 @@ pub fn fs_info(fd: BorrowedFd<'_>) -> io::Result<FsInfo> {
         return Err(io::Error::last_os_error());
     }
     Ok(FsInfo {
-        kind: FsKind::from_magic(s.f_type as u64),
+        kind,
         block_size: bsize,
         read_only: v.f_flag & libc::ST_RDONLY != 0,
         total_bytes: s.f_blocks as u64 * s.f_frsize as u64,

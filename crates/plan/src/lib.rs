@@ -287,6 +287,7 @@ pub fn plan(files: &[PlanFile<'_>], opts: &PlanOptions) -> Plan {
         }
     }
     let mut covered = vec![false; files.len()];
+    let mut copies_of: HashMap<u32, Vec<u32>> = HashMap::new();
     let mut groups: Vec<Vec<u32>> = groups.into_values().filter(|g| g.len() > 1).collect();
     groups.sort_unstable_by_key(|g| g[0]);
     for g in groups {
@@ -304,6 +305,7 @@ pub fn plan(files: &[PlanFile<'_>], opts: &PlanOptions) -> Plan {
         for d in &dests {
             covered[d.file as usize] = true;
         }
+        copies_of.insert(src, dests.iter().map(|d| d.file).collect::<Vec<u32>>());
         stats.whole_file_groups += 1;
         stats.whole_file_dests += dests.len() as u64;
         let len = files[src as usize].size;
@@ -327,15 +329,23 @@ pub fn plan(files: &[PlanFile<'_>], opts: &PlanOptions) -> Plan {
     let mut table = FingerprintTable::with_capacity(total_blocks.min(1 << 26));
     // Runs keyed by source range, so equal ranges share one op.
     let mut runs: HashMap<(u32, u64, u64), Vec<Dest>> = HashMap::new();
+    // A canonical copy that is itself a block-run destination takes its
+    // whole-file copies along: they get the same run, so that all of them
+    // end on the run's source extent instead of pinning the old one.
     let mut emit =
         |src: u32, src_off: u64, dst: u32, dst_off: u64, bytes: u64, stats: &mut PlanStats| {
             if bytes >= opts.min_run.max(1) {
-                runs.entry((src, src_off, bytes)).or_default().push(Dest {
-                    file: dst,
-                    offset: dst_off,
-                });
-                stats.block_runs += 1;
-                stats.block_run_bytes += bytes;
+                let e = runs.entry((src, src_off, bytes)).or_default();
+                for file in
+                    std::iter::once(dst).chain(copies_of.get(&dst).into_iter().flatten().copied())
+                {
+                    e.push(Dest {
+                        file,
+                        offset: dst_off,
+                    });
+                    stats.block_runs += 1;
+                    stats.block_run_bytes += bytes;
+                }
             }
         };
     for (fi, f) in files.iter().enumerate() {
@@ -437,6 +447,24 @@ mod tests {
         assert_eq!(shared, (5 + 5) * BS);
         // Every source range lies in file 0: copies converge on it.
         assert!(p.ops.iter().all(|o| o.src == 0));
+    }
+
+    #[test]
+    fn whole_file_copies_follow_their_canonical_into_block_runs() {
+        // c's first block also starts a (canonical) run in a; b is a whole
+        // copy of c. The run into c must also go into b.
+        let a = [1, 2, 9];
+        let c = [1, 2, 3, 4];
+        let files = [pf(&a), pf(&c), pf(&c)];
+        let p = plan(&files, &opts());
+        let run = p
+            .ops
+            .iter()
+            .find(|o| o.kind == OpKind::BlockRun)
+            .expect("a block run");
+        let mut dests: Vec<u32> = run.dests.iter().map(|d| d.file).collect();
+        dests.sort();
+        assert_eq!(dests, vec![1, 2]);
     }
 
     #[test]

@@ -67,6 +67,20 @@ pub struct HashedFile {
     pub inode_flags: u32,
     /// The inode generation (`FS_IOC_GETVERSION`; 0 where unknown).
     pub generation: u64,
+    /// Modified (mtime or ctime) less than [`RACY_MARGIN_NS`] before it
+    /// was read: a write racing the read may not show in the timestamps,
+    /// so the digests must not be trusted by a later run.
+    pub racy: bool,
+}
+
+/// See [`HashedFile::racy`]: covers the kernel's coarse timestamp clock.
+pub const RACY_MARGIN_NS: i64 = 1_000_000_000;
+
+fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
 }
 
 /// The digest of a full block of `block_size` zero bytes, on a filesystem
@@ -155,6 +169,9 @@ fn hash_one(entry: &FileEntry, bs: usize, buf: &mut [u8]) -> Outcome {
     let path = &entry.path;
     let mut f = match open_noatime(path) {
         Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Outcome::Skip(SkipReason::Vanished)
+        }
         Err(source) => {
             return Outcome::Error(ScanError::Open {
                 path: path.clone(),
@@ -178,6 +195,7 @@ fn hash_one(entry: &FileEntry, bs: usize, buf: &mut [u8]) -> Outcome {
     if entry.size == 0 {
         return Outcome::Skip(SkipReason::TooSmall);
     }
+    let read_start = now_ns();
     advise_sequential(&f);
     let inode_flags = onecopy_ioctl::fs::inode_flags(f.as_fd()).unwrap_or(0);
     let generation = onecopy_ioctl::fs::inode_generation(f.as_fd()).unwrap_or(0);
@@ -225,6 +243,7 @@ fn hash_one(entry: &FileEntry, bs: usize, buf: &mut [u8]) -> Outcome {
     }
     whole.update(&total.to_le_bytes());
     let whole = whole.digest128();
+    let racy = entry.mtime_ns.max(entry.ctime_ns) >= read_start - RACY_MARGIN_NS;
     Outcome::Done(
         HashedFile {
             entry,
@@ -233,6 +252,7 @@ fn hash_one(entry: &FileEntry, bs: usize, buf: &mut [u8]) -> Outcome {
             whole,
             inode_flags,
             generation,
+            racy,
         },
         total,
     )

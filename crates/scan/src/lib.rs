@@ -40,6 +40,10 @@ pub enum SkipReason {
     Hardlink,
     /// The file changed while it was being read.
     ChangedWhileReading,
+    /// The file was deleted or renamed away between listing and reading.
+    Vanished,
+    /// An active swap file: the kernel refuses to share its extents.
+    SwapFile,
     /// The filesystem cannot dedupe (not btrfs or XFS, or read-only).
     UnsupportedFilesystem,
 }

@@ -166,6 +166,19 @@ impl Collected {
     }
 }
 
+/// The path an `ignore` error is about, looking through its wrappers.
+fn error_path(e: &ignore::Error) -> Option<PathBuf> {
+    match e {
+        ignore::Error::WithPath { path, .. } => Some(path.clone()),
+        ignore::Error::WithDepth { err, .. } | ignore::Error::WithLineNumber { err, .. } => {
+            error_path(err)
+        }
+        ignore::Error::Loop { child, .. } => Some(child.clone()),
+        ignore::Error::Partial(errs) => errs.iter().find_map(error_path),
+        _ => None,
+    }
+}
+
 /// A walker thread's buffer; flushes into the shared result in batches and
 /// when the walker drops the visitor.
 struct Sink {
@@ -269,10 +282,7 @@ pub fn walk(opts: &WalkOptions, progress: &Progress) -> WalkOutput {
                 let ent = match res {
                     Ok(e) => e,
                     Err(err) => {
-                        let path = match &err {
-                            ignore::Error::WithPath { path, .. } => path.clone(),
-                            _ => PathBuf::new(),
-                        };
+                        let path = error_path(&err).unwrap_or_default();
                         let source = err
                             .into_io_error()
                             .unwrap_or_else(|| std::io::Error::other("walk error"));
@@ -294,6 +304,11 @@ pub fn walk(opts: &WalkOptions, progress: &Progress) -> WalkOutput {
                         let source = err
                             .into_io_error()
                             .unwrap_or_else(|| std::io::Error::other("stat failed"));
+                        // Deleted between listing and stat: nothing to do.
+                        if source.kind() == std::io::ErrorKind::NotFound {
+                            local.skip(SkipReason::Vanished);
+                            return WalkState::Continue;
+                        }
                         local.errors.push(ScanError::Stat {
                             path: ent.path().to_path_buf(),
                             source,

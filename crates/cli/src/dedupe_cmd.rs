@@ -275,7 +275,9 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
                     blocks: &f.blocks,
                     subs: &f.subs,
                     whole: f.whole,
-                    can_be_dest: !out && f.inode_flags & (protected | nocow) == 0,
+                    can_be_dest: !out
+                        && !f.entry.read_only
+                        && f.inode_flags & (protected | nocow) == 0,
                     can_be_src: f.inode_flags & nocow == 0,
                 })
                 .collect();

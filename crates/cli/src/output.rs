@@ -358,6 +358,7 @@ fn dest_name(k: DestSkip) -> &'static str {
         DestSkip::Changed => "changed since read",
         DestSkip::DataDiffers => "data differs",
         DestSkip::Protected => "immutable or append-only",
+        DestSkip::ReadOnly => "read-only (mount or snapshot)",
         DestSkip::NotShareable => "inline/unwritten extents",
         DestSkip::Refused => "refused",
         DestSkip::Cancelled => "cancelled",

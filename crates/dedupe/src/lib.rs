@@ -59,6 +59,8 @@ pub enum DestSkip {
     DataDiffers,
     /// Immutable or append-only inode.
     Protected,
+    /// On a read-only mount or in a read-only btrfs snapshot.
+    ReadOnly,
     /// Inline, unwritten (preallocated) or unknown extents in the range.
     NotShareable,
     /// The kernel refused (see the errors).
@@ -417,6 +419,12 @@ fn run_op(
             != 0
         {
             skip(rep, d.file, DestSkip::Protected);
+            continue;
+        }
+        let read_only = files.entries[d.file as usize].read_only
+            || onecopy_ioctl::fs::on_read_only_mount(f.as_fd()).unwrap_or(false);
+        if read_only {
+            skip(rep, d.file, DestSkip::ReadOnly);
             continue;
         }
         match physical_layout(&f, d.offset, op.len) {

@@ -166,6 +166,22 @@ pub fn fs_uuid(fd: BorrowedFd<'_>) -> io::Result<[u8; 16]> {
     Ok(out)
 }
 
+/// `_IOR(0x94, 60, struct btrfs_ioctl_get_subvol_info_args)` (504 bytes).
+const BTRFS_IOC_GET_SUBVOL_INFO: libc::c_ulong = 0x81F8_943C;
+const SUBVOL_INFO_SIZE: usize = 504;
+const SUBVOL_INFO_FLAGS: usize = 288;
+/// `BTRFS_ROOT_SUBVOL_RDONLY` of the root item flags.
+const BTRFS_SUBVOL_RDONLY: u64 = 1 << 0;
+
+/// Whether the btrfs subvolume holding `fd` is read-only (a read-only
+/// snapshot): its files must never be dedupe destinations.
+pub fn subvol_read_only(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    let mut buf = AlignedBuf::new(SUBVOL_INFO_SIZE);
+    crate::ioctl_buf(fd, BTRFS_IOC_GET_SUBVOL_INFO, &mut buf)?;
+    let flags = u64_at(buf.as_bytes(), SUBVOL_INFO_FLAGS).unwrap_or(0);
+    Ok(flags & BTRFS_SUBVOL_RDONLY != 0)
+}
+
 /// `_IOWR(0x94, 18, struct btrfs_ioctl_ino_lookup_args)` (4096 bytes).
 const BTRFS_IOC_INO_LOOKUP: libc::c_ulong = 0xD000_9412;
 const BTRFS_FIRST_FREE_OBJECTID: u64 = 256;

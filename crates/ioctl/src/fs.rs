@@ -175,6 +175,18 @@ pub fn fadvise(fd: BorrowedFd<'_>, advice: Advice) -> io::Result<()> {
     Ok(())
 }
 
+/// Whether `fd` is on a read-only mount (`fstatvfs`), cheaper than
+/// [`fs_info`].
+pub fn on_read_only_mount(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    // SAFETY: statvfs is plain old data; zeroed is a valid value.
+    let mut v: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `v` is a valid, writable statvfs and `fd` is open.
+    if unsafe { libc::fstatvfs(fd.as_raw_fd(), &mut v) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(v.f_flag & libc::ST_RDONLY != 0)
+}
+
 /// `syncfs(fd)`: commits the filesystem holding `fd`, so that space freed
 /// by earlier operations shows in [`fs_info`].
 pub fn syncfs(fd: BorrowedFd<'_>) -> io::Result<()> {

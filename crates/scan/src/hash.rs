@@ -191,7 +191,10 @@ fn hash_one(entry: &FileEntry, bs: usize, buf: &mut [u8]) -> Outcome {
     if !meta.is_file() {
         return Outcome::Skip(SkipReason::NotRegular);
     }
-    let entry = FileEntry::from_meta(path.clone(), &meta, entry.fs, entry.subvol, entry.fs_block);
+    let entry = FileEntry {
+        read_only: entry.read_only,
+        ..FileEntry::from_meta(path.clone(), &meta, entry.fs, entry.subvol, entry.fs_block)
+    };
     if entry.size == 0 {
         return Outcome::Skip(SkipReason::TooSmall);
     }

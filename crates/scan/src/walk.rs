@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::Metadata;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -44,6 +45,9 @@ pub struct FileEntry {
     /// The btrfs subvolume id (0 elsewhere): with `ino`, a key that stays
     /// valid across mounts.
     pub subvol: u64,
+    /// In a read-only btrfs subvolume (a read-only snapshot): a source
+    /// only, never a destination.
+    pub read_only: bool,
     /// The filesystem's block size: dedupe offsets are multiples of it.
     pub fs_block: u64,
 }
@@ -65,6 +69,7 @@ impl FileEntry {
             ctime_ns: m.ctime() * 1_000_000_000 + m.ctime_nsec(),
             fs,
             subvol,
+            read_only: false,
             fs_block,
         }
     }
@@ -91,6 +96,8 @@ pub struct WalkOutput {
 struct DevInfo {
     fs: FsId,
     subvol: u64,
+    /// A read-only btrfs subvolume.
+    read_only: bool,
     block: u64,
     /// The smallest file that can own a data block of its own.
     min_size: u64,
@@ -126,13 +133,16 @@ impl DevCache {
             onecopy_ioctl::fs::fs_info(f.as_fd()).ok().map(|i| DevInfo {
                 fs: i.fsid,
                 subvol: onecopy_ioctl::btrfs::subvol_id(f.as_fd()).unwrap_or(0),
+                read_only: onecopy_ioctl::btrfs::subvol_read_only(f.as_fd()).unwrap_or(false),
                 block: i.block_size.max(512),
                 min_size: if i.kind == onecopy_ioctl::fs::FsKind::Btrfs {
                     BTRFS_MAX_INLINE + 1
                 } else {
                     1
                 },
-                supported: i.kind.supports_dedupe() && !i.read_only,
+                // A read-only mount is judged per file when deduping (bind
+                // mounts share the device number with writable ones).
+                supported: i.kind.supports_dedupe(),
             })
         });
         self.map.lock().unwrap().insert(dev, info);
@@ -164,6 +174,54 @@ impl Collected {
     fn skip(&mut self, r: SkipReason) {
         *self.skipped.entry(r).or_default() += 1;
     }
+}
+
+fn path_read_only(p: &Path) -> bool {
+    use std::os::fd::AsFd;
+    std::fs::File::open(p)
+        .ok()
+        .and_then(|f| onecopy_ioctl::fs::on_read_only_mount(f.as_fd()).ok())
+        .unwrap_or(false)
+}
+
+/// `(dev, ino)` of the active swap files (`/proc/swaps`): the kernel
+/// refuses to share their extents (ETXTBSY), so they are left out.
+fn active_swap_files() -> std::collections::HashSet<(u64, u64)> {
+    let Ok(text) = std::fs::read("/proc/swaps") else {
+        return Default::default();
+    };
+    text.split(|&b| b == b'\n')
+        .skip(1)
+        .filter_map(|line| {
+            let name = line.split(|&b| b == b' ' || b == b'\t').next()?;
+            let path = unescape_octal(name);
+            let m = std::fs::metadata(std::ffi::OsStr::from_bytes(&path)).ok()?;
+            Some((m.dev(), m.ino()))
+        })
+        .collect()
+}
+
+/// Decodes the `\ooo` escapes the kernel uses for spaces and other bytes
+/// in `/proc` paths.
+fn unescape_octal(b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let v = (b[i + 1] - b'0') as u32 * 64
+                + (b[i + 2] - b'0') as u32 * 8
+                + (b[i + 3] - b'0') as u32;
+            out.push(v as u8);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    out
 }
 
 /// The path an `ignore` error is about, looking through its wrappers.
@@ -207,6 +265,7 @@ impl Drop for Sink {
 /// recorded in the output, never fatal.
 pub fn walk(opts: &WalkOptions, progress: &Progress) -> WalkOutput {
     let globs = Arc::new(build_globs(&opts.excludes).unwrap_or_else(|_| GlobSet::empty()));
+    let swaps = Arc::new(active_swap_files());
     let devs = Arc::new(DevCache {
         map: Mutex::new(HashMap::new()),
     });
@@ -270,6 +329,7 @@ pub fn walk(opts: &WalkOptions, progress: &Progress) -> WalkOutput {
         builder.build_parallel().run(|| {
             let all = all.clone();
             let devs = devs.clone();
+            let swaps = swaps.clone();
             let mut sink = Sink {
                 local: Collected::default(),
                 all,
@@ -328,17 +388,18 @@ pub fn walk(opts: &WalkOptions, progress: &Progress) -> WalkOutput {
                     local.skip(SkipReason::TooSmall);
                     return WalkState::Continue;
                 }
+                if swaps.contains(&(meta.dev(), meta.ino())) {
+                    local.skip(SkipReason::SwapFile);
+                    return WalkState::Continue;
+                }
                 progress.files_found.fetch_add(1, Ordering::Relaxed);
                 progress
                     .bytes_found
                     .fetch_add(meta.size(), Ordering::Relaxed);
-                local.files.push(FileEntry::from_meta(
-                    ent.into_path(),
-                    &meta,
-                    dev.fs,
-                    dev.subvol,
-                    dev.block,
-                ));
+                let mut e =
+                    FileEntry::from_meta(ent.into_path(), &meta, dev.fs, dev.subvol, dev.block);
+                e.read_only = dev.read_only;
+                local.files.push(e);
                 if local.files.len() >= 4096 {
                     sink.flush();
                 }
@@ -356,6 +417,24 @@ pub fn walk(opts: &WalkOptions, progress: &Progress) -> WalkOutput {
     // One entry per inode: further names are hardlinks.
     out.files
         .sort_unstable_by(|a, b| (a.dev, a.ino, &a.path).cmp(&(b.dev, b.ino, &b.path)));
+    // Of several names of one inode, keep one on a writable mount (a
+    // read-only bind mount of the same files would make it a source only).
+    let mut i = 0;
+    while i < out.files.len() {
+        let mut j = i + 1;
+        while j < out.files.len()
+            && out.files[j].dev == out.files[i].dev
+            && out.files[j].ino == out.files[i].ino
+        {
+            j += 1;
+        }
+        if j - i > 1 && path_read_only(&out.files[i].path) {
+            if let Some(k) = (i + 1..j).find(|&k| !path_read_only(&out.files[k].path)) {
+                out.files.swap(i, k);
+            }
+        }
+        i = j;
+    }
     let before = out.files.len();
     out.files.dedup_by(|b, a| a.dev == b.dev && a.ino == b.ino);
     let links = (before - out.files.len()) as u64;
@@ -367,5 +446,18 @@ pub fn walk(opts: &WalkOptions, progress: &Progress) -> WalkOutput {
         files: out.files,
         skipped: out.skipped,
         errors: out.errors,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proc_escapes() {
+        assert_eq!(unescape_octal(br"/swap\040file"), b"/swap file".to_vec());
+        assert_eq!(unescape_octal(br"/a\134b"), b"/a\\b".to_vec());
+        assert_eq!(unescape_octal(br"/odd\9x\7"), br"/odd\9x\7".to_vec());
+        assert_eq!(unescape_octal(br"\777"), vec![255u8]);
     }
 }

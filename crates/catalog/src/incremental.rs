@@ -4,8 +4,9 @@
 //! catalog holds a record for its `(filesystem, subvolume, inode)` with the
 //! same size and mtime and:
 //! * the same ctime, or
-//! * another path (a rename or move updates ctime) and the same inode
-//!   generation, which rules out a reused inode number.
+//! * another path or link count (a rename, move, `link` or `unlink`
+//!   updates ctime) and the same inode generation, which rules out a
+//!   reused inode number.
 //!
 //! So a rename costs no read, while a content change whose mtime was put
 //! back (`touch -r`) is caught by its ctime. Records of files under the
@@ -90,11 +91,14 @@ pub fn classify(
             continue;
         };
         let same_data = rec.size == e.size && rec.mtime_ns == e.mtime_ns;
+        // A rename or a new or removed hard link changes ctime but not the
+        // data: trusted when the inode generation proves it is the same file.
+        let relinked = rec.path != e.path || rec.nlink != e.nlink;
         let known = if !same_data {
             false
         } else if rec.ctime_ns == e.ctime_ns {
             true
-        } else if rec.path != e.path {
+        } else if relinked {
             generation_of(&e.path) == Some(rec.generation)
         } else {
             false
@@ -103,7 +107,7 @@ pub fn classify(
             if rec.path != e.path {
                 out.renamed += 1;
             }
-            let dirty = rec.path != e.path || rec.ctime_ns != e.ctime_ns;
+            let dirty = relinked || rec.ctime_ns != e.ctime_ns;
             out.known.push(Known {
                 file: to_hashed(&rec, e),
                 settled: rec.settled,

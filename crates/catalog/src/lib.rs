@@ -1,7 +1,7 @@
 //! The persistent catalog: what onecopy learned about each file, so that an
 //! unchanged file is never read twice.
 //!
-//! # On-disk format (version 2)
+//! # On-disk format (version 3)
 //!
 //! One SQLite database (WAL journal, `synchronous=NORMAL`) per catalog file.
 //! `PRAGMA user_version` holds [`FORMAT_VERSION`] and the `meta` table holds
@@ -13,7 +13,7 @@
 //! CREATE TABLE files (
 //!   fs TEXT, subvol INTEGER, ino INTEGER,   -- key: filesystem identity, btrfs subvolume, inode
 //!   generation INTEGER, path BLOB,          -- path: absolute, raw bytes
-//!   size INTEGER, mtime_ns INTEGER, ctime_ns INTEGER,
+//!   size INTEGER, mtime_ns INTEGER, ctime_ns INTEGER, nlink INTEGER,
 //!   whole BLOB,                             -- 16 bytes, XXH3-128, little-endian
 //!   blocks BLOB,                            -- 16 bytes per block, little-endian
 //!                                           -- (XXH3-128 of the block's XXH3-64
@@ -46,7 +46,7 @@ use rusqlite::{params, Connection, OpenFlags};
 use xxhash_rust::xxh3::Xxh3;
 
 /// The catalog format this build reads and writes.
-pub const FORMAT_VERSION: i64 = 2;
+pub const FORMAT_VERSION: i64 = 3;
 const MAGIC: &str = "onecopy-catalog";
 
 /// What the catalog knows about one file.
@@ -60,6 +60,7 @@ pub struct FileRecord {
     pub size: u64,
     pub mtime_ns: i64,
     pub ctime_ns: i64,
+    pub nlink: u64,
     pub whole: u128,
     pub blocks: Vec<u128>,
     pub flags: u32,
@@ -72,7 +73,13 @@ impl FileRecord {
         use std::os::unix::ffi::OsStrExt;
         let mut h = Xxh3::new();
         h.update(self.fs.as_bytes());
-        for v in [self.subvol, self.ino, self.generation, self.size] {
+        for v in [
+            self.subvol,
+            self.ino,
+            self.generation,
+            self.size,
+            self.nlink,
+        ] {
             h.update(&v.to_le_bytes());
         }
         h.update(&(self.path.as_os_str().len() as u64).to_le_bytes());
@@ -127,6 +134,45 @@ pub struct Catalog {
     conn: Connection,
     path: PathBuf,
     run: u64,
+}
+
+/// Reads `meta` by a full scan of the table (not through its index, whose
+/// damage SQLite's quick check does not see) and checks it: exactly one
+/// magic row, and exactly one numeric block size, which is returned.
+fn read_meta(conn: &Connection, path: &Path) -> Result<u64, CatalogError> {
+    let sq = |source| CatalogError::Sqlite {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut st = conn
+        .prepare("SELECT key, value FROM meta NOT INDEXED")
+        .map_err(sq)?;
+    let mut rows = st.query([]).map_err(sq)?;
+    let (mut magic, mut bs) = (Vec::new(), Vec::new());
+    while let Some(r) = rows.next().map_err(sq)? {
+        let key: String = r.get(0).map_err(sq)?;
+        let value: String = r.get(1).map_err(sq)?;
+        match key.as_str() {
+            "magic" => magic.push(value),
+            "block_size" => bs.push(value),
+            _ => {}
+        }
+    }
+    if magic.len() != 1 || magic[0] != MAGIC {
+        return Err(CatalogError::Foreign {
+            path: path.to_path_buf(),
+        });
+    }
+    match bs.as_slice() {
+        [one] => one.parse::<u64>().map_err(|_| CatalogError::Corrupt {
+            path: path.to_path_buf(),
+            what: format!("block size {one:?}"),
+        }),
+        _ => Err(CatalogError::Corrupt {
+            path: path.to_path_buf(),
+            what: format!("{} block size rows", bs.len()),
+        }),
+    }
 }
 
 fn digests_to_blob(v: &[u128]) -> Vec<u8> {
@@ -213,6 +259,7 @@ impl Catalog {
                    fs TEXT NOT NULL, subvol INTEGER NOT NULL, ino INTEGER NOT NULL,
                    generation INTEGER NOT NULL, path BLOB NOT NULL,
                    size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, ctime_ns INTEGER NOT NULL,
+                   nlink INTEGER NOT NULL,
                    whole BLOB NOT NULL, blocks BLOB NOT NULL, flags INTEGER NOT NULL,
                    settled INTEGER NOT NULL, last_seen INTEGER NOT NULL, checksum INTEGER NOT NULL,
                    PRIMARY KEY (fs, subvol, ino)) WITHOUT ROWID;
@@ -235,34 +282,22 @@ impl Catalog {
                 found: version,
             });
         }
-        let magic: Option<String> = conn
-            .query_row("SELECT value FROM meta WHERE key = 'magic'", [], |r| {
-                r.get(0)
-            })
-            .ok();
-        if magic.as_deref() != Some(MAGIC) {
-            return Err(CatalogError::Foreign {
-                path: path.to_path_buf(),
-            });
-        }
-        let bs: Option<String> = conn
-            .query_row("SELECT value FROM meta WHERE key = 'block_size'", [], |r| {
-                r.get(0)
-            })
-            .ok();
-        if bs.as_deref() != Some(block_size.to_string().as_str()) {
+        let bs = read_meta(&conn, path)?;
+        if bs != block_size {
             // Digests of another block size are useless: start over in place.
             conn.execute_batch("DELETE FROM files;").map_err(sq)?;
             conn.execute(
-                "INSERT OR REPLACE INTO meta VALUES ('block_size', ?1)",
+                "UPDATE meta SET value = ?1 WHERE key = 'block_size'",
                 [block_size.to_string()],
             )
             .map_err(sq)?;
         }
         let run: u64 = conn
-            .query_row("SELECT coalesce(max(run), 0) FROM runs", [], |r| {
-                r.get::<_, i64>(0)
-            })
+            .query_row(
+                "SELECT coalesce(max(CAST(run AS INTEGER)), 0) FROM runs",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
             .map_err(sq)? as u64
             + 1;
         Ok(Catalog {
@@ -283,17 +318,8 @@ impl Catalog {
             path: path.to_path_buf(),
             source,
         })?;
-        let bs: Option<String> = conn
-            .query_row("SELECT value FROM meta WHERE key = 'block_size'", [], |r| {
-                r.get(0)
-            })
-            .ok();
+        let bs = read_meta(&conn, path)?;
         drop(conn);
-        let bs = bs
-            .and_then(|b| b.parse().ok())
-            .ok_or_else(|| CatalogError::Foreign {
-                path: path.to_path_buf(),
-            })?;
         Catalog::open(path, bs)
     }
 
@@ -351,7 +377,7 @@ impl Catalog {
             .conn
             .prepare(
                 "SELECT fs, subvol, ino, generation, path, size, mtime_ns, ctime_ns, whole, blocks,
-                        flags, settled, last_seen, checksum FROM files",
+                        flags, settled, last_seen, checksum, nlink FROM files",
             )
             .map_err(sq)?;
         let mut rows = st.query([]).map_err(sq)?;
@@ -374,6 +400,7 @@ impl Catalog {
                 size: r.get::<_, i64>(5).map_err(sq)? as u64,
                 mtime_ns: r.get(6).map_err(sq)?,
                 ctime_ns: r.get(7).map_err(sq)?,
+                nlink: r.get::<_, i64>(14).map_err(sq)? as u64,
                 whole: u128::from_le_bytes(
                     whole
                         .as_slice()
@@ -412,7 +439,7 @@ impl Catalog {
         {
             let mut ins = tx
                 .prepare(
-                    "INSERT OR REPLACE INTO files VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+                    "INSERT OR REPLACE INTO files (fs, subvol, ino, generation, path, size, mtime_ns, ctime_ns, whole, blocks, flags, settled, last_seen, checksum, nlink) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
                 )
                 .map_err(sq)?;
             for r in upserts {
@@ -431,6 +458,7 @@ impl Catalog {
                     r.settled as i64,
                     r.last_seen as i64,
                     r.checksum(),
+                    r.nlink as i64,
                 ])
                 .map_err(sq)?;
             }
@@ -494,9 +522,11 @@ impl Catalog {
         };
         let (runs, last): (i64, Option<i64>) = self
             .conn
-            .query_row("SELECT count(*), max(started) FROM runs", [], |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })
+            .query_row(
+                "SELECT count(*), max(CAST(started AS INTEGER)) FROM runs",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
             .map_err(sq)?;
         let bs: Option<String> = self
             .conn
@@ -537,6 +567,7 @@ mod tests {
             size: 100_000,
             mtime_ns: 1,
             ctime_ns: 2,
+            nlink: 1,
             whole: 0xdead_beef,
             blocks: vec![1, 2, u128::MAX],
             flags: 0,

@@ -374,6 +374,7 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
                         size: f.entry.size,
                         mtime_ns: f.entry.mtime_ns,
                         ctime_ns: f.entry.ctime_ns,
+                        nlink: f.entry.nlink,
                         whole: f.whole,
                         blocks: f.blocks.clone(),
                         flags: f.inode_flags,

@@ -41,6 +41,8 @@ pub struct FileEntry {
     pub size: u64,
     pub mtime_ns: i64,
     pub ctime_ns: i64,
+    /// Hard links to the inode (a link changes ctime, not the data).
+    pub nlink: u64,
     pub fs: FsId,
     /// The btrfs subvolume id (0 elsewhere): with `ino`, a key that stays
     /// valid across mounts.
@@ -67,6 +69,7 @@ impl FileEntry {
             size: m.size(),
             mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
             ctime_ns: m.ctime() * 1_000_000_000 + m.ctime_nsec(),
+            nlink: m.nlink(),
             fs,
             subvol,
             read_only: false,

@@ -51,10 +51,10 @@ fn under_roots(p: &std::path::Path, roots: &[PathBuf]) -> bool {
     roots.iter().any(|r| p.starts_with(r))
 }
 
-fn to_hashed(rec: &FileRecord, entry: FileEntry) -> HashedFile {
+fn to_hashed(rec: FileRecord, entry: FileEntry) -> HashedFile {
     HashedFile {
         entry,
-        blocks: rec.blocks.clone(),
+        blocks: rec.blocks,
         subs: Vec::new(),
         whole: rec.whole,
         inode_flags: rec.flags,
@@ -109,8 +109,8 @@ pub fn classify(
             }
             let dirty = relinked || rec.ctime_ns != e.ctime_ns;
             out.known.push(Known {
-                file: to_hashed(&rec, e),
                 settled: rec.settled,
+                file: to_hashed(rec, e),
                 outside_roots: false,
                 dirty,
             });
@@ -135,8 +135,8 @@ pub fn classify(
             {
                 let entry = FileEntry::from_meta(rec.path.clone(), &m, fs, rec.subvol, fs_block);
                 out.known.push(Known {
-                    file: to_hashed(&rec, entry),
                     settled: rec.settled,
+                    file: to_hashed(rec, entry),
                     outside_roots: true,
                     dirty: false,
                 });

@@ -426,7 +426,7 @@ impl Catalog {
     pub fn commit_run(
         &mut self,
         roots: &[PathBuf],
-        upserts: &[FileRecord],
+        upserts: impl IntoIterator<Item = FileRecord>,
         deletes: &[(String, u64, u64)],
     ) -> Result<(), CatalogError> {
         use std::os::unix::ffi::OsStrExt;
@@ -581,9 +581,10 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("c.sqlite");
         let mut c = Catalog::open(&p, 65536).unwrap();
-        c.commit_run(&[], &[rec(1), rec(2)], &[]).unwrap();
+        c.commit_run(&[], vec![rec(1), rec(2)], &[]).unwrap();
         assert_eq!(c.load_all().unwrap().len(), 2);
-        c.commit_run(&[], &[], &[("uuid:ab".into(), 5, 1)]).unwrap();
+        c.commit_run(&[], Vec::new(), &[("uuid:ab".into(), 5, 1)])
+            .unwrap();
         let all = c.load_all().unwrap();
         assert_eq!(all, vec![rec(2)]);
         drop(c);
@@ -597,7 +598,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("c.sqlite");
         let mut c = Catalog::open(&p, 65536).unwrap();
-        c.commit_run(&[], &[rec(1)], &[]).unwrap();
+        c.commit_run(&[], vec![rec(1)], &[]).unwrap();
         drop(c);
         let c = Catalog::open(&p, 4096).unwrap();
         assert!(c.load_all().unwrap().is_empty());
@@ -622,7 +623,7 @@ mod tests {
         drop(c);
         // A record whose checksum does not match is detected.
         let mut c = Catalog::open(&p, 65536).unwrap();
-        c.commit_run(&[], &[rec(1)], &[]).unwrap();
+        c.commit_run(&[], vec![rec(1)], &[]).unwrap();
         c.conn.execute("UPDATE files SET size = 5", []).unwrap();
         assert!(matches!(c.load_all(), Err(CatalogError::Corrupt { .. })));
         drop(c);

@@ -295,8 +295,7 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
             report.add_plan(&plan.stats);
 
             let t = Instant::now();
-            let entries: Vec<onecopy_scan::FileEntry> =
-                files.iter().map(|f| f.entry.clone()).collect();
+            let entries: Vec<&onecopy_scan::FileEntry> = files.iter().map(|f| &f.entry).collect();
             let model = accounting_model(&entries);
             let total: u64 = plan.ops.iter().map(|o| o.candidate_bytes()).sum();
             let bar = ui.dedupe_bar(a.dry_run, total, &exec_progress);
@@ -349,46 +348,44 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
             let this_run = cat.run();
             let key = run.key.clone();
             // Only what changed is written: a warm run rewrites nothing.
-            let records: Vec<FileRecord> = files
-                .iter()
-                .enumerate()
-                .filter_map(|(i, f)| {
-                    // A dry run changes nothing, so it settles nothing that
-                    // was not settled before.
-                    let was = run.known.get(i).is_none_or(|k| k.settled);
-                    let settled_now = !stopped && !unsettled[i] && (!a.dry_run || was);
-                    let write = match run.known.get(i) {
-                        Some(k) => k.dirty || k.settled != settled_now,
-                        None => true,
-                    };
-                    // A file modified within a second of being read may have
-                    // been read half old, half new with timestamps that do
-                    // not show it ("racily clean"): never remember it.
-                    let write = write && !f.racy;
-                    write.then(|| FileRecord {
-                        fs: key.clone(),
-                        subvol: f.entry.subvol,
-                        ino: f.entry.ino,
-                        generation: f.generation,
-                        path: f.entry.path.clone(),
-                        size: f.entry.size,
-                        mtime_ns: f.entry.mtime_ns,
-                        ctime_ns: f.entry.ctime_ns,
-                        nlink: f.entry.nlink,
-                        whole: f.whole,
-                        blocks: f.blocks.clone(),
-                        flags: f.inode_flags,
-                        settled: settled_now,
-                        last_seen: this_run,
-                    })
+            let records = files.iter().enumerate().filter_map(|(i, f)| {
+                // A dry run changes nothing, so it settles nothing that
+                // was not settled before.
+                let was = run.known.get(i).is_none_or(|k| k.settled);
+                let settled_now = !stopped && !unsettled[i] && (!a.dry_run || was);
+                let write = match run.known.get(i) {
+                    Some(k) => k.dirty || k.settled != settled_now,
+                    None => true,
+                };
+                // A file modified within a second of being read may have
+                // been read half old, half new with timestamps that do
+                // not show it ("racily clean"): never remember it.
+                let write = write && !f.racy;
+                write.then(|| FileRecord {
+                    fs: key.clone(),
+                    subvol: f.entry.subvol,
+                    ino: f.entry.ino,
+                    generation: f.generation,
+                    path: f.entry.path.clone(),
+                    size: f.entry.size,
+                    mtime_ns: f.entry.mtime_ns,
+                    ctime_ns: f.entry.ctime_ns,
+                    nlink: f.entry.nlink,
+                    whole: f.whole,
+                    blocks: f.blocks.clone(),
+                    flags: f.inode_flags,
+                    settled: settled_now,
+                    last_seen: this_run,
                 })
-                .collect();
+            });
+            // Consumed by commit_run one record at a time: no second copy
+            // of every path and digest list.
             let deletes = if stopped {
                 Vec::new()
             } else {
                 std::mem::take(&mut run.deleted)
             };
-            if let Err(e) = cat.commit_run(&roots_abs, &records, &deletes) {
+            if let Err(e) = cat.commit_run(&roots_abs, records, &deletes) {
                 ui.warn(&format!("cannot update the catalog: {e}"));
             }
             *report.phases.entry("catalog").or_default() += t.elapsed().as_secs_f64();
@@ -479,7 +476,7 @@ fn catalog_path(a: &DedupeArgs, key: &str) -> PathBuf {
 
 /// Whole extents on btrfs when the tree search is allowed (root), byte
 /// ranges otherwise.
-fn accounting_model(entries: &[onecopy_scan::FileEntry]) -> Model {
+fn accounting_model(entries: &[&onecopy_scan::FileEntry]) -> Model {
     let Some(first) = entries.first() else {
         return Model::Ranges;
     };

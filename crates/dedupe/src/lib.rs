@@ -148,7 +148,7 @@ pub struct ExecReport {
 
 /// Open files, bounded, and per-file snapshots.
 struct Files<'a> {
-    entries: &'a [FileEntry],
+    entries: &'a [&'a FileEntry],
     open: HashMap<u32, std::rc::Rc<File>>,
     model: Model,
     before: HashMap<u32, FileUnits>,
@@ -229,7 +229,7 @@ fn physical_layout(f: &File, off: u64, len: u64) -> std::io::Result<Option<Vec<(
 /// since (empty: none is): ranges between two such files are taken as
 /// already shared without asking the filesystem.
 pub fn execute(
-    entries: &[FileEntry],
+    entries: &[&FileEntry],
     plan: &Plan,
     opts: &ExecOptions,
     settled: &[bool],

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use indicatif::{HumanBytes, ProgressBar, ProgressDrawTarget, ProgressStyle};
-use onecopy_dedupe::{DestSkip, ExecProgress, ExecReport};
+use onecopy_dedupe::{DestSkip, ExecProgress, ExecReport, ExecStats};
 use onecopy_plan::PlanStats;
 use onecopy_scan::{Progress, ScanError, SkipReason};
 use serde::Serialize;
@@ -50,28 +50,14 @@ pub struct Report {
     pub plan: PlanStats,
     /// Bytes of RAM per indexed block in the fingerprint table.
     pub index_bytes_per_block: u64,
-    pub dedupe_ioctls: u64,
-    pub ranges_deduped: u64,
-    /// Bytes the kernel newly shared.
-    pub bytes_deduped: u64,
-    pub bytes_already_shared: u64,
-    /// Already-shared ranges trusted from the catalog (settled by an earlier
-    /// run, unchanged since) without asking the filesystem.
-    pub ranges_settled: u64,
-    /// Bytes of allocations no file pins any more (extent accounting).
-    pub bytes_freed: u64,
-    /// Dry run: bytes that would be newly shared.
-    pub bytes_would_share: u64,
-    /// btrfs bookending: remainder ranges re-homed, bytes copied for that,
-    /// and extents (and their bytes) released by it.
-    pub rehome_ranges: u64,
-    pub rehome_bytes_written: u64,
-    pub rehome_extents: u64,
-    pub rehome_bytes_released: u64,
+    /// What the executor did: dedupe_ioctls, ranges_deduped, bytes_deduped
+    /// (newly shared), bytes_already_shared, ranges_settled, bytes_freed
+    /// (allocations no file pins any more), bytes_would_share (dry run),
+    /// rehome_*, ranges_skipped (by reason).
+    #[serde(flatten)]
+    pub exec: ExecStats,
     /// Change of the filesystems' free space over the run, after commit.
     pub fs_free_delta: Option<i64>,
-    /// Destination ranges not deduped, by reason.
-    pub ranges_skipped: BTreeMap<DestSkip, u64>,
     pub errors: Vec<ErrorRecord>,
     pub phases: BTreeMap<&'static str, f64>,
     pub elapsed_secs: f64,
@@ -118,30 +104,10 @@ impl Report {
     }
 
     pub fn add_exec(&mut self, r: ExecReport) {
-        let s = r.stats;
-        self.dedupe_ioctls += s.dedupe_ioctls;
-        self.ranges_deduped += s.ranges_deduped;
-        self.bytes_deduped += s.bytes_deduped;
-        self.bytes_already_shared += s.bytes_already_shared;
-        self.ranges_settled += s.ranges_settled;
-        self.bytes_freed += s.bytes_freed;
-        self.bytes_would_share += s.bytes_would_share;
-        self.rehome_ranges += s.rehome_ranges;
-        self.rehome_bytes_written += s.rehome_bytes_written;
-        self.rehome_extents += s.rehome_extents;
-        self.rehome_bytes_released += s.rehome_bytes_released;
-        for (k, v) in s.skipped {
-            *self.ranges_skipped.entry(k).or_default() += v;
-        }
+        self.exec.merge(&r.stats);
         for e in r.errors {
-            let path = match &e {
-                onecopy_dedupe::DedupeError::Open { path, .. }
-                | onecopy_dedupe::DedupeError::Fiemap { path, .. } => path.display().to_string(),
-                onecopy_dedupe::DedupeError::Refused { dst, .. } => dst.display().to_string(),
-                onecopy_dedupe::DedupeError::Rehome { path, .. } => path.display().to_string(),
-            };
             self.errors.push(ErrorRecord {
-                path,
+                path: e.path().display().to_string(),
                 error: e.to_string(),
             });
         }
@@ -293,19 +259,19 @@ impl Ui {
         if r.dry_run {
             println!(
                 "Dry run: would share {} (about {} freed); {} already shared",
-                h(r.bytes_would_share),
-                h(r.bytes_freed),
-                h(r.bytes_already_shared)
+                h(r.exec.bytes_would_share),
+                h(r.exec.bytes_freed),
+                h(r.exec.bytes_already_shared)
             );
         } else {
             println!(
                 "Shared {} in {} ranges with {} dedupe calls; {} were already shared",
-                h(r.bytes_deduped),
-                r.ranges_deduped,
-                r.dedupe_ioctls,
-                h(r.bytes_already_shared)
+                h(r.exec.bytes_deduped),
+                r.exec.ranges_deduped,
+                r.exec.dedupe_ioctls,
+                h(r.exec.bytes_already_shared)
             );
-            print!("Freed {}", h(r.bytes_freed));
+            print!("Freed {}", h(r.exec.bytes_freed));
             if let Some(d) = r.fs_free_delta {
                 print!(
                     " (filesystem free space changed by {}{})",
@@ -314,19 +280,20 @@ impl Ui {
                 );
             }
             println!();
-            if r.rehome_ranges > 0 {
+            if r.exec.rehome_ranges > 0 {
                 println!(
                     "Re-homed {} unique remainders ({} copied) to release {} partly shared extents ({})",
-                    r.rehome_ranges,
-                    h(r.rehome_bytes_written),
-                    r.rehome_extents,
-                    h(r.rehome_bytes_released)
+                    r.exec.rehome_ranges,
+                    h(r.exec.rehome_bytes_written),
+                    r.exec.rehome_extents,
+                    h(r.exec.rehome_bytes_released)
                 );
             }
         }
-        if !r.ranges_skipped.is_empty() {
+        if !r.exec.skipped.is_empty() {
             let parts: Vec<String> = r
-                .ranges_skipped
+                .exec
+                .skipped
                 .iter()
                 .map(|(k, v)| format!("{v} {}", dest_name(*k)))
                 .collect();

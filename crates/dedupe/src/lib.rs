@@ -93,6 +93,16 @@ pub enum DedupeError {
 }
 
 impl DedupeError {
+    /// The file the problem is about (the destination, for a refusal).
+    pub fn path(&self) -> &std::path::Path {
+        match self {
+            DedupeError::Open { path, .. }
+            | DedupeError::Fiemap { path, .. }
+            | DedupeError::Rehome { path, .. } => path,
+            DedupeError::Refused { dst, .. } => dst,
+        }
+    }
+
     /// The file was not there any more.
     pub fn is_not_found(&self) -> bool {
         matches!(self, DedupeError::Open { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
@@ -124,7 +134,31 @@ pub struct ExecStats {
     /// Extents fully released by re-homing, and their size.
     pub rehome_extents: u64,
     pub rehome_bytes_released: u64,
+    /// Destination ranges not deduped, by reason.
+    #[serde(rename = "ranges_skipped")]
     pub skipped: BTreeMap<DestSkip, u64>,
+}
+
+impl ExecStats {
+    /// Adds another run's figures (one per filesystem) to these.
+    pub fn merge(&mut self, o: &ExecStats) {
+        self.ops += o.ops;
+        self.dedupe_ioctls += o.dedupe_ioctls;
+        self.ranges_deduped += o.ranges_deduped;
+        self.bytes_deduped += o.bytes_deduped;
+        self.ranges_already_shared += o.ranges_already_shared;
+        self.bytes_already_shared += o.bytes_already_shared;
+        self.ranges_settled += o.ranges_settled;
+        self.bytes_freed += o.bytes_freed;
+        self.bytes_would_share += o.bytes_would_share;
+        self.rehome_ranges += o.rehome_ranges;
+        self.rehome_bytes_written += o.rehome_bytes_written;
+        self.rehome_extents += o.rehome_extents;
+        self.rehome_bytes_released += o.rehome_bytes_released;
+        for (k, v) in &o.skipped {
+            *self.skipped.entry(*k).or_default() += v;
+        }
+    }
 }
 
 /// Counters for a progress display; `cancel` stops after the current call.

@@ -320,7 +320,9 @@ pub fn execute(
     }
     // Accounting.
     if opts.dry_run {
-        rep.stats.bytes_freed = estimate_freed(&files, &rep);
+        // The estimate: every byte that would be shared frees its block
+        // (exact on XFS; on btrfs re-homing releases what bookending pins).
+        rep.stats.bytes_freed = rep.stats.bytes_would_share;
     } else if !files.before.is_empty() {
         files.open.clear();
         let mut after = Vec::new();
@@ -337,16 +339,6 @@ pub fn execute(
         rep.stats.bytes_freed = account::freed_bytes(opts.model, &before, &after);
     }
     rep
-}
-
-/// Dry-run estimate: the destination ranges that would be shared, as bytes
-/// of allocations they would stop pinning.
-fn estimate_freed(files: &Files<'_>, rep: &ExecReport) -> u64 {
-    // Without executing, the planned coverage per file is what would be
-    // shared; allocations are freed where they are fully covered. The
-    // per-file coverage is tracked in `rep` only as a total, so use it.
-    let _ = files;
-    rep.stats.bytes_would_share
 }
 
 fn skip(rep: &mut ExecReport, file: u32, why: DestSkip) {

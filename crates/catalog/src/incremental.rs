@@ -64,7 +64,7 @@ fn to_hashed(rec: FileRecord, entry: FileEntry) -> HashedFile {
 }
 
 fn generation_of(path: &std::path::Path) -> Option<u64> {
-    let f = std::fs::File::open(path).ok()?;
+    let f = onecopy_scan::longpath::open(path, rustix::fs::OFlags::empty()).ok()?;
     onecopy_ioctl::fs::inode_generation(f.as_fd()).ok()
 }
 

@@ -48,6 +48,7 @@ on_btrfs_and_xfs!(
     file_roots,
     hostile_names,
     long_paths,
+    deep_tree,
     sparse_files,
     sparse_over_4gib,
     empty_and_zero_files,
@@ -818,22 +819,6 @@ fn descend(top: &Path, depth: usize) -> std::os::fd::OwnedFd {
         fd = open_dir_at(&fd, b"d");
     }
     fd
-}
-
-// Known gap, tracked in the issue 5 note: the walker and the executor open
-// files by path, so a directory deeper than PATH_MAX is reported as an
-// error and its files are not deduped. Run with `--ignored`.
-mod deep_tree {
-    #[test]
-    #[ignore = "paths beyond PATH_MAX are not walked yet (openat-based walk pending)"]
-    fn btrfs() {
-        super::deep_tree(onecopy_testfs::FsKind::Btrfs)
-    }
-    #[test]
-    #[ignore = "paths beyond PATH_MAX are not walked yet (openat-based walk pending)"]
-    fn xfs() {
-        super::deep_tree(onecopy_testfs::FsKind::Xfs)
-    }
 }
 
 /// A tree 10,000 directories deep (paths of 20,000 bytes, far beyond

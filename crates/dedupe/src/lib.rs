@@ -201,14 +201,12 @@ impl<'a> Files<'a> {
             self.open.clear();
         }
         let path = &self.entries[i as usize].path;
-        use std::os::unix::fs::OpenOptionsExt;
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(path)
-            .map_err(|source| DedupeError::Open {
-                path: path.clone(),
-                source,
+        let f =
+            onecopy_scan::longpath::open(path, rustix::fs::OFlags::empty()).map_err(|source| {
+                DedupeError::Open {
+                    path: path.clone(),
+                    source,
+                }
             })?;
         let f = std::rc::Rc::new(f);
         self.open.insert(i, f.clone());

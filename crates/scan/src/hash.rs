@@ -4,7 +4,6 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Read;
 use std::os::fd::AsFd;
-use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
@@ -151,16 +150,12 @@ pub fn hash_files(files: Vec<FileEntry>, opts: &HashOptions, progress: &Progress
 }
 
 fn open_noatime(path: &std::path::Path) -> std::io::Result<File> {
-    let o = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOATIME | libc::O_NOFOLLOW)
-        .open(path);
-    match o {
+    use rustix::fs::OFlags;
+    match crate::longpath::open(path, OFlags::NOATIME) {
         // O_NOATIME is refused for files the caller does not own.
-        Err(e) if e.raw_os_error() == Some(libc::EPERM) => std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(path),
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+            crate::longpath::open(path, OFlags::empty())
+        }
         r => r,
     }
 }

@@ -7,6 +7,7 @@
 //! block plus a whole-file digest.
 
 mod hash;
+pub mod longpath;
 mod walk;
 
 pub use hash::{

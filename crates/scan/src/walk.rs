@@ -77,6 +77,29 @@ impl FileEntry {
         }
     }
 
+    /// The same from a raw `stat` (descriptor-relative walks).
+    pub fn from_stat(
+        path: PathBuf,
+        st: &rustix::fs::Stat,
+        fs: FsId,
+        subvol: u64,
+        fs_block: u64,
+    ) -> FileEntry {
+        FileEntry {
+            path,
+            dev: st.st_dev,
+            ino: st.st_ino,
+            size: st.st_size as u64,
+            mtime_ns: st.st_mtime * 1_000_000_000 + st.st_mtime_nsec as i64,
+            ctime_ns: st.st_ctime * 1_000_000_000 + st.st_ctime_nsec as i64,
+            nlink: st.st_nlink,
+            fs,
+            subvol,
+            read_only: false,
+            fs_block,
+        }
+    }
+
     /// Whether `m` (a fresh stat of the same path) shows the file unchanged.
     pub fn unchanged(&self, m: &Metadata) -> bool {
         m.dev() == self.dev
@@ -126,10 +149,10 @@ impl DevCache {
         }
         // An unreadable file is identified through its directory (same
         // device unless the file is itself a mount point, which it is not).
-        let opened = std::fs::File::open(path)
-            .ok()
+        let open = |p: &Path| crate::longpath::open(p, rustix::fs::OFlags::empty()).ok();
+        let opened = open(path)
             .filter(|f| f.metadata().is_ok_and(|m| m.dev() == dev))
-            .or_else(|| path.parent().and_then(|p| std::fs::File::open(p).ok()))
+            .or_else(|| path.parent().and_then(open))
             .filter(|f| f.metadata().is_ok_and(|m| m.dev() == dev));
         let info = opened.and_then(|f| {
             use std::os::fd::AsFd;
@@ -171,6 +194,8 @@ struct Collected {
     files: Vec<FileEntry>,
     skipped: BTreeMap<SkipReason, u64>,
     errors: Vec<ScanError>,
+    /// Directories whose path exceeds PATH_MAX: walked with descriptors.
+    too_long: Vec<PathBuf>,
 }
 
 impl Collected {
@@ -252,6 +277,7 @@ impl Sink {
         let mut g = self.all.lock().unwrap();
         g.files.append(&mut self.local.files);
         g.errors.append(&mut self.local.errors);
+        g.too_long.append(&mut self.local.too_long);
         for (k, v) in std::mem::take(&mut self.local.skipped) {
             *g.skipped.entry(k).or_default() += v;
         }
@@ -349,6 +375,12 @@ pub fn walk(opts: &WalkOptions, progress: &Progress) -> WalkOutput {
                         let source = err
                             .into_io_error()
                             .unwrap_or_else(|| std::io::Error::other("walk error"));
+                        if source.raw_os_error() == Some(libc::ENAMETOOLONG)
+                            && !path.as_os_str().is_empty()
+                        {
+                            local.too_long.push(path);
+                            return WalkState::Continue;
+                        }
                         local.errors.push(ScanError::Walk { path, source });
                         return WalkState::Continue;
                     }
@@ -411,6 +443,48 @@ pub fn walk(opts: &WalkOptions, progress: &Progress) -> WalkOutput {
         });
         // Every visitor's Sink has flushed on drop by now.
         let mut got = std::mem::take(&mut *all.lock().unwrap());
+        // Deeper than PATH_MAX: walk those subtrees with descriptors.
+        for dir in std::mem::take(&mut got.too_long) {
+            if progress.cancelled() {
+                break;
+            }
+            let keep_name = |p: &Path| {
+                let name = p.file_name().unwrap_or_default();
+                !(name.to_string_lossy().starts_with(crate::TMP_DIR_PREFIX)
+                    || (!globs.is_empty()
+                        && (globs.is_match(p) || globs.is_match(Path::new(name)))))
+            };
+            let one_fs = opts.one_file_system;
+            let keep_dir = |_: &Path, st: &rustix::fs::Stat| !one_fs || st.st_dev == root_dev;
+            let (found, errs) = crate::longpath::walk(&dir, &keep_dir, &keep_name);
+            for (path, source) in errs {
+                got.errors.push(ScanError::Walk { path, source });
+            }
+            for f in found {
+                let size = f.stat.st_size as u64;
+                let Some(dev) = devs.get(f.stat.st_dev, &f.path) else {
+                    *got.skipped
+                        .entry(SkipReason::UnsupportedFilesystem)
+                        .or_default() += 1;
+                    continue;
+                };
+                if !dev.supported {
+                    *got.skipped
+                        .entry(SkipReason::UnsupportedFilesystem)
+                        .or_default() += 1;
+                    continue;
+                }
+                if size < opts.min_size.max(dev.min_size) {
+                    *got.skipped.entry(SkipReason::TooSmall).or_default() += 1;
+                    continue;
+                }
+                progress.files_found.fetch_add(1, Ordering::Relaxed);
+                progress.bytes_found.fetch_add(size, Ordering::Relaxed);
+                let mut e = FileEntry::from_stat(f.path, &f.stat, dev.fs, dev.subvol, dev.block);
+                e.read_only = dev.read_only;
+                got.files.push(e);
+            }
+        }
         out.files.append(&mut got.files);
         out.errors.append(&mut got.errors);
         for (k, v) in got.skipped {

@@ -137,80 +137,25 @@ fn extend(
     len
 }
 
-/// Block runs of `files[fi]` at block-aligned offsets only (files whose
-/// sub-block digests are not at hand).
-fn match_aligned(
+/// Block runs of `files[fi]` starting at every multiple of `step` bytes:
+/// the sub-block size when the file's sub-digests are at hand (the digest
+/// of the block-sized window at each offset is computed from them, so data
+/// shifted by any multiple of the filesystem block is found), else the
+/// block size. Only the file's block-aligned blocks are indexed.
+fn match_runs(
     files: &[PlanFile<'_>],
     fi: u32,
     opts: &PlanOptions,
+    step: u64,
     table: &mut FingerprintTable,
     emit: &mut dyn FnMut(u32, u64, u32, u64, u64),
 ) {
     let f = &files[fi as usize];
     let bs = opts.block_size;
-    let n = f.blocks.len();
-    let mut i = 0usize;
-    while i < n {
-        let d = f.blocks[i];
-        if d == opts.zero_digest {
-            i += 1;
-            continue;
-        }
-        let here = BlockRef {
-            file: fi,
-            block: i as u32,
-        };
-        let first = if f.can_be_src {
-            table.insert_first(d, here)
-        } else {
-            table.get(d)
-        };
-        let Some(src) = first else {
-            i += 1;
-            continue;
-        };
-        let g = &files[src.file as usize];
-        let k = src.block as usize;
-        let limit = if src.file == fi {
-            i.saturating_sub(k)
-        } else {
-            usize::MAX
-        };
-        if !f.can_be_dest || !g.can_be_src || limit == 0 {
-            i += 1;
-            continue;
-        }
-        let len = extend(table, g, src, limit, opts.zero_digest, &|j| {
-            f.blocks.get(i + j).copied()
-        });
-        let src_off = k as u64 * bs;
-        let dst_off = i as u64 * bs;
-        // The last block may be a partial tail: the byte length is bounded
-        // by both files' sizes (equal tails end both files).
-        let bytes = (len as u64 * bs)
-            .min(g.size - src_off)
-            .min(f.size - dst_off);
-        emit(src.file, src_off, fi, dst_off, bytes);
-        i += len;
-    }
-}
-
-/// Block runs of `files[fi]` at every sub-block offset: the digest of the
-/// block-sized window at each offset is computed from the sub-digests and
-/// looked up, so data shifted by any multiple of the filesystem block is
-/// found. Only the file's block-aligned blocks are indexed.
-fn match_shifted(
-    files: &[PlanFile<'_>],
-    fi: u32,
-    opts: &PlanOptions,
-    table: &mut FingerprintTable,
-    emit: &mut dyn FnMut(u32, u64, u32, u64, u64),
-) {
-    let f = &files[fi as usize];
-    let bs = opts.block_size;
-    let sub = opts.sub_size;
+    let sub = step;
     let k = (bs / sub) as usize;
-    let nsub = f.subs.len();
+    // Positions: sub-blocks, or blocks when stepping by whole blocks.
+    let nsub = if k == 1 { f.blocks.len() } else { f.subs.len() };
     // Digest of the block-sized window starting at sub-block `s`.
     let win = |s: usize| -> Option<u128> {
         if s >= nsub {
@@ -353,15 +298,16 @@ pub fn plan(files: &[PlanFile<'_>], opts: &PlanOptions) -> Plan {
             continue;
         }
         let fi = fi as u32;
-        if f.subs.is_empty() || opts.sub_size == 0 || opts.sub_size >= bs {
-            match_aligned(files, fi, opts, &mut table, &mut |s, so, d, dof, n| {
-                emit(s, so, d, dof, n, &mut stats)
-            });
-        } else {
-            match_shifted(files, fi, opts, &mut table, &mut |s, so, d, dof, n| {
-                emit(s, so, d, dof, n, &mut stats)
-            });
-        }
+        let shifted = !f.subs.is_empty() && opts.sub_size > 0 && opts.sub_size < bs;
+        let step = if shifted { opts.sub_size } else { bs };
+        match_runs(
+            files,
+            fi,
+            opts,
+            step,
+            &mut table,
+            &mut |s, so, d, dof, n| emit(s, so, d, dof, n, &mut stats),
+        );
     }
     stats.index_entries = table.len() as u64;
     stats.index_memory_bytes = table.memory_bytes() as u64;

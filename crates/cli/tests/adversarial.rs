@@ -13,6 +13,7 @@
 //!
 //! Needs root (mkfs, loop devices, mount, chattr, swapon, setpriv).
 
+mod common;
 #[path = "adversarial/support.rs"]
 mod support;
 #[path = "adversarial/writer.rs"]
@@ -37,7 +38,7 @@ use onecopy_testfs::{
 };
 use support::*;
 
-on_btrfs_and_xfs!(
+per_fs!(
     concurrent_writer,
     unreadable_as_nobody,
     immutable_and_append_only,

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::Duration;
 
-use onecopy_testfs::{copy_no_reflink, is_root, write_random, FsKind, LoopFs};
+use onecopy_testfs::{copy_no_reflink, write_random};
 use serde_json::Value;
 
 pub const KIB: u64 = 1 << 10;
@@ -34,35 +34,9 @@ pub const EXIT_USAGE: i32 = 2;
 pub const EXIT_UNSUPPORTED: i32 = 3;
 pub const EXIT_INTERRUPTED: i32 = 130;
 
-/// Runs `$f(FsKind::Btrfs)` and `$f(FsKind::Xfs)` as the tests
-/// `$f::btrfs` and `$f::xfs`.
-#[macro_export]
-macro_rules! on_btrfs_and_xfs {
-    ($($name:ident),* $(,)?) => {
-        $(
-            mod $name {
-                #[test]
-                fn btrfs() {
-                    super::$name(onecopy_testfs::FsKind::Btrfs)
-                }
-                #[test]
-                fn xfs() {
-                    super::$name(onecopy_testfs::FsKind::Xfs)
-                }
-            }
-        )*
-    };
-}
-
-/// A fresh loop-mounted filesystem. These tests exist to run on real
-/// filesystems: not being root is a failure, not a skip.
-pub fn new_fs(kind: FsKind, size: u64) -> LoopFs {
-    assert!(
-        is_root(),
-        "the adversarial suite mounts loop filesystems and must run as root"
-    );
-    LoopFs::new(kind, size).unwrap_or_else(|e| panic!("making a {kind} loop filesystem: {e}"))
-}
+// The per-filesystem test macro (`per_fs!`) and `new_fs` are shared with
+// the other integration tests (tests/common).
+pub use crate::common::new_fs;
 
 /// What one run of the binary did.
 #[derive(Debug)]

@@ -1,0 +1,1 @@
+//! Persistent fingerprint index (see ARCHITECTURE.md, "Fingerprint index").

@@ -1,0 +1,711 @@
+//! The index: log + memtable in front of sealed runs, the locality cache,
+//! and the operations the store and out-of-band dedupe need.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::path::Path;
+use std::time::Instant;
+
+use crate::bitmap::Bitmap;
+use crate::cache::Cache;
+use crate::error::{corrupt, Ctx, Result};
+use crate::format::{
+    decode_record, decode_segment_page, encode_record, encode_segment_page, Entry, Manifest, PAGE,
+    PER_SEGMENT, RECORD,
+};
+use crate::io::{FsIo, Io};
+use crate::run::{run_name, Run, RunWriter};
+use crate::KeyMap;
+
+pub(crate) const MANIFEST: &str = "MANIFEST";
+const MANIFEST_TMP: &str = "MANIFEST.tmp";
+pub(crate) const SEGMENTS: &str = "segments";
+/// Log bytes buffered before a write (a `commit` writes and syncs).
+const LOG_BUFFER: usize = 1 << 20;
+
+fn log_name(id: u64) -> String {
+    format!("log-{id:016x}")
+}
+
+fn bitmap_name(id: u64) -> String {
+    format!("live-{id:016x}")
+}
+
+/// How lookups are made (see [`crate::lazy`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// One lookup at a time (the seed's Algorithm 1).
+    Eager,
+    /// Batched lookups in hash buckets with a locality ring of `ring`
+    /// fingerprints (Algorithm 2).
+    Lazy { ring: usize },
+    /// Measure the device at open and pick by the seed's model (section 4).
+    Auto,
+}
+
+/// Tuning of an index.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Entries held in the memtable before it is sealed into a run (the
+    /// memory cap of the mutable part: about 80 bytes each).
+    pub memtable_entries: usize,
+    /// Entries held by the locality cache (about 60 bytes each).
+    pub cache_entries: usize,
+    /// Quota: above this many live entries new fingerprints are not indexed.
+    pub max_entries: Option<u64>,
+    /// Read run and segment pages with `O_DIRECT` where the filesystem allows.
+    pub direct_io: bool,
+    /// Measure the time split filter / cache / disk (costs ~50 ns a lookup).
+    pub timing: bool,
+    /// Runs beyond which all are merged.
+    pub max_runs: usize,
+    pub mode: Mode,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            memtable_entries: 1 << 20,
+            cache_entries: 1 << 20,
+            max_entries: None,
+            direct_io: false,
+            timing: false,
+            max_runs: 8,
+            mode: Mode::Auto,
+        }
+    }
+}
+
+/// What [`Index::insert`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Inserted {
+    New,
+    /// Already indexed at this location (reference count unchanged).
+    Exists(u64),
+    /// Over quota: not indexed (counted in [`Stats::quota_skipped`]).
+    NotIndexed,
+}
+
+/// Counters and the time split of lookups (like the seed's Table 4).
+#[derive(Debug, Clone, Default)]
+pub struct Stats {
+    pub lookups: u64,
+    pub memtable_hits: u64,
+    pub filter_negatives: u64,
+    pub cache_hits: u64,
+    /// Lookups that reached the disk (missed memtable, filter and cache).
+    pub disk_lookups: u64,
+    pub disk_hits: u64,
+    /// Run pages read to answer lookups.
+    pub index_reads: u64,
+    /// Segment pages read to fill the cache after a disk hit.
+    pub prefetch_reads: u64,
+    /// Filter said maybe, the run did not have it.
+    pub filter_false_positives: u64,
+    pub quota_skipped: u64,
+    pub flushes: u64,
+    pub merges: u64,
+    pub filter_ns: u64,
+    pub cache_ns: u64,
+    pub disk_ns: u64,
+    /// Lazy mode: time spent in post-lookups of the locality ring.
+    pub post_lookup_ns: u64,
+    /// Lazy mode: batched disk reads (one per run region read).
+    pub batch_reads: u64,
+}
+
+/// The fingerprint index. Not thread-safe; wrap it in a lock to share it.
+pub struct Index {
+    pub(crate) io: Box<dyn Io>,
+    pub(crate) cfg: Config,
+    man: Manifest,
+    pub(crate) runs: Vec<Run>,
+    pub(crate) mem: KeyMap<Entry>,
+    pub(crate) cache: Cache,
+    live: Bitmap,
+    log_buf: Vec<u8>,
+    pub(crate) stats: Stats,
+    /// Chosen by `Mode::Auto` at open (or the configured mode).
+    pub(crate) mode: Mode,
+    /// Measured at open for `Mode::Auto`: device random read / RAM access.
+    pub device_ns: f64,
+    pub ram_ns: f64,
+}
+
+/// Merges sorted entry streams (later streams newer), yielding the newest
+/// version of each key.
+fn merged<'a>(
+    inputs: Vec<Box<dyn Iterator<Item = Result<Entry>> + 'a>>,
+) -> impl Iterator<Item = Result<Entry>> + 'a {
+    let mut inputs = inputs;
+    let mut heap: BinaryHeap<Reverse<(u128, Reverse<usize>)>> = BinaryHeap::new();
+    let mut heads: Vec<Option<Entry>> = vec![None; inputs.len()];
+    let mut err = None;
+    for (i, it) in inputs.iter_mut().enumerate() {
+        match it.next() {
+            Some(Ok(e)) => {
+                heap.push(Reverse((e.key, Reverse(i))));
+                heads[i] = Some(e);
+            }
+            Some(Err(e)) => err = Some(e),
+            None => {}
+        }
+    }
+    let mut last: Option<u128> = None;
+    std::iter::from_fn(move || loop {
+        if let Some(e) = err.take() {
+            heap.clear();
+            return Some(Err(e));
+        }
+        let Reverse((key, Reverse(i))) = heap.pop()?;
+        let e = heads[i].take()?;
+        match inputs[i].next() {
+            Some(Ok(n)) => {
+                heap.push(Reverse((n.key, Reverse(i))));
+                heads[i] = Some(n);
+            }
+            Some(Err(x)) => err = Some(x),
+            None => {}
+        }
+        if last == Some(key) {
+            continue;
+        }
+        last = Some(key);
+        // Ties pop the newest stream first (highest index).
+        return Some(Ok(e));
+    })
+}
+
+impl Index {
+    /// Opens (or creates) the index in directory `dir`.
+    pub fn open(dir: &Path, cfg: Config) -> Result<Index> {
+        let io = FsIo::new(dir, cfg.direct_io).ctx(&dir.display().to_string())?;
+        Self::open_with(Box::new(io), cfg)
+    }
+
+    /// Opens the index over any [`Io`] (tests inject latency and power loss).
+    pub fn open_with(io: Box<dyn Io>, cfg: Config) -> Result<Index> {
+        let man = match io.len(MANIFEST).ctx(MANIFEST)? {
+            None => Manifest {
+                generation: 1,
+                log: 1,
+                ..Default::default()
+            },
+            Some(_) => {
+                let b = io.read_all(MANIFEST).ctx(MANIFEST)?;
+                Manifest::decode(&b)
+                    .ok_or_else(|| corrupt(MANIFEST, "manifest checksum or version"))?
+            }
+        };
+        let fresh = io.len(MANIFEST).ctx(MANIFEST)?.is_none();
+        let runs = man
+            .runs
+            .iter()
+            .map(|&id| Run::open(io.as_ref(), id))
+            .collect::<Result<Vec<_>>>()?;
+        let live = match man.bitmap {
+            0 => Bitmap::default(),
+            id => {
+                let name = bitmap_name(id);
+                let b = io.read_all(&name).ctx(&name)?;
+                Bitmap::decode(&b).ok_or_else(|| corrupt(&name, "bitmap checksum"))?
+            }
+        };
+        let mut ix = Index {
+            io,
+            mode: cfg.mode,
+            cache: Cache::new(cfg.cache_entries),
+            cfg,
+            man,
+            runs,
+            mem: KeyMap::default(),
+            live,
+            log_buf: Vec::new(),
+            stats: Stats::default(),
+            device_ns: 0.0,
+            ram_ns: 0.0,
+        };
+        ix.stats.quota_skipped = ix.man.quota_skipped;
+        if fresh {
+            ix.write_manifest()?;
+        }
+        ix.clean_orphans()?;
+        ix.replay()?;
+        if ix.cfg.mode == Mode::Auto {
+            ix.mode = crate::lazy::choose_mode(&mut ix)?;
+        }
+        Ok(ix)
+    }
+
+    fn seg_base(&self) -> u64 {
+        self.man.segment_pages * PER_SEGMENT as u64
+    }
+
+    /// Removes files a crash left behind and trims the segment file.
+    fn clean_orphans(&mut self) -> Result<()> {
+        let mut keep: Vec<String> = self.man.runs.iter().map(|&id| run_name(id)).collect();
+        keep.push(log_name(self.man.log));
+        keep.push(bitmap_name(self.man.bitmap));
+        for name in self.io.list().ctx(".")? {
+            let ours = ["run-", "log-", "live-"]
+                .iter()
+                .any(|p| name.starts_with(p))
+                || name == MANIFEST_TMP;
+            if ours && !keep.contains(&name) {
+                self.io.remove(&name).ctx(&name)?;
+            }
+        }
+        let want = self.man.segment_pages * PAGE as u64;
+        match self.io.len(SEGMENTS).ctx(SEGMENTS)? {
+            Some(len) if len > want => self.io.truncate(SEGMENTS, want).ctx(SEGMENTS)?,
+            Some(len) if len < want => {
+                return Err(corrupt(SEGMENTS, "shorter than the manifest says"))
+            }
+            None if want > 0 => return Err(corrupt(SEGMENTS, "missing")),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Replays the log into the memtable; a torn or damaged tail (an
+    /// uncommitted write) is cut off.
+    fn replay(&mut self) -> Result<()> {
+        let name = log_name(self.man.log);
+        let data = match self.io.len(&name).ctx(&name)? {
+            Some(_) => self.io.read_all(&name).ctx(&name)?,
+            None => Vec::new(),
+        };
+        let mut off = 0;
+        while let Some(e) = data.get(off..).and_then(decode_record) {
+            self.apply(e);
+            off += RECORD;
+        }
+        if off < data.len() {
+            self.io.truncate(&name, off as u64).ctx(&name)?;
+            self.io.sync(&name).ctx(&name)?;
+        }
+        Ok(())
+    }
+
+    /// Applies one entry state to the memtable (live operation and replay).
+    fn apply(&mut self, e: Entry) {
+        if e.is_tombstone() {
+            self.live.clear(e.seq);
+            self.man.live = self.man.live.saturating_sub(1);
+            self.cache.remove(e.key);
+        } else if e.seq >= self.man.next_seq {
+            self.man.next_seq = e.seq + 1;
+            self.live.set(e.seq);
+            self.man.live += 1;
+        }
+        self.mem.insert(e.key, e);
+    }
+
+    /// Logs and applies one entry state.
+    fn put(&mut self, e: Entry) -> Result<()> {
+        self.log_buf.extend_from_slice(&encode_record(&e));
+        self.apply(e);
+        if self.log_buf.len() >= LOG_BUFFER {
+            self.write_log()?;
+        }
+        if self.mem.len() >= self.cfg.memtable_entries {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn write_log(&mut self) -> Result<()> {
+        if !self.log_buf.is_empty() {
+            let name = log_name(self.man.log);
+            self.io.append(&name, &self.log_buf).ctx(&name)?;
+            self.log_buf.clear();
+        }
+        Ok(())
+    }
+
+    /// Makes every operation so far durable (writes and syncs the log).
+    pub fn commit(&mut self) -> Result<()> {
+        self.write_log()?;
+        let name = log_name(self.man.log);
+        self.io.append(&name, &[]).ctx(&name)?;
+        self.io.sync(&name).ctx(&name)
+    }
+
+    /// Live entries.
+    pub fn len(&self) -> u64 {
+        self.man.live
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.man.live == 0
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.stats.clone()
+    }
+
+    pub fn reset_stats(&mut self) {
+        let q = self.stats.quota_skipped;
+        self.stats = Stats {
+            quota_skipped: q,
+            ..Default::default()
+        };
+    }
+
+    /// The lookup mode in force (what `Auto` chose).
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Bytes of RAM of the filters, directories and liveness bitmap (the
+    /// per-entry cost; the memtable and cache are bounded separately).
+    pub fn ram_bytes(&self) -> usize {
+        self.runs.iter().map(Run::ram_bytes).sum::<usize>() + self.live.bytes()
+    }
+
+    /// Entries held by the locality cache now.
+    pub fn cache_len(&self) -> usize {
+        self.cache.len()
+    }
+
+    pub fn runs(&self) -> usize {
+        self.runs.len()
+    }
+
+    /// Drops the locality cache (benchmarks start cold with it).
+    pub fn clear_cache(&mut self) {
+        self.cache.clear();
+    }
+
+    /// Indexes `key` at `loc` with one reference, unless it is known.
+    pub fn insert(&mut self, key: u128, loc: u64, born: u32) -> Result<Inserted> {
+        if let Some(l) = self.lookup(key)? {
+            return Ok(Inserted::Exists(l));
+        }
+        if self.cfg.max_entries.is_some_and(|m| self.man.live >= m) {
+            self.stats.quota_skipped += 1;
+            self.man.quota_skipped += 1;
+            return Ok(Inserted::NotIndexed);
+        }
+        let e = Entry {
+            key,
+            loc,
+            refs: 1,
+            born,
+            seq: self.man.next_seq,
+        };
+        self.put(e)?;
+        Ok(Inserted::New)
+    }
+
+    /// The full entry of `key` (memtable, then runs newest first).
+    pub fn get(&mut self, key: u128) -> Result<Option<Entry>> {
+        if let Some(e) = self.mem.get(&key) {
+            return Ok((!e.is_tombstone()).then_some(*e));
+        }
+        for r in self.runs.iter().rev() {
+            if !r.filter.contains(key) {
+                continue;
+            }
+            let (e, reads) = r.find(self.io.as_ref(), key)?;
+            self.stats.index_reads += reads as u64;
+            if let Some(e) = e {
+                return Ok((!e.is_tombstone()).then_some(e));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Eager lookup (Algorithm 1): memtable, filters, cache, then at most
+    /// one run page read; a disk hit loads its segment into the cache.
+    pub fn lookup(&mut self, key: u128) -> Result<Option<u64>> {
+        self.stats.lookups += 1;
+        if let Some(e) = self.mem.get(&key) {
+            self.stats.memtable_hits += 1;
+            return Ok((!e.is_tombstone()).then_some(e.loc));
+        }
+        let t = self.cfg.timing.then(Instant::now);
+        let maybe = self.runs.iter().any(|r| r.filter.contains(key));
+        let t = self.lap(t, |s| &mut s.filter_ns);
+        if !maybe {
+            self.stats.filter_negatives += 1;
+            return Ok(None);
+        }
+        let hit = self.cache.get(key);
+        let t = self.lap(t, |s| &mut s.cache_ns);
+        if hit.is_some() {
+            self.stats.cache_hits += 1;
+            return Ok(hit);
+        }
+        let found = self.disk_lookup(key)?;
+        self.lap(t, |s| &mut s.disk_ns);
+        Ok(found)
+    }
+
+    /// Adds the time since `t` to a stat; returns now.
+    pub(crate) fn lap(
+        &mut self,
+        t: Option<Instant>,
+        f: impl Fn(&mut Stats) -> &mut u64,
+    ) -> Option<Instant> {
+        let t = t?;
+        let now = Instant::now();
+        *f(&mut self.stats) += (now - t).as_nanos() as u64;
+        Some(now)
+    }
+
+    /// Looks `key` up in the runs (newest first) and prefetches its
+    /// segment on a hit.
+    fn disk_lookup(&mut self, key: u128) -> Result<Option<u64>> {
+        self.stats.disk_lookups += 1;
+        let sim0 = self.io.simulated_ns();
+        let mut found = None;
+        for i in (0..self.runs.len()).rev() {
+            if !self.runs[i].filter.contains(key) {
+                continue;
+            }
+            let (e, reads) = self.runs[i].find(self.io.as_ref(), key)?;
+            self.stats.index_reads += reads as u64;
+            match e {
+                Some(e) => {
+                    found = Some(e);
+                    break;
+                }
+                None => self.stats.filter_false_positives += 1,
+            }
+        }
+        let out = match found {
+            Some(e) if !e.is_tombstone() => {
+                self.stats.disk_hits += 1;
+                self.prefetch(e.seq)?;
+                Some(e.loc)
+            }
+            _ => None,
+        };
+        self.stats.disk_ns += self.io.simulated_ns() - sim0;
+        Ok(out)
+    }
+
+    /// Loads the segment page holding sequence number `seq` into the cache
+    /// (its entries still live), unless cached or not yet flushed.
+    pub(crate) fn prefetch(&mut self, seq: u64) -> Result<()> {
+        let group = seq / PER_SEGMENT as u64;
+        if seq >= self.seg_base() || self.cache.has_group(group) || self.cfg.cache_entries == 0 {
+            return Ok(());
+        }
+        let mut buf = vec![0u8; PAGE];
+        self.io
+            .read_at(SEGMENTS, group * PAGE as u64, &mut buf)
+            .ctx(SEGMENTS)?;
+        self.stats.prefetch_reads += 1;
+        let slots = decode_segment_page(&buf).ok_or_else(|| corrupt(SEGMENTS, "page checksum"))?;
+        let base = group * PER_SEGMENT as u64;
+        let live = &self.live;
+        let entries: Vec<(u128, u64)> = slots
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| live.get(base + *i as u64))
+            .map(|(_, s)| s)
+            .collect();
+        self.cache.insert_group(group, entries);
+        Ok(())
+    }
+
+    /// Adds a reference; returns the new count (`None`: not indexed).
+    pub fn incref(&mut self, key: u128) -> Result<Option<u32>> {
+        let Some(mut e) = self.get(key)? else {
+            return Ok(None);
+        };
+        e.refs = e.refs.saturating_add(1);
+        self.put(e)?;
+        Ok(Some(e.refs))
+    }
+
+    /// Drops a reference; at zero the entry is deleted. Returns the new count.
+    pub fn decref(&mut self, key: u128) -> Result<Option<u32>> {
+        let Some(mut e) = self.get(key)? else {
+            return Ok(None);
+        };
+        if e.refs <= 1 {
+            self.delete_entry(e)?;
+            return Ok(Some(0));
+        }
+        e.refs -= 1;
+        self.put(e)?;
+        Ok(Some(e.refs))
+    }
+
+    /// Deletes `key` whatever its count; false if it was not indexed.
+    pub fn delete(&mut self, key: u128) -> Result<bool> {
+        let Some(e) = self.get(key)? else {
+            return Ok(false);
+        };
+        self.delete_entry(e)?;
+        Ok(true)
+    }
+
+    fn delete_entry(&mut self, e: Entry) -> Result<()> {
+        self.put(Entry { refs: 0, ..e })
+    }
+
+    /// Deletes every entry referenced once and inserted before `older_than`
+    /// (ZFS `ddtprune`); returns how many. Durable when it returns.
+    pub fn prune(&mut self, older_than: u32) -> Result<u64> {
+        let victims: Vec<Entry> = self
+            .scan()?
+            .into_iter()
+            .filter(|e| !e.is_tombstone() && e.refs == 1 && e.born < older_than)
+            .collect();
+        for &e in &victims {
+            self.delete_entry(e)?;
+        }
+        self.commit()?;
+        Ok(victims.len() as u64)
+    }
+
+    /// Every entry's newest state (tombstones included), in key order.
+    pub fn scan(&self) -> Result<Vec<Entry>> {
+        let mut mem: Vec<Entry> = self.mem.values().copied().collect();
+        mem.sort_unstable_by_key(|e| e.key);
+        let mut inputs: Vec<Box<dyn Iterator<Item = Result<Entry>>>> = Vec::new();
+        for r in &self.runs {
+            inputs.push(Box::new(r.iter(self.io.as_ref())));
+        }
+        inputs.push(Box::new(mem.into_iter().map(Ok)));
+        merged(inputs).collect()
+    }
+
+    /// Seals the memtable into a new run, its new inserts into segment
+    /// pages, and switches the manifest atomically.
+    pub fn flush(&mut self) -> Result<()> {
+        if self.mem.is_empty() {
+            return Ok(());
+        }
+        let mut es: Vec<Entry> = self.mem.values().copied().collect();
+        es.sort_unstable_by_key(|e| e.key);
+        let run_id = self.next_id();
+        let mut w = RunWriter::new(self.io.as_ref(), run_id, es.len() as u64)?;
+        for &e in &es {
+            w.push(e)?;
+        }
+        let run = w.finish()?;
+        let pages = self.write_segments(&es)?;
+        let bitmap_id = self.next_id();
+        let bname = bitmap_name(bitmap_id);
+        self.io.remove(&bname).ctx(&bname)?;
+        self.io.append(&bname, &self.live.encode()).ctx(&bname)?;
+        self.io.sync(&bname).ctx(&bname)?;
+        let log_id = self.next_id();
+        let lname = log_name(log_id);
+        self.io.remove(&lname).ctx(&lname)?;
+        self.io.append(&lname, &[]).ctx(&lname)?;
+        self.io.sync(&lname).ctx(&lname)?;
+        let old = self.man.clone();
+        self.man.runs.push(run_id);
+        self.man.bitmap = bitmap_id;
+        self.man.log = log_id;
+        self.man.segment_pages += pages;
+        self.man.next_seq = self.man.segment_pages * PER_SEGMENT as u64;
+        self.write_manifest()?;
+        self.runs.push(run);
+        self.mem.clear();
+        self.log_buf.clear();
+        self.stats.flushes += 1;
+        for name in [log_name(old.log), bitmap_name(old.bitmap)] {
+            self.io.remove(&name).ctx(&name)?;
+        }
+        self.maybe_merge()
+    }
+
+    fn next_id(&mut self) -> u64 {
+        self.man.generation += 1;
+        self.man.generation
+    }
+
+    /// Appends segment pages for the inserts since the last flush, in
+    /// insertion order; returns how many pages.
+    fn write_segments(&mut self, es: &[Entry]) -> Result<u64> {
+        let base = self.seg_base();
+        let n = self.man.next_seq.saturating_sub(base);
+        let pages = n.div_ceil(PER_SEGMENT as u64);
+        if pages == 0 {
+            return Ok(0);
+        }
+        let mut slots: Vec<Option<(u128, u64)>> = vec![None; (pages as usize) * PER_SEGMENT];
+        for e in es.iter().filter(|e| e.seq >= base && !e.is_tombstone()) {
+            slots[(e.seq - base) as usize] = Some((e.key, e.loc));
+        }
+        let mut out = Vec::with_capacity(pages as usize * PAGE);
+        for chunk in slots.chunks(PER_SEGMENT) {
+            out.extend_from_slice(&encode_segment_page(chunk));
+        }
+        // Pages a crash left past the manifest's end were trimmed at open.
+        self.io.append(SEGMENTS, &out).ctx(SEGMENTS)?;
+        self.io.sync(SEGMENTS).ctx(SEGMENTS)?;
+        Ok(pages)
+    }
+
+    fn write_manifest(&mut self) -> Result<()> {
+        self.man.quota_skipped = self.stats.quota_skipped.max(self.man.quota_skipped);
+        self.io.remove(MANIFEST_TMP).ctx(MANIFEST_TMP)?;
+        self.io
+            .append(MANIFEST_TMP, &self.man.encode())
+            .ctx(MANIFEST_TMP)?;
+        self.io.sync(MANIFEST_TMP).ctx(MANIFEST_TMP)?;
+        self.io.rename(MANIFEST_TMP, MANIFEST).ctx(MANIFEST)
+    }
+
+    /// Size-tiered merging: the two newest runs merge while the older is
+    /// at most twice the newer (a binary counter: O(log n) runs), and all
+    /// merge beyond `max_runs`.
+    fn maybe_merge(&mut self) -> Result<()> {
+        loop {
+            let n = self.runs.len();
+            if n < 2 {
+                return Ok(());
+            }
+            if n > self.cfg.max_runs {
+                self.merge_from(0)?;
+            } else if self.runs[n - 2].entries <= 2 * self.runs[n - 1].entries {
+                self.merge_from(n - 2)?;
+            } else {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Merges runs `from..` into one (streaming: a page batch per input
+    /// and one filter partition in RAM); tombstones are dropped when the
+    /// oldest run is included.
+    fn merge_from(&mut self, from: usize) -> Result<()> {
+        let max: u64 = self.runs[from..].iter().map(|r| r.entries).sum();
+        let id = self.next_id();
+        let bottom = from == 0;
+        let run = {
+            let io = self.io.as_ref();
+            let inputs: Vec<Box<dyn Iterator<Item = Result<Entry>>>> = self.runs[from..]
+                .iter()
+                .map(|r| Box::new(r.iter(io)) as Box<dyn Iterator<Item = Result<Entry>>>)
+                .collect();
+            let mut w = RunWriter::new(io, id, max)?;
+            for e in merged(inputs) {
+                let e = e?;
+                if !(bottom && e.is_tombstone()) {
+                    w.push(e)?;
+                }
+            }
+            w.finish()?
+        };
+        let old: Vec<u64> = self.man.runs.drain(from..).collect();
+        self.man.runs.push(id);
+        self.write_manifest()?;
+        self.runs.truncate(from);
+        self.runs.push(run);
+        self.stats.merges += 1;
+        for r in old {
+            let name = run_name(r);
+            self.io.remove(&name).ctx(&name)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,163 @@
+//! Model tests: random operations against a `HashMap` oracle, with
+//! flushes, merges, reopen and simulated power loss.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use proptest::prelude::*;
+
+use crate::{Config, Index, Inserted, MemIo, Mode};
+
+#[derive(Debug, Clone)]
+enum Op {
+    Insert(u8, u64, u32),
+    Lookup(u8),
+    Incref(u8),
+    Decref(u8),
+    Delete(u8),
+    Prune(u32),
+    Commit,
+    Flush,
+    Reopen,
+    PowerLoss,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        8 => (any::<u8>(), any::<u64>(), 0u32..10).prop_map(|(k, l, b)| Op::Insert(k, l, b)),
+        6 => any::<u8>().prop_map(Op::Lookup),
+        2 => any::<u8>().prop_map(Op::Incref),
+        2 => any::<u8>().prop_map(Op::Decref),
+        1 => any::<u8>().prop_map(Op::Delete),
+        1 => (0u32..10).prop_map(Op::Prune),
+        2 => Just(Op::Commit),
+        1 => Just(Op::Flush),
+        1 => Just(Op::Reopen),
+        1 => Just(Op::PowerLoss),
+    ]
+}
+
+/// Spreads a small key over the whole key space (top bits vary too).
+fn key(k: u8) -> u128 {
+    (k as u128 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835)
+}
+
+type Oracle = HashMap<u128, (u64, u32, u32)>;
+
+fn cfg(quota: Option<u64>, cache: usize) -> Config {
+    Config {
+        memtable_entries: 7,
+        cache_entries: cache,
+        max_entries: quota,
+        max_runs: 3,
+        mode: Mode::Eager,
+        ..Default::default()
+    }
+}
+
+fn check_all(ix: &mut Index, oracle: &Oracle) {
+    for k in 0..=255u8 {
+        let want = oracle.get(&key(k)).map(|v| v.0);
+        assert_eq!(ix.lookup(key(k)).unwrap(), want, "lookup {k}");
+        let e = ix.get(key(k)).unwrap().map(|e| (e.loc, e.refs, e.born));
+        assert_eq!(e, oracle.get(&key(k)).copied(), "entry {k}");
+    }
+    assert_eq!(ix.len(), oracle.len() as u64);
+}
+
+fn run_ops(ops: Vec<Op>, quota: Option<u64>, cache: usize) {
+    let mem = Arc::new(MemIo::default());
+    let open = |m: &Arc<MemIo>| Index::open_with(Box::new(m.clone()), cfg(quota, cache)).unwrap();
+    let mut ix = open(&mem);
+    let mut oracle = Oracle::new();
+    let mut durable = Oracle::new();
+    for op in ops {
+        let flushes = ix.stats().flushes;
+        match op {
+            Op::Insert(k, l, b) => {
+                let got = ix.insert(key(k), l, b).unwrap();
+                let want = match oracle.get(&key(k)) {
+                    Some(v) => Inserted::Exists(v.0),
+                    None if quota.is_some_and(|q| oracle.len() as u64 >= q) => Inserted::NotIndexed,
+                    None => {
+                        oracle.insert(key(k), (l, 1, b));
+                        Inserted::New
+                    }
+                };
+                assert_eq!(got, want);
+            }
+            Op::Lookup(k) => {
+                assert_eq!(ix.lookup(key(k)).unwrap(), oracle.get(&key(k)).map(|v| v.0))
+            }
+            Op::Incref(k) => {
+                let want = oracle.get_mut(&key(k)).map(|v| {
+                    v.1 += 1;
+                    v.1
+                });
+                assert_eq!(ix.incref(key(k)).unwrap(), want);
+            }
+            Op::Decref(k) => {
+                let want = oracle.get_mut(&key(k)).map(|v| {
+                    v.1 -= 1;
+                    v.1
+                });
+                if want == Some(0) {
+                    oracle.remove(&key(k));
+                }
+                assert_eq!(ix.decref(key(k)).unwrap(), want);
+            }
+            Op::Delete(k) => {
+                assert_eq!(ix.delete(key(k)).unwrap(), oracle.remove(&key(k)).is_some())
+            }
+            Op::Prune(t) => {
+                let before = oracle.len();
+                oracle.retain(|_, v| !(v.1 == 1 && v.2 < t));
+                assert_eq!(ix.prune(t).unwrap(), (before - oracle.len()) as u64);
+                durable = oracle.clone();
+            }
+            Op::Commit => {
+                ix.commit().unwrap();
+                durable = oracle.clone();
+            }
+            Op::Flush => ix.flush().unwrap(),
+            Op::Reopen => {
+                ix.commit().unwrap();
+                durable = oracle.clone();
+                drop(ix);
+                ix = open(&mem);
+            }
+            Op::PowerLoss => {
+                drop(ix);
+                mem.power_loss();
+                oracle = durable.clone();
+                ix = open(&mem);
+                check_all(&mut ix, &oracle);
+            }
+        }
+        if ix.stats().flushes != flushes {
+            durable = oracle.clone();
+        }
+    }
+    check_all(&mut ix, &oracle);
+    ix.commit().unwrap();
+    drop(ix);
+    check_all(&mut open(&mem), &oracle);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #[test]
+    fn model(ops in proptest::collection::vec(op(), 1..300)) {
+        run_ops(ops, None, 40);
+    }
+
+    #[test]
+    fn model_with_quota(ops in proptest::collection::vec(op(), 1..300), q in 1u64..30) {
+        run_ops(ops, Some(q), 40);
+    }
+
+    #[test]
+    fn model_without_cache(ops in proptest::collection::vec(op(), 1..200)) {
+        run_ops(ops, None, 0);
+    }
+}

@@ -130,6 +130,8 @@ pub struct Index {
     /// Measured at open for `Mode::Auto`: device random read / RAM access.
     pub device_ns: f64,
     pub ram_ns: f64,
+    /// Lazy mode: pages between two wanted pages read through in one read.
+    pub coalesce_pages: u64,
 }
 
 /// Merges sorted entry streams (later streams newer), yielding the newest
@@ -224,6 +226,7 @@ impl Index {
             stats: Stats::default(),
             device_ns: 0.0,
             ram_ns: 0.0,
+            coalesce_pages: 0,
         };
         ix.stats.quota_skipped = ix.man.quota_skipped;
         if fresh {
@@ -231,8 +234,10 @@ impl Index {
         }
         ix.clean_orphans()?;
         ix.replay()?;
-        if ix.cfg.mode == Mode::Auto {
-            ix.mode = crate::lazy::choose_mode(&mut ix)?;
+        match ix.cfg.mode {
+            Mode::Auto => ix.mode = crate::lazy::choose_mode(&mut ix)?,
+            Mode::Lazy { .. } => crate::lazy::measure(&mut ix)?,
+            Mode::Eager => {}
         }
         Ok(ix)
     }

@@ -63,6 +63,16 @@ fn check_all(ix: &mut Index, oracle: &Oracle) {
         assert_eq!(e, oracle.get(&key(k)).copied(), "entry {k}");
     }
     assert_eq!(ix.len(), oracle.len() as u64);
+    let keys: Vec<u128> = (0..=255u8).chain(0..=255u8).map(key).collect();
+    let want: Vec<Option<u64>> = keys.iter().map(|k| oracle.get(k).map(|v| v.0)).collect();
+    for ring in [1, 4, 64] {
+        ix.clear_cache();
+        assert_eq!(
+            ix.lookup_batch_with(&keys, Mode::Lazy { ring }).unwrap(),
+            want,
+            "lazy ring {ring}"
+        );
+    }
 }
 
 fn run_ops(ops: Vec<Op>, quota: Option<u64>, cache: usize) {

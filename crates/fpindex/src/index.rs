@@ -384,7 +384,11 @@ impl Index {
 
     /// Indexes `key` at `loc` with one reference, unless it is known.
     pub fn insert(&mut self, key: u128, loc: u64, born: u32) -> Result<Inserted> {
-        if let Some(l) = self.lookup(key)? {
+        // The check is not counted as a caller's lookup.
+        let saved = self.stats.clone();
+        let known = self.lookup(key);
+        self.stats = saved;
+        if let Some(l) = known? {
             return Ok(Inserted::Exists(l));
         }
         if self.cfg.max_entries.is_some_and(|m| self.man.live >= m) {

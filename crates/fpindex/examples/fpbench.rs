@@ -1,0 +1,302 @@
+//! Benchmarks of the fingerprint index (run by `bench/fpindex.sh`).
+//!
+//! fpbench build DIR N            insert N random fingerprints
+//! fpbench query DIR N            negative / cached positive / cache-missing lookups
+//! fpbench trace DIR DEVICE V M MODE...
+//!     the seed's experiment: V versions of M fingerprints with backup-stream
+//!     locality, ingested in order (lookup, insert if new), per mode
+//!     (eager, lazy:RING, auto) on DEVICE (tmpfs, disk = O_DIRECT, slow =
+//!     10 ms simulated latency behind the I/O trait); prints the time split.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use onecopy_fpindex::{Config, FsIo, Index, Io, Mode, SlowIo};
+
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Fingerprint number `i` of a stream (`salt` tells streams apart).
+fn fp(salt: u64, i: u64) -> u128 {
+    ((mix(i ^ salt.rotate_left(17)) as u128) << 64) | mix(i.wrapping_add(0x5555) ^ salt) as u128
+}
+
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+fn build(dir: &Path, n: u64) {
+    let cfg = Config {
+        memtable_entries: 4 << 20,
+        mode: Mode::Eager,
+        ..Default::default()
+    };
+    let mut ix = Index::open(dir, cfg).expect("open");
+    let t = Instant::now();
+    for i in 0..n {
+        ix.insert(fp(1, i), i, 0).expect("insert");
+    }
+    ix.flush().expect("flush");
+    ix.commit().expect("commit");
+    let el = t.elapsed();
+    let s = ix.stats();
+    println!(
+        "build: {n} entries in {:.1} s ({:.2} M inserts/s), {} runs, {} flushes, {} merges, filter+directory+bitmap {:.3} B/entry",
+        secs(el),
+        n as f64 / secs(el) / 1e6,
+        ix.runs(),
+        s.flushes,
+        s.merges,
+        ix.ram_bytes() as f64 / n as f64
+    );
+}
+
+fn query(dir: &Path, n: u64) {
+    let cfg = Config {
+        cache_entries: 1 << 20,
+        mode: Mode::Eager,
+        ..Default::default()
+    };
+    let t = Instant::now();
+    let mut ix = Index::open(dir, cfg).expect("open");
+    println!(
+        "open: {:.3} s, {} entries, {} runs, RAM (filter+directory+bitmap) {:.3} B/entry",
+        secs(t.elapsed()),
+        ix.len(),
+        ix.runs(),
+        ix.ram_bytes() as f64 / n as f64
+    );
+    // Negative lookups: fingerprints never inserted.
+    let m = 20_000_000u64;
+    let t = Instant::now();
+    let mut found = 0;
+    for i in 0..m {
+        found += ix.lookup(fp(2, i)).expect("lookup").is_some() as u64;
+    }
+    let el = t.elapsed();
+    let s = ix.stats();
+    println!(
+        "negative: {:.2} M lookups/s ({:.1} ns each), false positives {} ({:.2e}), found {found}",
+        m as f64 / secs(el) / 1e6,
+        secs(el) * 1e9 / m as f64,
+        s.filter_false_positives,
+        s.filter_false_positives as f64 / m as f64
+    );
+    // Cache-missing positives: random inserted keys, cold cache.
+    ix.reset_stats();
+    ix.clear_cache();
+    let k = 20_000u64;
+    let t = Instant::now();
+    for j in 0..k {
+        let i = mix(j) % n;
+        assert_eq!(ix.lookup(fp(1, i)).expect("lookup"), Some(i));
+    }
+    let el = t.elapsed();
+    let s = ix.stats();
+    println!(
+        "cache-missing positive: {:.1} us each, {:.4} index reads per cache-missing lookup, {:.4} prefetch reads per lookup",
+        secs(el) * 1e6 / k as f64,
+        s.index_reads as f64 / s.disk_lookups.max(1) as f64,
+        s.prefetch_reads as f64 / s.disk_lookups.max(1) as f64
+    );
+    // Positives from the cache: a run of consecutive inserts, warmed, then re-read.
+    ix.clear_cache();
+    let span = 500_000u64.min(n);
+    for i in 0..span {
+        ix.lookup(fp(1, i)).expect("lookup");
+    }
+    ix.reset_stats();
+    let rounds = 20;
+    let t = Instant::now();
+    for _ in 0..rounds {
+        for i in 0..span {
+            assert_eq!(ix.lookup(fp(1, i)).expect("lookup"), Some(i));
+        }
+    }
+    let el = t.elapsed();
+    let s = ix.stats();
+    println!(
+        "cached positive: {:.2} M lookups/s, cache hits {:.4}, disk lookups {}",
+        (span * rounds) as f64 / secs(el) / 1e6,
+        s.cache_hits as f64 / s.lookups as f64,
+        s.disk_lookups
+    );
+}
+
+/// A backup stream: version 0 random; each next version keeps the
+/// previous one with 2% of it changed in runs of 1-64 blocks (new data),
+/// and 1% of runs moved elsewhere (reordering), like successive backups
+/// of a changing tree.
+struct Trace {
+    cur: Vec<u128>,
+    next_new: u64,
+    seed: u64,
+}
+
+impl Trace {
+    fn new(m: usize) -> Trace {
+        let cur = (0..m as u64).map(|i| fp(7, i)).collect();
+        Trace {
+            cur,
+            next_new: m as u64,
+            seed: 12345,
+        }
+    }
+
+    fn rnd(&mut self) -> u64 {
+        self.seed = mix(self.seed);
+        self.seed
+    }
+
+    fn advance(&mut self) {
+        let m = self.cur.len();
+        let mut changed = 0;
+        while changed < m / 50 {
+            let len = (1 + self.rnd() % 64) as usize;
+            let at = self.rnd() as usize % m.saturating_sub(len).max(1);
+            for j in at..(at + len).min(m) {
+                self.cur[j] = fp(7, self.next_new);
+                self.next_new += 1;
+            }
+            changed += len;
+        }
+        for _ in 0..(m / 100 / 32) {
+            let a = self.rnd() as usize % (m - 32);
+            let b = self.rnd() as usize % (m - 32);
+            for j in 0..32 {
+                self.cur.swap(a + j, b + j);
+            }
+        }
+    }
+}
+
+fn open_device(dir: &Path, device: &str) -> Box<dyn Io> {
+    match device {
+        "tmpfs" => Box::new(FsIo::new(dir, false).expect("dir")),
+        "disk" => Box::new(FsIo::new(dir, true).expect("dir")),
+        "slow" => Box::new(SlowIo::new(
+            FsIo::new(dir, false).expect("dir"),
+            Duration::from_millis(10),
+            150_000_000,
+        )),
+        _ => panic!("device: tmpfs, disk or slow"),
+    }
+}
+
+fn parse_mode(s: &str) -> Mode {
+    match s {
+        "eager" => Mode::Eager,
+        "auto" => Mode::Auto,
+        _ => Mode::Lazy {
+            ring: s
+                .strip_prefix("lazy:")
+                .and_then(|r| r.parse().ok())
+                .expect("mode eager, auto or lazy:RING"),
+        },
+    }
+}
+
+fn trace(dir: &Path, device: &str, versions: usize, m: usize, mode: Mode) {
+    let _ = std::fs::remove_dir_all(dir);
+    let cfg = Config {
+        memtable_entries: 1 << 18,
+        cache_entries: 1 << 19,
+        timing: true,
+        mode,
+        ..Default::default()
+    };
+    let mut ix = Index::open_with(open_device(dir, device), cfg.clone()).expect("open");
+    let mut tr = Trace::new(m);
+    let batch = 1 << 16;
+    let mut total = 0u64;
+    let mut dups = 0u64;
+    let mut ingest_cpu = Duration::ZERO;
+    let mut chosen = String::new();
+    for v in 0..versions {
+        if v > 0 {
+            tr.advance();
+        }
+        if v == 1 {
+            // Auto decides at open (and lazy sizes its coalesced reads):
+            // reopen once there is a run to measure.
+            ix.commit().expect("commit");
+            drop(ix);
+            ix = Index::open_with(open_device(dir, device), cfg.clone()).expect("reopen");
+            chosen = format!(
+                "{:?} (device {:.0} ns, RAM {:.0} ns)",
+                ix.mode(),
+                ix.device_ns,
+                ix.ram_ns
+            );
+            ix.reset_stats();
+        }
+        let cur = tr.cur.clone();
+        for (c, chunk) in cur.chunks(batch).enumerate() {
+            let found = ix.lookup_batch(chunk).expect("lookup");
+            let t = Instant::now();
+            for (j, (&k, f)) in chunk.iter().zip(found).enumerate() {
+                match f {
+                    Some(_) => dups += 1,
+                    None => {
+                        ix.insert(k, (v * m + c * batch + j) as u64, v as u32)
+                            .expect("insert");
+                    }
+                }
+            }
+            ingest_cpu += t.elapsed();
+            total += chunk.len() as u64;
+        }
+        if v == 0 {
+            // The table starts on disk: the first version is the base backup.
+            ix.flush().expect("flush");
+            ix.clear_cache();
+            ix.reset_stats();
+        }
+    }
+    let s = ix.stats();
+    let ms = |ns: u64| ns as f64 / 1e9;
+    let lookup_total = ms(s.filter_ns + s.cache_ns + s.disk_ns + s.post_lookup_ns);
+    println!(
+        "{device:6} {:18} fps {total} dup {:.3} | filter {:.2} s cache {:.2} s disk {:.2} s post {:.2} s = {:.2} s | disk lookups {} index reads {} prefetch reads {} | insert cpu {:.1} s {chosen}",
+        format!("{mode:?}"),
+        dups as f64 / total as f64,
+        ms(s.filter_ns),
+        ms(s.cache_ns),
+        ms(s.disk_ns),
+        ms(s.post_lookup_ns),
+        lookup_total,
+        s.disk_lookups,
+        s.index_reads,
+        s.prefetch_reads,
+        secs(ingest_cpu),
+    );
+}
+
+fn main() {
+    let a: Vec<String> = std::env::args().collect();
+    let num = |i: usize| {
+        a.get(i)
+            .and_then(|s| s.parse::<u64>().ok())
+            .expect("number")
+    };
+    match a.get(1).map(String::as_str) {
+        Some("build") => build(Path::new(&a[2]), num(3)),
+        Some("query") => query(Path::new(&a[2]), num(3)),
+        Some("trace") => {
+            for m in &a[6..] {
+                trace(
+                    Path::new(&a[2]),
+                    &a[3],
+                    num(4) as usize,
+                    num(5) as usize,
+                    parse_mode(m),
+                );
+            }
+        }
+        _ => eprintln!("usage: see the top of examples/fpbench.rs"),
+    }
+}

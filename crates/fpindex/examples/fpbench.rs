@@ -22,7 +22,8 @@ fn mix(mut z: u64) -> u64 {
 
 /// Fingerprint number `i` of a stream (`salt` tells streams apart).
 fn fp(salt: u64, i: u64) -> u128 {
-    ((mix(i ^ salt.rotate_left(17)) as u128) << 64) | mix(i.wrapping_add(0x5555) ^ salt) as u128
+    let a = mix(i ^ (salt << 48));
+    ((mix(a) as u128) << 64) | mix(a ^ 0x5555_AAAA_5555_AAAA) as u128
 }
 
 fn secs(d: Duration) -> f64 {
@@ -276,6 +277,30 @@ fn trace(dir: &Path, device: &str, versions: usize, m: usize, mode: Mode) {
     );
 }
 
+/// The RAM of an open index: negative and cache-missing lookups with no
+/// cache (peak RSS measured around it by `bench/fpindex.sh`).
+fn rss(dir: &Path, n: u64) {
+    let cfg = Config {
+        cache_entries: 0,
+        mode: Mode::Eager,
+        ..Default::default()
+    };
+    let mut ix = Index::open(dir, cfg).expect("open");
+    let mut found = 0;
+    for i in 0..10_000_000 {
+        found += ix.lookup(fp(2, i)).expect("lookup").is_some() as u64;
+    }
+    for j in 0..10_000 {
+        let i = mix(j) % n;
+        found += ix.lookup(fp(1, i)).expect("lookup").is_some() as u64;
+    }
+    println!(
+        "rss: {} entries, {found} found, filter+directory+bitmap {:.3} B/entry",
+        ix.len(),
+        ix.ram_bytes() as f64 / n as f64
+    );
+}
+
 fn main() {
     let a: Vec<String> = std::env::args().collect();
     let num = |i: usize| {
@@ -286,6 +311,7 @@ fn main() {
     match a.get(1).map(String::as_str) {
         Some("build") => build(Path::new(&a[2]), num(3)),
         Some("query") => query(Path::new(&a[2]), num(3)),
+        Some("rss") => rss(Path::new(&a[2]), num(3)),
         Some("trace") => {
             for m in &a[6..] {
                 trace(

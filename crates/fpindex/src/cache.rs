@@ -7,15 +7,19 @@ use std::collections::{HashMap, VecDeque};
 use crate::KeyMap;
 
 struct Group {
+    id: u64,
     keys: Vec<u128>,
     referenced: bool,
 }
 
 #[derive(Default)]
 pub struct Cache {
-    map: KeyMap<(u64, u64)>,
-    groups: HashMap<u64, Group>,
-    clock: VecDeque<u64>,
+    /// Key to (location, slot in `slab`).
+    map: KeyMap<(u64, u32)>,
+    slab: Vec<Option<Group>>,
+    free: Vec<u32>,
+    by_id: HashMap<u64, u32>,
+    clock: VecDeque<u32>,
     capacity: usize,
 }
 
@@ -33,57 +37,61 @@ impl Cache {
 
     /// The location of `key` if cached; marks its group recently used.
     pub fn get(&mut self, key: u128) -> Option<u64> {
-        let &(loc, group) = self.map.get(&key)?;
-        if let Some(g) = self.groups.get_mut(&group) {
+        let &(loc, slot) = self.map.get(&key)?;
+        if let Some(Some(g)) = self.slab.get_mut(slot as usize) {
             g.referenced = true;
         }
         Some(loc)
     }
 
     pub fn has_group(&self, group: u64) -> bool {
-        self.groups.contains_key(&group)
+        self.by_id.contains_key(&group)
     }
 
     /// Caches a group of live `(key, location)` pairs.
     pub fn insert_group(&mut self, group: u64, entries: impl IntoIterator<Item = (u128, u64)>) {
-        if self.capacity == 0 || self.groups.contains_key(&group) {
+        if self.capacity == 0 || self.by_id.contains_key(&group) {
             return;
         }
+        let slot = self.free.pop().unwrap_or_else(|| {
+            self.slab.push(None);
+            (self.slab.len() - 1) as u32
+        });
         let mut keys = Vec::new();
         for (k, l) in entries {
-            self.map.insert(k, (l, group));
+            self.map.insert(k, (l, slot));
             keys.push(k);
         }
-        self.groups.insert(
-            group,
-            Group {
-                keys,
-                referenced: false,
-            },
-        );
-        self.clock.push_back(group);
+        self.slab[slot as usize] = Some(Group {
+            id: group,
+            keys,
+            referenced: false,
+        });
+        self.by_id.insert(group, slot);
+        self.clock.push_back(slot);
         while self.map.len() > self.capacity && self.evict_one() {}
     }
 
     fn evict_one(&mut self) -> bool {
-        while let Some(g) = self.clock.pop_front() {
-            let Some(group) = self.groups.get_mut(&g) else {
+        while let Some(slot) = self.clock.pop_front() {
+            let Some(Some(group)) = self.slab.get_mut(slot as usize) else {
                 continue;
             };
             if group.referenced {
                 group.referenced = false;
-                self.clock.push_back(g);
+                self.clock.push_back(slot);
                 continue;
             }
-            let group = self.groups.remove(&g).unwrap_or(Group {
-                keys: Vec::new(),
-                referenced: false,
-            });
+            let Some(group) = self.slab[slot as usize].take() else {
+                continue;
+            };
+            self.by_id.remove(&group.id);
             for k in group.keys {
-                if self.map.get(&k).is_some_and(|&(_, owner)| owner == g) {
+                if self.map.get(&k).is_some_and(|&(_, owner)| owner == slot) {
                     self.map.remove(&k);
                 }
             }
+            self.free.push(slot);
             return true;
         }
         false
@@ -95,9 +103,7 @@ impl Cache {
     }
 
     pub fn clear(&mut self) {
-        self.map.clear();
-        self.groups.clear();
-        self.clock.clear();
+        *self = Cache::new(self.capacity);
     }
 }
 
@@ -117,7 +123,10 @@ mod tests {
         assert_eq!(c.get(2), Some(20));
         assert_eq!(c.get(5), Some(50));
         assert!(c.len() <= 4);
+        assert!(c.has_group(1) && !c.has_group(2));
         c.remove(5);
         assert_eq!(c.get(5), None);
+        c.insert_group(4, [(6, 60)]);
+        assert_eq!(c.get(6), Some(60));
     }
 }

@@ -16,9 +16,10 @@ pub struct RunFilter {
     parts: Vec<Option<BinaryFuse16>>,
 }
 
-/// The u64 the filter sees for a key (its low half; keys are digests).
+/// The u64 the filter sees for a key: both halves folded (keys are
+/// digests, but a caller's keys sharing a low half must not all collide).
 fn probe(key: u128) -> u64 {
-    key as u64
+    (key as u64) ^ ((key >> 64) as u64).rotate_left(29)
 }
 
 /// Number of partitions (a power of two) for up to `n` keys.

@@ -20,6 +20,8 @@ use crate::KeyMap;
 pub(crate) const MANIFEST: &str = "MANIFEST";
 const MANIFEST_TMP: &str = "MANIFEST.tmp";
 pub(crate) const SEGMENTS: &str = "segments";
+/// Size ratio under which two neighbouring runs are merged.
+const MERGE_RATIO: u64 = 4;
 /// Log bytes buffered before a write (a `commit` writes and syncs).
 const LOG_BUFFER: usize = 1 << 20;
 
@@ -665,7 +667,8 @@ impl Index {
     }
 
     /// Size-tiered merging: the two newest runs merge while the older is
-    /// at most twice the newer (a binary counter: O(log n) runs), and all
+    /// at most [`MERGE_RATIO`] times the newer (O(log n) runs, few of
+    /// them: every run costs a filter probe per negative lookup), and all
     /// merge beyond `max_runs`.
     fn maybe_merge(&mut self) -> Result<()> {
         loop {
@@ -675,7 +678,7 @@ impl Index {
             }
             if n > self.cfg.max_runs {
                 self.merge_from(0)?;
-            } else if self.runs[n - 2].entries <= 2 * self.runs[n - 1].entries {
+            } else if self.runs[n - 2].entries <= MERGE_RATIO * self.runs[n - 1].entries {
                 self.merge_from(n - 2)?;
             } else {
                 return Ok(());

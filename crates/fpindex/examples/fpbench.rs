@@ -80,6 +80,24 @@ fn query(dir: &Path, n: u64) {
     }
     let el = t.elapsed();
     let s = ix.stats();
+    let mut el_b = Duration::ZERO;
+    let mut batched = 0u64;
+    for b in 0..(m / 4096) {
+        let keys: Vec<u128> = (0..4096).map(|i| fp(3, b * 4096 + i)).collect();
+        let t = Instant::now();
+        batched += ix
+            .lookup_many(&keys)
+            .expect("lookup")
+            .iter()
+            .filter(|f| f.is_some())
+            .count() as u64;
+        el_b += t.elapsed();
+    }
+    println!(
+        "negative, batches of 4096 (lookup_many): {:.2} M lookups/s ({:.1} ns each, key generation excluded), found {batched}",
+        (m / 4096 * 4096) as f64 / secs(el_b) / 1e6,
+        secs(el_b) * 1e9 / (m / 4096 * 4096) as f64
+    );
     println!(
         "negative: {:.2} M lookups/s ({:.1} ns each), false positives {} ({:.2e}), found {found}",
         m as f64 / secs(el) / 1e6,

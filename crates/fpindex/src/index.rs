@@ -430,13 +430,36 @@ impl Index {
     /// Eager lookup (Algorithm 1): memtable, filters, cache, then at most
     /// one run page read; a disk hit loads its segment into the cache.
     pub fn lookup(&mut self, key: u128) -> Result<Option<u64>> {
+        self.lookup_probed(key, None)
+    }
+
+    /// Eager lookups of many keys: the filters are probed for the whole
+    /// batch first, run by run, in a tight loop whose independent memory
+    /// accesses overlap (the filter probe is memory-latency bound).
+    pub fn lookup_many(&mut self, keys: &[u128]) -> Result<Vec<Option<u64>>> {
+        let t = self.cfg.timing.then(Instant::now);
+        let mut maybe = vec![false; keys.len()];
+        for r in &self.runs {
+            for (m, &k) in maybe.iter_mut().zip(keys) {
+                *m |= r.filter.contains(k);
+            }
+        }
+        self.lap(t, |s| &mut s.filter_ns);
+        keys.iter()
+            .zip(maybe)
+            .map(|(&k, m)| self.lookup_probed(k, Some(m)))
+            .collect()
+    }
+
+    /// [`Index::lookup`] with the filters' answer known (`Some`) or not.
+    fn lookup_probed(&mut self, key: u128, probed: Option<bool>) -> Result<Option<u64>> {
         self.stats.lookups += 1;
         if let Some(e) = self.mem.get(&key) {
             self.stats.memtable_hits += 1;
             return Ok((!e.is_tombstone()).then_some(e.loc));
         }
         let t = self.cfg.timing.then(Instant::now);
-        let maybe = self.runs.iter().any(|r| r.filter.contains(key));
+        let maybe = probed.unwrap_or_else(|| self.runs.iter().any(|r| r.filter.contains(key)));
         let t = self.lap(t, |s| &mut s.filter_ns);
         if !maybe {
             self.stats.filter_negatives += 1;

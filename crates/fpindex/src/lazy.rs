@@ -50,7 +50,7 @@ impl Index {
     pub fn lookup_batch_with(&mut self, keys: &[u128], mode: Mode) -> Result<Vec<Option<u64>>> {
         let ring = match mode {
             Mode::Lazy { ring } => ring.max(1),
-            Mode::Eager | Mode::Auto => return keys.iter().map(|&k| self.lookup(k)).collect(),
+            Mode::Eager | Mode::Auto => return self.lookup_many(keys),
         };
         let mut b = Batch {
             keys,

@@ -65,6 +65,12 @@ fn check_all(ix: &mut Index, oracle: &Oracle) {
     assert_eq!(ix.len(), oracle.len() as u64);
     let keys: Vec<u128> = (0..=255u8).chain(0..=255u8).map(key).collect();
     let want: Vec<Option<u64>> = keys.iter().map(|k| oracle.get(k).map(|v| v.0)).collect();
+    ix.clear_cache();
+    assert_eq!(
+        ix.lookup_batch_with(&keys, Mode::Eager).unwrap(),
+        want,
+        "eager batch"
+    );
     for ring in [1, 4, 64] {
         ix.clear_cache();
         assert_eq!(

@@ -6,7 +6,9 @@
 use xorf::Descriptor;
 use xorf::{BinaryFuse16, Filter};
 
-use crate::format::{u32_at, u64_at};
+use crate::format::{open_blob, seal_blob, u32_at, u64_at};
+
+const MAGIC: &[u8; 8] = b"OCFPFLT\0";
 
 /// Keys per partition aimed at (the build holds one partition in RAM).
 pub const PARTITION_KEYS: u64 = 1 << 20;
@@ -53,79 +55,103 @@ impl RunFilter {
             + self.parts.len() * 8
     }
 
+    /// Encodes the filter as a header blob (shift, partitions) followed by
+    /// one checksummed blob per partition, so that opening a run reads it
+    /// a partition at a time (peak RAM: the filter plus one partition).
     pub fn encode(&self) -> Vec<u8> {
-        let mut b = Vec::new();
-        b.extend_from_slice(&(self.shift as u64).to_le_bytes());
-        b.extend_from_slice(&(self.parts.len() as u64).to_le_bytes());
+        let mut head = Vec::new();
+        head.extend_from_slice(&(self.shift as u64).to_le_bytes());
+        head.extend_from_slice(&(self.parts.len() as u64).to_le_bytes());
+        let mut out = seal_blob(MAGIC, 1, &head);
         for p in &self.parts {
-            match p {
-                None => b.extend_from_slice(&u64::MAX.to_le_bytes()),
-                Some(f) => {
-                    b.extend_from_slice(&(f.fingerprints.len() as u64).to_le_bytes());
-                    let d = &f.descriptor;
-                    b.extend_from_slice(&d.seed.to_le_bytes());
-                    for v in [
-                        d.segment_length,
-                        d.segment_length_mask,
-                        d.segment_count_length,
-                    ] {
-                        b.extend_from_slice(&v.to_le_bytes());
-                    }
-                    for x in f.fingerprints.iter() {
-                        b.extend_from_slice(&x.to_le_bytes());
-                    }
+            let mut b = Vec::new();
+            if let Some(f) = p {
+                let d = &f.descriptor;
+                b.extend_from_slice(&d.seed.to_le_bytes());
+                for v in [
+                    d.segment_length,
+                    d.segment_length_mask,
+                    d.segment_count_length,
+                ] {
+                    b.extend_from_slice(&v.to_le_bytes());
+                }
+                for x in f.fingerprints.iter() {
+                    b.extend_from_slice(&x.to_le_bytes());
                 }
             }
+            out.extend_from_slice(&seal_blob(MAGIC, 1, &b));
         }
-        b
+        out
     }
 
+    /// Decodes from bytes in memory (see [`RunFilter::decode_with`]).
     pub fn decode(b: &[u8]) -> Option<RunFilter> {
-        let shift = u32::try_from(u64_at(b, 0)?).ok()?;
-        let n = usize::try_from(u64_at(b, 8)?).ok()?;
-        if n > b.len() || shift > 64 {
+        Self::decode_with(|off, len| b.get(off..off.checked_add(len)?).map(<[u8]>::to_vec))
+    }
+
+    /// Decodes a filter, fetching `len` bytes at `off` through `read`
+    /// (which must refuse ranges beyond the filter's region).
+    pub fn decode_with(mut read: impl FnMut(usize, usize) -> Option<Vec<u8>>) -> Option<RunFilter> {
+        let mut off = 0usize;
+        let mut next = |read: &mut dyn FnMut(usize, usize) -> Option<Vec<u8>>| -> Option<Vec<u8>> {
+            let head = read(off, 24)?;
+            let len = usize::try_from(u64_at(&head, 12)?).ok()?.checked_add(24)?;
+            let blob = read(off, len)?;
+            off += len;
+            open_blob(MAGIC, &blob).map(|(_, body)| body.to_vec())
+        };
+        let head = next(&mut read)?;
+        let shift = u32::try_from(u64_at(&head, 0)?).ok()?;
+        let n = usize::try_from(u64_at(&head, 8)?).ok()?;
+        let expect = if n <= 1 { 64 } else { 64 - n.trailing_zeros() };
+        if !n.is_power_of_two() || n > 1 << 24 || shift != expect {
             return None;
         }
-        let mut at = 16;
         let mut parts = Vec::with_capacity(n);
         for _ in 0..n {
-            let len = u64_at(b, at)?;
-            at += 8;
-            if len == u64::MAX {
-                parts.push(None);
-                continue;
-            }
-            let len = usize::try_from(len).ok()?;
-            let seed = u64_at(b, at)?;
-            let (sl, mask, count) = (u32_at(b, at + 8)?, u32_at(b, at + 12)?, u32_at(b, at + 16)?);
-            at += 20;
-            let raw = b.get(at..at.checked_add(len.checked_mul(2)?)?)?;
-            at += len * 2;
-            // A lookup indexes below `segment_count_length + 2 * segment_length`
-            // (segments are aligned): refuse descriptors that would overrun.
-            let need = (count as u64) + 2 * sl as u64;
-            if !sl.is_power_of_two() || mask != sl - 1 || count % sl != 0 || need > len as u64 {
-                return None;
-            }
-            let fingerprints = raw
-                .chunks_exact(2)
-                .map(|c| u16::from_le_bytes([c[0], c[1]]))
-                .collect();
-            let descriptor = Descriptor {
-                seed,
-                segment_length: sl,
-                segment_length_mask: mask,
-                segment_count_length: count,
-            };
-            parts.push(Some(BinaryFuse16 {
-                descriptor,
-                fingerprints,
-            }));
+            let body = next(&mut read)?;
+            parts.push(if body.is_empty() {
+                None
+            } else {
+                Some(decode_part(&body)?)
+            });
         }
-        // The shift must address exactly the partitions there are.
-        let expect = if n <= 1 { 64 } else { 64 - n.trailing_zeros() };
-        (n.is_power_of_two() && shift == expect).then_some(RunFilter { shift, parts })
+        Some(RunFilter { shift, parts })
     }
+}
+
+/// One partition: descriptor and fingerprints, checked so that a lookup
+/// can not index out of bounds.
+fn decode_part(b: &[u8]) -> Option<BinaryFuse16> {
+    let seed = u64_at(b, 0)?;
+    let (sl, mask, count) = (u32_at(b, 8)?, u32_at(b, 12)?, u32_at(b, 16)?);
+    let raw = b.get(20..)?;
+    let len = raw.len() / 2;
+    // A lookup indexes below `segment_count_length + 2 * segment_length`
+    // (segments are aligned): refuse descriptors that would overrun.
+    let need = (count as u64) + 2 * sl as u64;
+    if raw.len() % 2 != 0
+        || !sl.is_power_of_two()
+        || mask != sl - 1
+        || count % sl != 0
+        || need > len as u64
+    {
+        return None;
+    }
+    let fingerprints = raw
+        .chunks_exact(2)
+        .map(|c| u16::from_le_bytes([c[0], c[1]]))
+        .collect();
+    let descriptor = Descriptor {
+        seed,
+        segment_length: sl,
+        segment_length_mask: mask,
+        segment_count_length: count,
+    };
+    Some(BinaryFuse16 {
+        descriptor,
+        fingerprints,
+    })
 }
 
 /// Builds a [`RunFilter`] from keys given in ascending order.

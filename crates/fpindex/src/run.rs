@@ -10,7 +10,6 @@ use crate::format::{
 use crate::io::Io;
 
 const TRAILER_MAGIC: &[u8; 8] = b"OCFPRUN\0";
-const FILTER_MAGIC: &[u8; 8] = b"OCFPFLT\0";
 const DIR_MAGIC: &[u8; 8] = b"OCFPDIR\0";
 const RUN_VERSION: u32 = 1;
 /// Pages written per `append` while building a run.
@@ -57,10 +56,24 @@ impl Run {
         {
             return Err(corrupt(&name, "trailer offsets"));
         }
-        let mut fb = vec![0u8; filter_len as usize];
-        io.read_at(&name, filter_off, &mut fb).ctx(&name)?;
-        let (_, fbody) = open_blob(FILTER_MAGIC, &fb).ok_or_else(|| corrupt(&name, "filter"))?;
-        let filter = RunFilter::decode(fbody).ok_or_else(|| corrupt(&name, "filter"))?;
+        let mut io_err = None;
+        let filter = RunFilter::decode_with(|off, len| {
+            if off.checked_add(len)? as u64 > filter_len {
+                return None;
+            }
+            let mut b = vec![0u8; len];
+            match io.read_at(&name, filter_off + off as u64, &mut b) {
+                Ok(()) => Some(b),
+                Err(e) => {
+                    io_err = Some(e);
+                    None
+                }
+            }
+        });
+        if let Some(e) = io_err {
+            return Err(e).ctx(&name);
+        }
+        let filter = filter.ok_or_else(|| corrupt(&name, "filter"))?;
         let mut db = vec![0u8; dir_len as usize];
         io.read_at(&name, filter_off + filter_len, &mut db)
             .ctx(&name)?;
@@ -250,7 +263,7 @@ impl<'a> RunWriter<'a> {
     pub fn finish(mut self) -> Result<Run> {
         self.seal_page()?;
         let filter = self.filter.finish();
-        let fblob = seal_blob(FILTER_MAGIC, RUN_VERSION, &filter.encode());
+        let fblob = filter.encode();
         let dbody: Vec<u8> = self.dir.iter().flat_map(|d| d.to_le_bytes()).collect();
         let dblob = seal_blob(DIR_MAGIC, RUN_VERSION, &dbody);
         let filter_off = self.pages * PAGE as u64;

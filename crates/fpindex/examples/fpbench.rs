@@ -42,6 +42,7 @@ fn build(dir: &Path, n: u64) {
         ix.insert(fp(1, i), i, 0).expect("insert");
     }
     ix.flush().expect("flush");
+    ix.finish_merges().expect("merge");
     ix.commit().expect("commit");
     let el = t.elapsed();
     let s = ix.stats();

@@ -4,6 +4,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::bitmap::Bitmap;
@@ -118,10 +119,10 @@ pub struct Stats {
 
 /// The fingerprint index. Not thread-safe; wrap it in a lock to share it.
 pub struct Index {
-    pub(crate) io: Box<dyn Io>,
+    pub(crate) io: Arc<dyn Io>,
     pub(crate) cfg: Config,
     man: Manifest,
-    pub(crate) runs: Vec<Run>,
+    pub(crate) runs: Vec<Arc<Run>>,
     pub(crate) mem: KeyMap<Entry>,
     pub(crate) cache: Cache,
     live: Bitmap,
@@ -129,6 +130,9 @@ pub struct Index {
     pub(crate) stats: Stats,
     /// Chosen by `Mode::Auto` at open (or the configured mode).
     pub(crate) mode: Mode,
+    merge: Option<MergeJob>,
+    /// The manifest as last written.
+    durable: Manifest,
     /// Measured at open for `Mode::Auto`: device random read / RAM access.
     pub device_ns: f64,
     pub ram_ns: f64,
@@ -189,6 +193,7 @@ impl Index {
 
     /// Opens the index over any [`Io`] (tests inject latency and power loss).
     pub fn open_with(io: Box<dyn Io>, cfg: Config) -> Result<Index> {
+        let io: Arc<dyn Io> = Arc::from(io);
         let man = match io.len(MANIFEST).ctx(MANIFEST)? {
             None => Manifest {
                 generation: 1,
@@ -205,7 +210,7 @@ impl Index {
         let runs = man
             .runs
             .iter()
-            .map(|&id| Run::open(io.as_ref(), id))
+            .map(|&id| Run::open(io.as_ref(), id).map(Arc::new))
             .collect::<Result<Vec<_>>>()?;
         let live = match man.bitmap {
             0 => Bitmap::default(),
@@ -229,10 +234,13 @@ impl Index {
             device_ns: 0.0,
             ram_ns: 0.0,
             coalesce_pages: 0,
+            merge: None,
+            durable: Manifest::default(),
         };
+        ix.durable = ix.man.clone();
         ix.stats.quota_skipped = ix.man.quota_skipped;
         if fresh {
-            ix.write_manifest()?;
+            ix.write_manifest(true)?;
         }
         ix.clean_orphans()?;
         ix.replay()?;
@@ -315,6 +323,9 @@ impl Index {
         if self.log_buf.len() >= LOG_BUFFER {
             self.write_log()?;
         }
+        if let Some(pace) = self.merge.as_ref().map(|j| j.pace) {
+            self.merge_step(pace)?;
+        }
         if self.mem.len() >= self.cfg.memtable_entries {
             self.flush()?;
         }
@@ -367,7 +378,7 @@ impl Index {
     /// Bytes of RAM of the filters, directories and liveness bitmap (the
     /// per-entry cost; the memtable and cache are bounded separately).
     pub fn ram_bytes(&self) -> usize {
-        self.runs.iter().map(Run::ram_bytes).sum::<usize>() + self.live.bytes()
+        self.runs.iter().map(|r| r.ram_bytes()).sum::<usize>() + self.live.bytes()
     }
 
     /// Entries held by the locality cache now.
@@ -603,7 +614,7 @@ impl Index {
         mem.sort_unstable_by_key(|e| e.key);
         let mut inputs: Vec<Box<dyn Iterator<Item = Result<Entry>>>> = Vec::new();
         for r in &self.runs {
-            inputs.push(Box::new(r.iter(self.io.as_ref())));
+            inputs.push(Box::new(Run::iter(r, &self.io)));
         }
         inputs.push(Box::new(mem.into_iter().map(Ok)));
         merged(inputs).collect()
@@ -618,7 +629,7 @@ impl Index {
         let mut es: Vec<Entry> = self.mem.values().copied().collect();
         es.sort_unstable_by_key(|e| e.key);
         let run_id = self.next_id();
-        let mut w = RunWriter::new(self.io.as_ref(), run_id, es.len() as u64)?;
+        let mut w = RunWriter::new(self.io.clone(), run_id, es.len() as u64)?;
         for &e in &es {
             w.push(e)?;
         }
@@ -640,8 +651,8 @@ impl Index {
         self.man.log = log_id;
         self.man.segment_pages += pages;
         self.man.next_seq = self.man.segment_pages * PER_SEGMENT as u64;
-        self.write_manifest()?;
-        self.runs.push(run);
+        self.write_manifest(true)?;
+        self.runs.push(Arc::new(run));
         self.mem.clear();
         self.log_buf.clear();
         self.stats.flushes += 1;
@@ -679,11 +690,21 @@ impl Index {
         Ok(pages)
     }
 
-    fn write_manifest(&mut self) -> Result<()> {
+    /// Writes the manifest. `all`: the whole state (at a flush, when the
+    /// memtable is in runs); otherwise only the run list and id counter
+    /// change from the last one written, since the counters of operations
+    /// still in the log must come from replaying it.
+    fn write_manifest(&mut self, all: bool) -> Result<()> {
         self.man.quota_skipped = self.stats.quota_skipped.max(self.man.quota_skipped);
+        if all {
+            self.durable = self.man.clone();
+        } else {
+            self.durable.runs = self.man.runs.clone();
+            self.durable.generation = self.man.generation;
+        }
         self.io.remove(MANIFEST_TMP).ctx(MANIFEST_TMP)?;
         self.io
-            .append(MANIFEST_TMP, &self.man.encode())
+            .append(MANIFEST_TMP, &self.durable.encode())
             .ctx(MANIFEST_TMP)?;
         self.io.sync(MANIFEST_TMP).ctx(MANIFEST_TMP)?;
         self.io.rename(MANIFEST_TMP, MANIFEST).ctx(MANIFEST)
@@ -692,55 +713,108 @@ impl Index {
     /// Size-tiered merging: the two newest runs merge while the older is
     /// at most [`MERGE_RATIO`] times the newer (O(log n) runs, few of
     /// them: every run costs a filter probe per negative lookup), and all
-    /// merge beyond `max_runs`.
+    /// merge beyond `max_runs`. Starts a paced merge; does not wait for it.
     fn maybe_merge(&mut self) -> Result<()> {
-        loop {
-            let n = self.runs.len();
-            if n < 2 {
-                return Ok(());
-            }
-            if n > self.cfg.max_runs {
-                self.merge_from(0)?;
-            } else if self.runs[n - 2].entries <= MERGE_RATIO * self.runs[n - 1].entries {
-                self.merge_from(n - 2)?;
-            } else {
-                return Ok(());
-            }
+        if self.merge.is_some() {
+            return Ok(());
+        }
+        let n = self.runs.len();
+        if n < 2 {
+            return Ok(());
+        }
+        if n > self.cfg.max_runs {
+            self.start_merge(0, n)
+        } else if self.runs[n - 2].entries <= MERGE_RATIO * self.runs[n - 1].entries {
+            self.start_merge(n - 2, 2)
+        } else {
+            Ok(())
         }
     }
 
-    /// Merges runs `from..` into one (streaming: a page batch per input
-    /// and one filter partition in RAM); tombstones are dropped when the
-    /// oldest run is included.
-    fn merge_from(&mut self, from: usize) -> Result<()> {
-        let max: u64 = self.runs[from..].iter().map(|r| r.entries).sum();
+    /// Starts merging runs `from..from + count` into one (streaming: a page
+    /// batch per input and one filter partition in RAM); tombstones are
+    /// dropped when the oldest run is included. The work is done
+    /// [`Index::merge_step`] by step, paced by the operations.
+    fn start_merge(&mut self, from: usize, count: usize) -> Result<()> {
+        let inputs_runs = &self.runs[from..from + count];
+        let total: u64 = inputs_runs.iter().map(|r| r.entries).sum();
+        let inputs: Vec<Box<dyn Iterator<Item = Result<Entry>>>> = inputs_runs
+            .iter()
+            .map(|r| Box::new(Run::iter(r, &self.io)) as Box<dyn Iterator<Item = Result<Entry>>>)
+            .collect();
         let id = self.next_id();
-        let bottom = from == 0;
-        let run = {
-            let io = self.io.as_ref();
-            let inputs: Vec<Box<dyn Iterator<Item = Result<Entry>>>> = self.runs[from..]
-                .iter()
-                .map(|r| Box::new(r.iter(io)) as Box<dyn Iterator<Item = Result<Entry>>>)
-                .collect();
-            let mut w = RunWriter::new(io, id, max)?;
-            for e in merged(inputs) {
-                let e = e?;
-                if !(bottom && e.is_tombstone()) {
-                    w.push(e)?;
-                }
-            }
-            w.finish()?
+        let writer = RunWriter::new(self.io.clone(), id, total)?;
+        // Finish within half a memtable's worth of operations.
+        let pace = (2 * total).div_ceil(self.cfg.memtable_entries.max(1) as u64) as usize + 16;
+        self.merge = Some(MergeJob {
+            from,
+            count,
+            bottom: from == 0,
+            inputs: Box::new(merged(inputs)),
+            writer,
+            pace,
+        });
+        Ok(())
+    }
+
+    /// Advances the merge in progress by up to `budget` entries; switches
+    /// the manifest when it is done.
+    pub fn merge_step(&mut self, budget: usize) -> Result<()> {
+        let Some(job) = self.merge.as_mut() else {
+            return Ok(());
         };
-        let old: Vec<u64> = self.man.runs.drain(from..).collect();
-        self.man.runs.push(id);
-        self.write_manifest()?;
-        self.runs.truncate(from);
-        self.runs.push(run);
+        for _ in 0..budget {
+            match job.inputs.next() {
+                Some(e) => {
+                    let e = e?;
+                    if !(job.bottom && e.is_tombstone()) {
+                        job.writer.push(e)?;
+                    }
+                }
+                None => return self.finish_merge(),
+            }
+        }
+        Ok(())
+    }
+
+    /// Completes the merges in progress and any they lead to.
+    pub fn finish_merges(&mut self) -> Result<()> {
+        while self.merge.is_some() {
+            self.merge_step(usize::MAX)?;
+        }
+        Ok(())
+    }
+
+    fn finish_merge(&mut self) -> Result<()> {
+        let Some(job) = self.merge.take() else {
+            return Ok(());
+        };
+        let run = job.writer.finish()?;
+        let old: Vec<u64> = self
+            .man
+            .runs
+            .splice(job.from..job.from + job.count, [run.id])
+            .collect();
+        self.write_manifest(false)?;
+        self.runs
+            .splice(job.from..job.from + job.count, [Arc::new(run)]);
         self.stats.merges += 1;
         for r in old {
             let name = run_name(r);
             self.io.remove(&name).ctx(&name)?;
         }
-        Ok(())
+        self.maybe_merge()
     }
+}
+
+/// A merge in progress: its output run is invisible until the manifest
+/// names it; a crash leaves an orphan file that open deletes.
+pub(crate) struct MergeJob {
+    from: usize,
+    count: usize,
+    bottom: bool,
+    inputs: Box<dyn Iterator<Item = Result<Entry>>>,
+    writer: RunWriter,
+    /// Entries merged per operation.
+    pace: usize,
 }

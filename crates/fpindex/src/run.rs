@@ -2,6 +2,8 @@
 //! the run's filter, its directory (top 64 bits of each page's first key)
 //! and a versioned trailer. A lookup reads at most one page.
 
+use std::sync::Arc;
+
 use crate::error::{corrupt, Ctx, Result};
 use crate::filter::{FilterBuilder, RunFilter};
 use crate::format::{
@@ -148,10 +150,10 @@ impl Run {
 
     /// Streams the run's entries in key order, reading `WRITE_BATCH` pages
     /// at a time.
-    pub fn iter<'a>(&'a self, io: &'a dyn Io) -> RunIter<'a> {
+    pub fn iter(run: &Arc<Run>, io: &Arc<dyn Io>) -> RunIter {
         RunIter {
-            run: self,
-            io,
+            run: run.clone(),
+            io: io.clone(),
             next_page: 0,
             buf: Vec::new(),
             at: 0,
@@ -159,15 +161,15 @@ impl Run {
     }
 }
 
-pub struct RunIter<'a> {
-    run: &'a Run,
-    io: &'a dyn Io,
+pub struct RunIter {
+    run: Arc<Run>,
+    io: Arc<dyn Io>,
     next_page: u64,
     buf: Vec<Entry>,
     at: usize,
 }
 
-impl Iterator for RunIter<'_> {
+impl Iterator for RunIter {
     type Item = Result<Entry>;
     fn next(&mut self) -> Option<Result<Entry>> {
         while self.at == self.buf.len() {
@@ -204,8 +206,8 @@ impl Iterator for RunIter<'_> {
 }
 
 /// Writes a run from entries in ascending key order.
-pub struct RunWriter<'a> {
-    io: &'a dyn Io,
+pub struct RunWriter {
+    io: Arc<dyn Io>,
     id: u64,
     name: String,
     page: Vec<Entry>,
@@ -216,9 +218,9 @@ pub struct RunWriter<'a> {
     pages: u64,
 }
 
-impl<'a> RunWriter<'a> {
+impl RunWriter {
     /// A writer for at most `max_entries` entries (sizes the filter).
-    pub fn new(io: &'a dyn Io, id: u64, max_entries: u64) -> Result<Self> {
+    pub fn new(io: Arc<dyn Io>, id: u64, max_entries: u64) -> Result<Self> {
         let name = run_name(id);
         io.remove(&name).ctx(&name)?;
         Ok(RunWriter {

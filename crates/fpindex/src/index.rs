@@ -143,8 +143,8 @@ pub struct Index {
 /// Merges sorted entry streams (later streams newer), yielding the newest
 /// version of each key.
 fn merged<'a>(
-    inputs: Vec<Box<dyn Iterator<Item = Result<Entry>> + 'a>>,
-) -> impl Iterator<Item = Result<Entry>> + 'a {
+    inputs: Vec<Box<dyn Iterator<Item = Result<Entry>> + Send + 'a>>,
+) -> impl Iterator<Item = Result<Entry>> + Send + 'a {
     let mut inputs = inputs;
     let mut heap: BinaryHeap<Reverse<(u128, Reverse<usize>)>> = BinaryHeap::new();
     let mut heads: Vec<Option<Entry>> = vec![None; inputs.len()];
@@ -612,7 +612,7 @@ impl Index {
     pub fn scan(&self) -> Result<Vec<Entry>> {
         let mut mem: Vec<Entry> = self.mem.values().copied().collect();
         mem.sort_unstable_by_key(|e| e.key);
-        let mut inputs: Vec<Box<dyn Iterator<Item = Result<Entry>>>> = Vec::new();
+        let mut inputs: Vec<Box<dyn Iterator<Item = Result<Entry>> + Send>> = Vec::new();
         for r in &self.runs {
             inputs.push(Box::new(Run::iter(r, &self.io)));
         }
@@ -738,9 +738,11 @@ impl Index {
     fn start_merge(&mut self, from: usize, count: usize) -> Result<()> {
         let inputs_runs = &self.runs[from..from + count];
         let total: u64 = inputs_runs.iter().map(|r| r.entries).sum();
-        let inputs: Vec<Box<dyn Iterator<Item = Result<Entry>>>> = inputs_runs
+        let inputs: Vec<Box<dyn Iterator<Item = Result<Entry>> + Send>> = inputs_runs
             .iter()
-            .map(|r| Box::new(Run::iter(r, &self.io)) as Box<dyn Iterator<Item = Result<Entry>>>)
+            .map(|r| {
+                Box::new(Run::iter(r, &self.io)) as Box<dyn Iterator<Item = Result<Entry>> + Send>
+            })
             .collect();
         let id = self.next_id();
         let writer = RunWriter::new(self.io.clone(), id, total)?;
@@ -813,7 +815,7 @@ pub(crate) struct MergeJob {
     from: usize,
     count: usize,
     bottom: bool,
-    inputs: Box<dyn Iterator<Item = Result<Entry>>>,
+    inputs: Box<dyn Iterator<Item = Result<Entry>> + Send>,
     writer: RunWriter,
     /// Entries merged per operation.
     pace: usize,

@@ -177,3 +177,9 @@ proptest! {
         run_ops(ops, None, 0);
     }
 }
+
+#[test]
+fn index_can_move_between_threads() {
+    fn send<T: Send>() {}
+    send::<Index>();
+}

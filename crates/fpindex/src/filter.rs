@@ -3,20 +3,39 @@
 //! by the key's top bits, so a run can be built streaming from sorted
 //! output with at most one partition's keys in RAM.
 
-use xorf::Descriptor;
-use xorf::{BinaryFuse16, Filter};
+use memmap2::{Advice, MmapMut};
+use xorf::{BinaryFuse16, BinaryFuse16Ref, Filter, FilterRef};
 
 use crate::format::{open_blob, seal_blob, u32_at, u64_at};
 
 const MAGIC: &[u8; 8] = b"OCFPFLT\0";
+
+// Fingerprints are stored little-endian and probed in place as native u16.
+#[cfg(target_endian = "big")]
+compile_error!("onecopy-fpindex stores filters little-endian and probes them in place");
 
 /// Keys per partition aimed at (the build holds one partition in RAM).
 pub const PARTITION_KEYS: u64 = 1 << 20;
 
 pub struct RunFilter {
     shift: u32,
-    parts: Vec<Option<BinaryFuse16>>,
+    parts: Vec<Option<Part>>,
+    /// All partitions' fingerprints (little-endian u16) in one anonymous
+    /// mapping advised for transparent huge pages: a probe touches three
+    /// random places, and without huge pages each costs a TLB miss too.
+    mem: MmapMut,
 }
+
+/// One partition: its xorf descriptor bytes and where its fingerprints are.
+struct Part {
+    desc: [u8; DESC],
+    off: usize,
+    len: usize,
+}
+
+/// Bytes of a serialized binary fuse descriptor (seed, segment length,
+/// mask, segment count length), the layout xorf's `from_dma` parses.
+const DESC: usize = 20;
 
 /// The u64 the filter sees for a key: both halves folded (keys are
 /// digests, but a caller's keys sharing a low half must not all collide).
@@ -27,6 +46,21 @@ fn probe(key: u128) -> u64 {
 /// Number of partitions (a power of two) for up to `n` keys.
 pub fn partitions_for(n: u64) -> usize {
     (n.div_ceil(PARTITION_KEYS)).next_power_of_two().max(1) as usize
+}
+
+fn shift_for(n: usize) -> u32 {
+    if n <= 1 {
+        64
+    } else {
+        64 - n.trailing_zeros()
+    }
+}
+
+fn anon(len: usize) -> Option<MmapMut> {
+    let mem = MmapMut::map_anon(len.max(1)).ok()?;
+    // Best effort: without it lookups are slower, not wrong.
+    let _ = mem.advise(Advice::HugePage);
+    Some(mem)
 }
 
 impl RunFilter {
@@ -40,24 +74,21 @@ impl RunFilter {
 
     pub fn contains(&self, key: u128) -> bool {
         match &self.parts[Self::part_of(self.shift, key)] {
-            Some(f) => f.contains(&probe(key)),
+            Some(p) => BinaryFuse16Ref::from_dma(&p.desc, &self.mem[p.off..p.off + p.len])
+                .contains(&probe(key)),
             None => false,
         }
     }
 
     /// Bytes of RAM held.
     pub fn bytes(&self) -> usize {
-        self.parts
-            .iter()
-            .flatten()
-            .map(|f| f.fingerprints.len() * 2 + 32)
-            .sum::<usize>()
-            + self.parts.len() * 8
+        self.parts.iter().flatten().map(|p| p.len).sum::<usize>()
+            + self.parts.len() * std::mem::size_of::<Option<Part>>()
     }
 
     /// Encodes the filter as a header blob (shift, partitions) followed by
-    /// one checksummed blob per partition, so that opening a run reads it
-    /// a partition at a time (peak RAM: the filter plus one partition).
+    /// one checksummed blob per partition (descriptor, fingerprints), so
+    /// that opening a run reads it a partition at a time.
     pub fn encode(&self) -> Vec<u8> {
         let mut head = Vec::new();
         head.extend_from_slice(&(self.shift as u64).to_le_bytes());
@@ -65,19 +96,9 @@ impl RunFilter {
         let mut out = seal_blob(MAGIC, 1, &head);
         for p in &self.parts {
             let mut b = Vec::new();
-            if let Some(f) = p {
-                let d = &f.descriptor;
-                b.extend_from_slice(&d.seed.to_le_bytes());
-                for v in [
-                    d.segment_length,
-                    d.segment_length_mask,
-                    d.segment_count_length,
-                ] {
-                    b.extend_from_slice(&v.to_le_bytes());
-                }
-                for x in f.fingerprints.iter() {
-                    b.extend_from_slice(&x.to_le_bytes());
-                }
+            if let Some(p) = p {
+                b.extend_from_slice(&p.desc);
+                b.extend_from_slice(&self.mem[p.off..p.off + p.len]);
             }
             out.extend_from_slice(&seal_blob(MAGIC, 1, &b));
         }
@@ -90,68 +111,69 @@ impl RunFilter {
     }
 
     /// Decodes a filter, fetching `len` bytes at `off` through `read`
-    /// (which must refuse ranges beyond the filter's region).
+    /// (which must refuse ranges beyond the filter's region). A first pass
+    /// over the blob headers sizes the mapping; the second copies each
+    /// partition in after checking it.
     pub fn decode_with(mut read: impl FnMut(usize, usize) -> Option<Vec<u8>>) -> Option<RunFilter> {
-        let mut off = 0usize;
-        let mut next = |read: &mut dyn FnMut(usize, usize) -> Option<Vec<u8>>| -> Option<Vec<u8>> {
-            let head = read(off, 24)?;
-            let len = usize::try_from(u64_at(&head, 12)?).ok()?.checked_add(24)?;
-            let blob = read(off, len)?;
-            off += len;
-            open_blob(MAGIC, &blob).map(|(_, body)| body.to_vec())
-        };
-        let head = next(&mut read)?;
-        let shift = u32::try_from(u64_at(&head, 0)?).ok()?;
-        let n = usize::try_from(u64_at(&head, 8)?).ok()?;
-        let expect = if n <= 1 { 64 } else { 64 - n.trailing_zeros() };
-        if !n.is_power_of_two() || n > 1 << 24 || shift != expect {
+        let blob_len =
+            |read: &mut dyn FnMut(usize, usize) -> Option<Vec<u8>>, off: usize| -> Option<usize> {
+                usize::try_from(u64_at(&read(off, 24)?, 12)?)
+                    .ok()?
+                    .checked_add(24)
+            };
+        let head_len = blob_len(&mut read, 0)?;
+        let head = read(0, head_len)?;
+        let (_, head) = open_blob(MAGIC, &head)?;
+        let shift = u32::try_from(u64_at(head, 0)?).ok()?;
+        let n = usize::try_from(u64_at(head, 8)?).ok()?;
+        if !n.is_power_of_two() || n > 1 << 24 || shift != shift_for(n) {
             return None;
         }
-        let mut parts = Vec::with_capacity(n);
+        let mut offs = Vec::with_capacity(n);
+        let (mut off, mut total) = (head_len, 0usize);
         for _ in 0..n {
-            let body = next(&mut read)?;
-            parts.push(if body.is_empty() {
-                None
-            } else {
-                Some(decode_part(&body)?)
-            });
+            let len = blob_len(&mut read, off)?;
+            offs.push((off, len));
+            total = total.checked_add(len.saturating_sub(24 + DESC))?;
+            off = off.checked_add(len)?;
         }
-        Some(RunFilter { shift, parts })
+        let mut mem = anon(total)?;
+        let mut parts = Vec::with_capacity(n);
+        let mut at = 0;
+        for (off, len) in offs {
+            let blob = read(off, len)?;
+            let (_, body) = open_blob(MAGIC, &blob)?;
+            if body.is_empty() {
+                parts.push(None);
+                continue;
+            }
+            let part = check_part(body, at)?;
+            mem.get_mut(at..at + part.len)?
+                .copy_from_slice(&body[DESC..]);
+            at += part.len;
+            parts.push(Some(part));
+        }
+        Some(RunFilter { shift, parts, mem })
     }
 }
 
-/// One partition: descriptor and fingerprints, checked so that a lookup
-/// can not index out of bounds.
-fn decode_part(b: &[u8]) -> Option<BinaryFuse16> {
-    let seed = u64_at(b, 0)?;
+/// Checks one partition's descriptor against its fingerprints so that a
+/// lookup can not index out of bounds (a lookup indexes below
+/// `segment_count_length + 2 * segment_length`, segments being aligned).
+fn check_part(b: &[u8], off: usize) -> Option<Part> {
+    let desc: [u8; DESC] = b.get(..DESC)?.try_into().ok()?;
     let (sl, mask, count) = (u32_at(b, 8)?, u32_at(b, 12)?, u32_at(b, 16)?);
-    let raw = b.get(20..)?;
-    let len = raw.len() / 2;
-    // A lookup indexes below `segment_count_length + 2 * segment_length`
-    // (segments are aligned): refuse descriptors that would overrun.
+    let len = b.len() - DESC;
     let need = (count as u64) + 2 * sl as u64;
-    if raw.len() % 2 != 0
+    if !len.is_multiple_of(2)
         || !sl.is_power_of_two()
         || mask != sl - 1
-        || count % sl != 0
-        || need > len as u64
+        || !count.is_multiple_of(sl)
+        || need > (len / 2) as u64
     {
         return None;
     }
-    let fingerprints = raw
-        .chunks_exact(2)
-        .map(|c| u16::from_le_bytes([c[0], c[1]]))
-        .collect();
-    let descriptor = Descriptor {
-        seed,
-        segment_length: sl,
-        segment_length_mask: mask,
-        segment_count_length: count,
-    };
-    Some(BinaryFuse16 {
-        descriptor,
-        fingerprints,
-    })
+    Some(Part { desc, off, len })
 }
 
 /// Builds a [`RunFilter`] from keys given in ascending order.
@@ -203,12 +225,45 @@ impl FilterBuilder {
         self.current.clear();
     }
 
-    pub fn finish(mut self) -> RunFilter {
+    /// The filter, its partitions moved one by one into the mapping.
+    pub fn finish(mut self) -> std::io::Result<RunFilter> {
         self.seal();
-        RunFilter {
-            shift: self.shift,
-            parts: self.parts,
+        let total = self
+            .parts
+            .iter()
+            .flatten()
+            .map(|f| f.fingerprints.len() * 2)
+            .sum();
+        let mut mem =
+            anon(total).ok_or_else(|| std::io::Error::other("cannot map filter memory"))?;
+        let mut at = 0;
+        let mut parts = Vec::with_capacity(self.parts.len());
+        for f in self.parts {
+            let Some(f) = f else {
+                parts.push(None);
+                continue;
+            };
+            let d = &f.descriptor;
+            let mut desc = [0u8; DESC];
+            desc[..8].copy_from_slice(&d.seed.to_le_bytes());
+            desc[8..12].copy_from_slice(&d.segment_length.to_le_bytes());
+            desc[12..16].copy_from_slice(&d.segment_length_mask.to_le_bytes());
+            desc[16..20].copy_from_slice(&d.segment_count_length.to_le_bytes());
+            let len = f.fingerprints.len() * 2;
+            for (dst, x) in mem[at..at + len]
+                .chunks_exact_mut(2)
+                .zip(f.fingerprints.iter())
+            {
+                dst.copy_from_slice(&x.to_le_bytes());
+            }
+            parts.push(Some(Part { desc, off: at, len }));
+            at += len;
         }
+        Ok(RunFilter {
+            shift: self.shift,
+            parts,
+            mem,
+        })
     }
 }
 
@@ -227,7 +282,7 @@ mod tests {
         for &k in &keys {
             b.push(k);
         }
-        let f = b.finish();
+        let f = b.finish().unwrap();
         let g = RunFilter::decode(&f.encode()).unwrap();
         assert!(keys.iter().all(|&k| f.contains(k) && g.contains(k)));
         let fp = (0..100_000u128)

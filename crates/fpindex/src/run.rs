@@ -264,7 +264,7 @@ impl RunWriter {
     /// Writes the filter, directory and trailer, syncs, and opens the run.
     pub fn finish(mut self) -> Result<Run> {
         self.seal_page()?;
-        let filter = self.filter.finish();
+        let filter = self.filter.finish().ctx(&self.name)?;
         let fblob = filter.encode();
         let dbody: Vec<u8> = self.dir.iter().flat_map(|d| d.to_le_bytes()).collect();
         let dblob = seal_blob(DIR_MAGIC, RUN_VERSION, &dbody);

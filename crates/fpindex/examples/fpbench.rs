@@ -136,10 +136,12 @@ fn query(dir: &Path, n: u64) {
     let el = t.elapsed();
     let s = ix.stats();
     println!(
-        "cache-missing positive: {:.1} us each, {:.4} index reads per cache-missing lookup, {:.4} prefetch reads per lookup",
+        "cache-missing positive: {:.1} us each, {:.4} index reads per cache-missing lookup, {:.4} prefetch reads per lookup ({} skipped: no locality), {:.4} device reads per cache-missing lookup in all",
         secs(el) * 1e6 / k as f64,
         s.index_reads as f64 / s.disk_lookups.max(1) as f64,
-        s.prefetch_reads as f64 / s.disk_lookups.max(1) as f64
+        s.prefetch_reads as f64 / s.disk_lookups.max(1) as f64,
+        s.prefetch_skipped,
+        (s.index_reads + s.prefetch_reads) as f64 / s.disk_lookups.max(1) as f64
     );
     // Positives from the cache: a run of consecutive inserts, warmed, then re-read.
     ix.clear_cache();

@@ -10,6 +10,7 @@ struct Group {
     id: u64,
     keys: Vec<u128>,
     referenced: bool,
+    used: bool,
 }
 
 #[derive(Default)]
@@ -21,6 +22,10 @@ pub struct Cache {
     by_id: HashMap<u64, u32>,
     clock: VecDeque<u32>,
     capacity: usize,
+    /// Groups loaded, and those of them hit since, over a decaying window:
+    /// whether loading neighbours pays off for the workload at hand.
+    loaded: u32,
+    loaded_used: u32,
 }
 
 impl Cache {
@@ -40,6 +45,10 @@ impl Cache {
         let &(loc, slot) = self.map.get(&key)?;
         if let Some(Some(g)) = self.slab.get_mut(slot as usize) {
             g.referenced = true;
+            if !g.used {
+                g.used = true;
+                self.loaded_used += 1;
+            }
         }
         Some(loc)
     }
@@ -66,7 +75,13 @@ impl Cache {
             id: group,
             keys,
             referenced: false,
+            used: false,
         });
+        self.loaded += 1;
+        if self.loaded >= 1024 {
+            self.loaded /= 2;
+            self.loaded_used /= 2;
+        }
         self.by_id.insert(group, slot);
         self.clock.push_back(slot);
         while self.map.len() > self.capacity && self.evict_one() {}
@@ -97,6 +112,12 @@ impl Cache {
         false
     }
 
+    /// True when neighbours loaded lately were hardly ever used (under 5%
+    /// of at least 256 groups): the lookups have no locality to exploit.
+    pub fn locality_poor(&self) -> bool {
+        self.loaded >= 256 && self.loaded_used * 20 < self.loaded
+    }
+
     /// Forgets `key` (it was deleted).
     pub fn remove(&mut self, key: u128) {
         self.map.remove(&key);
@@ -104,6 +125,24 @@ impl Cache {
 
     pub fn clear(&mut self) {
         *self = Cache::new(self.capacity);
+    }
+}
+
+#[cfg(test)]
+mod locality_tests {
+    use super::*;
+
+    #[test]
+    fn notices_useless_prefetch() {
+        let mut c = Cache::new(1 << 20);
+        for g in 0..300u64 {
+            c.insert_group(g, [(g as u128 * 1000, 1), (g as u128 * 1000 + 1, 2)]);
+        }
+        assert!(c.locality_poor());
+        for g in 0..300u64 {
+            c.get(g as u128 * 1000);
+        }
+        assert!(!c.locality_poor());
     }
 }
 

@@ -103,6 +103,8 @@ pub struct Stats {
     pub index_reads: u64,
     /// Segment pages read to fill the cache after a disk hit.
     pub prefetch_reads: u64,
+    /// Segment loads skipped because recent ones were not used.
+    pub prefetch_skipped: u64,
     /// Filter said maybe, the run did not have it.
     pub filter_false_positives: u64,
     pub quota_skipped: u64,
@@ -536,6 +538,12 @@ impl Index {
     pub(crate) fn prefetch(&mut self, seq: u64) -> Result<()> {
         let group = seq / PER_SEGMENT as u64;
         if seq >= self.seg_base() || self.cache.has_group(group) || self.cfg.cache_entries == 0 {
+            return Ok(());
+        }
+        // Random lookups gain nothing from neighbours: then load only one
+        // group in 32, enough to notice when locality comes back.
+        if self.cache.locality_poor() && !self.stats.disk_hits.is_multiple_of(32) {
+            self.stats.prefetch_skipped += 1;
             return Ok(());
         }
         let mut buf = vec![0u8; PAGE];

@@ -258,6 +258,7 @@ fn trace(dir: &Path, device: &str, versions: usize, m: usize, mode: Mode) {
     let mut dups = 0u64;
     let mut ingest_cpu = Duration::ZERO;
     let mut chosen = String::new();
+    let mut phase = (Instant::now(), cpu());
     for v in 0..versions {
         if v > 0 {
             tr.advance();
@@ -275,6 +276,8 @@ fn trace(dir: &Path, device: &str, versions: usize, m: usize, mode: Mode) {
                 ix.ram_ns
             );
             ix.reset_stats();
+            ingest_cpu = Duration::ZERO;
+            phase = (Instant::now(), cpu());
         }
         let cur = tr.cur.clone();
         for (c, chunk) in cur.chunks(batch).enumerate() {
@@ -300,10 +303,11 @@ fn trace(dir: &Path, device: &str, versions: usize, m: usize, mode: Mode) {
         }
     }
     let s = ix.stats();
+    let (wall, cpu_s) = (secs(phase.0.elapsed()), cpu() - phase.1);
     let ms = |ns: u64| ns as f64 / 1e9;
     let lookup_total = ms(s.filter_ns + s.cache_ns + s.disk_ns + s.post_lookup_ns);
     println!(
-        "{device:6} {:18} fps {total} dup {:.3} | filter {:.2} s cache {:.2} s disk {:.2} s post {:.2} s = {:.2} s | disk lookups {} index reads {} prefetch reads {} | insert cpu {:.1} s {chosen}",
+        "{device:6} {:18} fps {total} dup {:.3} | filter {:.2} s cache {:.2} s disk {:.2} s post {:.2} s = {:.2} s | disk lookups {} index reads {} prefetch reads {} | insert {:.1} s | versions 1.. wall {wall:.1} s cpu {cpu_s:.1} s | {chosen}",
         format!("{mode:?}"),
         dups as f64 / total as f64,
         ms(s.filter_ns),

@@ -2,6 +2,8 @@
 //!
 //! fpbench build DIR N            insert N random fingerprints
 //! fpbench query DIR N            negative / cached positive / cache-missing lookups
+//! fpbench compact DIR            merge all runs into one
+//! fpbench rss DIR N              open and look up with no cache (peak RSS)
 //! fpbench trace DIR DEVICE V M MODE...
 //!     the seed's experiment: V versions of M fingerprints with backup-stream
 //!     locality, ingested in order (lookup, insert if new), per mode
@@ -364,6 +366,21 @@ fn main() {
         Some("build") => build(Path::new(&a[2]), num(3)),
         Some("query") => query(Path::new(&a[2]), num(3)),
         Some("rss") => rss(Path::new(&a[2]), num(3)),
+        Some("compact") => {
+            let cfg = Config {
+                mode: Mode::Eager,
+                ..Default::default()
+            };
+            let mut ix = Index::open(Path::new(&a[2]), cfg).expect("open");
+            let t = Instant::now();
+            ix.compact().expect("compact");
+            println!(
+                "compact: {} entries into {} run in {:.1} s",
+                ix.len(),
+                ix.runs(),
+                secs(t.elapsed())
+            );
+        }
         Some("trace") => {
             for m in &a[6..] {
                 trace(

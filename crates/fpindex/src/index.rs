@@ -133,6 +133,7 @@ pub struct Index {
     /// Chosen by `Mode::Auto` at open (or the configured mode).
     pub(crate) mode: Mode,
     merge: Option<MergeJob>,
+    window: HitWindow,
     /// The manifest as last written.
     durable: Manifest,
     /// Measured at open for `Mode::Auto`: device random read / RAM access.
@@ -237,6 +238,7 @@ impl Index {
             ram_ns: 0.0,
             coalesce_pages: 0,
             merge: None,
+            window: HitWindow::default(),
             durable: Manifest::default(),
         };
         ix.durable = ix.man.clone();
@@ -465,6 +467,9 @@ impl Index {
     }
 
     /// [`Index::lookup`] with the filters' answer known (`Some`) or not.
+    /// While most recent lookups are cache hits (a duplicate stream), the
+    /// cache is asked before the filters: one memory access instead of a
+    /// filter probe per run.
     fn lookup_probed(&mut self, key: u128, probed: Option<bool>) -> Result<Option<u64>> {
         self.stats.lookups += 1;
         if let Some(e) = self.mem.get(&key) {
@@ -472,14 +477,32 @@ impl Index {
             return Ok((!e.is_tombstone()).then_some(e.loc));
         }
         let t = self.cfg.timing.then(Instant::now);
+        let cache_first = self.window.cache_first;
+        let hit = if cache_first {
+            self.cache.get(key)
+        } else {
+            None
+        };
+        let t = self.lap(t, |s| &mut s.cache_ns);
+        if hit.is_some() {
+            self.window.note(true);
+            self.stats.cache_hits += 1;
+            return Ok(hit);
+        }
         let maybe = probed.unwrap_or_else(|| self.runs.iter().any(|r| r.filter.contains(key)));
         let t = self.lap(t, |s| &mut s.filter_ns);
         if !maybe {
+            self.window.note(false);
             self.stats.filter_negatives += 1;
             return Ok(None);
         }
-        let hit = self.cache.get(key);
+        let hit = if cache_first {
+            None
+        } else {
+            self.cache.get(key)
+        };
         let t = self.lap(t, |s| &mut s.cache_ns);
+        self.window.note(hit.is_some());
         if hit.is_some() {
             self.stats.cache_hits += 1;
             return Ok(hit);
@@ -787,6 +810,16 @@ impl Index {
         Ok(())
     }
 
+    /// Merges every run into one (after a bulk load: a negative lookup then
+    /// probes a single filter). Waits for it.
+    pub fn compact(&mut self) -> Result<()> {
+        self.finish_merges()?;
+        if self.runs.len() > 1 {
+            self.start_merge(0, self.runs.len())?;
+        }
+        self.finish_merges()
+    }
+
     /// Completes the merges in progress and any they lead to.
     pub fn finish_merges(&mut self) -> Result<()> {
         while self.merge.is_some() {
@@ -814,6 +847,27 @@ impl Index {
             self.io.remove(&name).ctx(&name)?;
         }
         self.maybe_merge()
+    }
+}
+
+/// Cache hits among the last lookups that passed the memtable, by windows
+/// of 1024: decides whether the cache is asked before the filters.
+#[derive(Default)]
+struct HitWindow {
+    lookups: u32,
+    hits: u32,
+    cache_first: bool,
+}
+
+impl HitWindow {
+    fn note(&mut self, hit: bool) {
+        self.lookups += 1;
+        self.hits += hit as u32;
+        if self.lookups == 1024 {
+            self.cache_first = self.hits * 2 > self.lookups;
+            self.lookups = 0;
+            self.hits = 0;
+        }
     }
 }
 

@@ -18,6 +18,7 @@ enum Op {
     Prune(u32),
     Commit,
     Flush,
+    Compact,
     Reopen,
     PowerLoss,
 }
@@ -32,6 +33,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u32..10).prop_map(Op::Prune),
         2 => Just(Op::Commit),
         1 => Just(Op::Flush),
+        1 => Just(Op::Compact),
         1 => Just(Op::Reopen),
         1 => Just(Op::PowerLoss),
     ]
@@ -136,6 +138,7 @@ fn run_ops(ops: Vec<Op>, quota: Option<u64>, cache: usize) {
                 durable = oracle.clone();
             }
             Op::Flush => ix.flush().unwrap(),
+            Op::Compact => ix.compact().unwrap(),
             Op::Reopen => {
                 ix.commit().unwrap();
                 durable = oracle.clone();

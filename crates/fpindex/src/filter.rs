@@ -176,93 +176,92 @@ fn check_part(b: &[u8], off: usize) -> Option<Part> {
     Some(Part { desc, off, len })
 }
 
-/// Builds a [`RunFilter`] from keys given in ascending order.
+/// Builds a [`RunFilter`] from keys given in ascending order, writing
+/// each partition into the final mapping as soon as it is built (peak RAM:
+/// the filter plus one partition's keys). The mapping reserves address
+/// space for 4 bytes per key plus 2 MiB per partition, more than a
+/// BinaryFuse16 ever takes (~2.25 bytes per key); only what is written
+/// becomes resident.
 pub struct FilterBuilder {
     shift: u32,
-    parts: Vec<Option<BinaryFuse16>>,
+    parts: Vec<Option<Part>>,
+    mem: MmapMut,
+    at: usize,
     current: Vec<u64>,
     current_part: usize,
 }
 
+fn filter_err(what: &str) -> std::io::Error {
+    std::io::Error::other(format!("building the run filter: {what}"))
+}
+
 impl FilterBuilder {
     /// For at most `max_keys` keys.
-    pub fn new(max_keys: u64) -> Self {
+    pub fn new(max_keys: u64) -> std::io::Result<Self> {
         let n = partitions_for(max_keys);
-        let shift = if n <= 1 { 64 } else { 64 - n.trailing_zeros() };
-        FilterBuilder {
-            shift,
+        let reserve = (max_keys as usize)
+            .saturating_mul(4)
+            .saturating_add((n + 1) << 21);
+        let mem = anon(reserve).ok_or_else(|| filter_err("cannot map memory"))?;
+        Ok(FilterBuilder {
+            shift: shift_for(n),
             parts: (0..n).map(|_| None).collect(),
+            mem,
+            at: 0,
             current: Vec::new(),
             current_part: 0,
-        }
+        })
     }
 
     /// Adds the next key (ascending order).
-    pub fn push(&mut self, key: u128) {
+    pub fn push(&mut self, key: u128) -> std::io::Result<()> {
         let p = RunFilter::part_of(self.shift, key);
         if p != self.current_part {
-            self.seal();
+            self.seal()?;
             self.current_part = p;
         }
         self.current.push(probe(key));
+        Ok(())
     }
 
-    fn seal(&mut self) {
+    fn seal(&mut self) -> std::io::Result<()> {
         if self.current.is_empty() {
-            return;
+            return Ok(());
         }
         self.current.sort_unstable();
         self.current.dedup();
-        // Construction fails only on duplicates (removed above).
-        self.parts[self.current_part] = BinaryFuse16::try_from(&self.current).ok();
-        if self.parts[self.current_part].is_none() {
-            // Never expected; an absent filter would lose keys, so fail loud.
-            panic!(
-                "binary fuse construction failed on {} distinct keys",
-                self.current.len()
-            );
+        // Construction fails only on duplicate keys, removed above.
+        let f = BinaryFuse16::try_from(&self.current).map_err(filter_err)?;
+        let d = &f.descriptor;
+        let mut desc = [0u8; DESC];
+        desc[..8].copy_from_slice(&d.seed.to_le_bytes());
+        desc[8..12].copy_from_slice(&d.segment_length.to_le_bytes());
+        desc[12..16].copy_from_slice(&d.segment_length_mask.to_le_bytes());
+        desc[16..20].copy_from_slice(&d.segment_count_length.to_le_bytes());
+        let len = f.fingerprints.len() * 2;
+        let dst = self
+            .mem
+            .get_mut(self.at..self.at + len)
+            .ok_or_else(|| filter_err("reservation exceeded"))?;
+        for (dst, x) in dst.chunks_exact_mut(2).zip(f.fingerprints.iter()) {
+            dst.copy_from_slice(&x.to_le_bytes());
         }
+        self.parts[self.current_part] = Some(Part {
+            desc,
+            off: self.at,
+            len,
+        });
+        self.at += len;
         self.current.clear();
+        Ok(())
     }
 
-    /// The filter, its partitions moved one by one into the mapping.
     pub fn finish(mut self) -> std::io::Result<RunFilter> {
-        self.seal();
-        let total = self
-            .parts
-            .iter()
-            .flatten()
-            .map(|f| f.fingerprints.len() * 2)
-            .sum();
-        let mut mem =
-            anon(total).ok_or_else(|| std::io::Error::other("cannot map filter memory"))?;
-        let mut at = 0;
-        let mut parts = Vec::with_capacity(self.parts.len());
-        for f in self.parts {
-            let Some(f) = f else {
-                parts.push(None);
-                continue;
-            };
-            let d = &f.descriptor;
-            let mut desc = [0u8; DESC];
-            desc[..8].copy_from_slice(&d.seed.to_le_bytes());
-            desc[8..12].copy_from_slice(&d.segment_length.to_le_bytes());
-            desc[12..16].copy_from_slice(&d.segment_length_mask.to_le_bytes());
-            desc[16..20].copy_from_slice(&d.segment_count_length.to_le_bytes());
-            let len = f.fingerprints.len() * 2;
-            for (dst, x) in mem[at..at + len]
-                .chunks_exact_mut(2)
-                .zip(f.fingerprints.iter())
-            {
-                dst.copy_from_slice(&x.to_le_bytes());
-            }
-            parts.push(Some(Part { desc, off: at, len }));
-            at += len;
-        }
+        self.seal()?;
         Ok(RunFilter {
             shift: self.shift,
-            parts,
-            mem,
+            parts: self.parts,
+            mem: self.mem,
         })
     }
 }
@@ -278,9 +277,9 @@ mod tests {
             .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835))
             .collect();
         keys.sort_unstable();
-        let mut b = FilterBuilder::new(3 * PARTITION_KEYS);
+        let mut b = FilterBuilder::new(3 * PARTITION_KEYS).unwrap();
         for &k in &keys {
-            b.push(k);
+            b.push(k).unwrap();
         }
         let f = b.finish().unwrap();
         let g = RunFilter::decode(&f.encode()).unwrap();

@@ -223,6 +223,7 @@ impl RunWriter {
     pub fn new(io: Arc<dyn Io>, id: u64, max_entries: u64) -> Result<Self> {
         let name = run_name(id);
         io.remove(&name).ctx(&name)?;
+        let filter = FilterBuilder::new(max_entries).ctx(&name)?;
         Ok(RunWriter {
             io,
             id,
@@ -230,14 +231,14 @@ impl RunWriter {
             page: Vec::with_capacity(PER_PAGE),
             out: Vec::new(),
             dir: Vec::new(),
-            filter: FilterBuilder::new(max_entries),
+            filter,
             entries: 0,
             pages: 0,
         })
     }
 
     pub fn push(&mut self, e: Entry) -> Result<()> {
-        self.filter.push(e.key);
+        self.filter.push(e.key).ctx(&self.name)?;
         self.page.push(e);
         self.entries += 1;
         if self.page.len() == PER_PAGE {

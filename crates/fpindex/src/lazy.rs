@@ -221,13 +221,12 @@ impl Index {
     }
 }
 
-/// Measures random page reads of the device against RAM accesses and
-/// picks the mode by the seed's model: lazy when the device/RAM latency
-/// ratio exceeds [`LAZY_RATIO`], with the ring size fitted to the seed's
-/// Table 5 (512 on HDD, 64 on Optane, 32 on PM).
-pub(crate) fn choose_mode(ix: &mut Index) -> Result<Mode> {
-    measure(ix)?;
-    Ok(mode_for_ratio(ix.device_ns / ix.ram_ns.max(1.0)))
+/// Picks the mode by the seed's model from the device and RAM latencies
+/// (RAM measured here): lazy when their ratio exceeds [`LAZY_RATIO`], with
+/// the ring size fitted to the seed's Table 5 (512 on HDD, 64 on Optane).
+pub(crate) fn choose_mode(ix: &mut Index) -> Mode {
+    measure_ram(ix);
+    mode_for_ratio(ix.device_ns / ix.ram_ns.max(1.0))
 }
 
 /// Device/RAM latency ratio above which lazy lookup wins: the right-hand
@@ -256,14 +255,12 @@ fn xorshift(s: &mut u64) -> u64 {
     *s
 }
 
-/// Sets `device_ns` (median random 4 KiB page read) and `ram_ns` (random
-/// access in a 32 MiB array, fastest of 8 rounds) and the coalescing distance (pages a read can span
-/// for the price of one more access: latency x bandwidth, 1 GB/s assumed).
-pub(crate) fn measure(ix: &mut Index) -> Result<()> {
+/// Sets `ram_ns`: a random access in a 32 MiB array, the fastest of 8
+/// rounds (a shared machine's preemptions inflate some rounds, never
+/// deflate them).
+pub(crate) fn measure_ram(ix: &mut Index) {
     let mut s = 0x9E37_79B9_7F4A_7C15u64;
     let ram: Vec<u64> = (0..(4u64 << 20)).collect();
-    // The fastest of 8 rounds: a shared machine's preemptions inflate
-    // some rounds, never deflate them.
     let mut ram_ns = f64::MAX;
     let mut acc = 0u64;
     for _ in 0..8 {
@@ -275,27 +272,39 @@ pub(crate) fn measure(ix: &mut Index) -> Result<()> {
         ram_ns = ram_ns.min(t.elapsed().as_nanos() as f64 / n as f64);
     }
     ix.ram_ns = ram_ns + (acc & 1) as f64 * 1e-9;
+}
+
+/// Sets `device_ns` (the median of 33 random 4 KiB reads of the largest
+/// run; the RAM latency while nothing is on disk) and from it the pages a
+/// read may span for about the price of the access itself (1 GB/s
+/// assumed): the lazy mode's coalescing distance and the prefetch depth.
+pub(crate) fn measure_device(ix: &mut Index) -> Result<()> {
+    let mut s = 0x2545_F491_4F6C_DD1Du64;
     let (name, pages) = match ix.runs.iter().max_by_key(|r| r.pages) {
         Some(r) => (r.name.clone(), r.pages),
         None => (String::new(), 0),
     };
     if pages == 0 {
-        ix.device_ns = ix.ram_ns; // nothing on disk yet: all in RAM
-        return Ok(());
+        ix.device_ns = 100.0; // nothing on disk yet
+    } else {
+        let mut times = Vec::new();
+        let mut buf = vec![0u8; PAGE];
+        for _ in 0..33 {
+            let p = xorshift(&mut s) % pages;
+            let sim0 = ix.io.simulated_ns();
+            let t = Instant::now();
+            ix.io.read_at(&name, p * PAGE as u64, &mut buf).ctx(&name)?;
+            times.push(t.elapsed().as_nanos() as u64 + (ix.io.simulated_ns() - sim0));
+        }
+        times.sort_unstable();
+        ix.device_ns = times[times.len() / 2] as f64;
     }
-    // The median of 33 random page reads.
-    let mut times = Vec::new();
-    let mut buf = vec![0u8; PAGE];
-    for _ in 0..33 {
-        let p = xorshift(&mut s) % pages;
-        let sim0 = ix.io.simulated_ns();
-        let t = Instant::now();
-        ix.io.read_at(&name, p * PAGE as u64, &mut buf).ctx(&name)?;
-        times.push(t.elapsed().as_nanos() as u64 + (ix.io.simulated_ns() - sim0));
-    }
-    times.sort_unstable();
-    ix.device_ns = times[times.len() / 2] as f64;
-    ix.coalesce_pages = ((ix.device_ns / 4096.0) as u64).min(MAX_READ_PAGES);
+    let pages_per_access = (ix.device_ns / PAGE as f64) as u64;
+    ix.coalesce_pages = pages_per_access.min(MAX_READ_PAGES);
+    ix.prefetch_pages = ix
+        .cfg
+        .prefetch_pages
+        .unwrap_or((pages_per_access / 8).clamp(1, 16));
     Ok(())
 }
 

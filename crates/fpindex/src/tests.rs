@@ -53,6 +53,8 @@ fn cfg(quota: Option<u64>, cache: usize) -> Config {
         max_entries: quota,
         max_runs: 3,
         mode: Mode::Eager,
+        // Segment windows of 3 pages with a quota, the measured default otherwise.
+        prefetch_pages: quota.map(|_| 3),
         ..Default::default()
     }
 }

@@ -36,13 +36,16 @@ mod ns {
     pub const FILLER: u64 = 1 << 59;
 }
 
+/// 32 bytes written over a file's content at an offset.
+type Patch = (u64, [u8; 32]);
+
 /// A file's content: concatenated pseudo-random segments (each its own
 /// stream, so a segment's bytes do not depend on what precedes it), with
 /// byte patches applied at absolute offsets.
 struct FileSpec {
     path: PathBuf,
     segments: Vec<(u64, u64)>,
-    patches: Vec<(u64, [u8; 32])>,
+    patches: Vec<Patch>,
 }
 
 impl FileSpec {
@@ -357,7 +360,7 @@ pub fn chains(dir: &Path, total: u64, seed: u64, length: u32, fanout: u32) -> Re
     for g in 0..groups {
         let gdir = dir.join(format!("c{g:02}"));
         // (name, patches) of the versions at the current depth.
-        let mut level: Vec<(String, Vec<(u64, [u8; 32])>)> = vec![("v".into(), vec![])];
+        let mut level: Vec<(String, Vec<Patch>)> = vec![("v".into(), vec![])];
         unique_blocks += sz / BLOCK;
         for _ in 0..=length {
             let mut next = Vec::new();

@@ -197,6 +197,8 @@ struct Files<'a> {
     model: Model,
     before: HashMap<u32, FileUnits>,
     involved: Vec<bool>,
+    /// Deduped by this run, or found already shared: their old extents
+    /// may be left partly referenced (re-homing candidates).
     changed: Vec<bool>,
 }
 
@@ -456,6 +458,9 @@ fn run_op(
         }
         match physical_layout(&f, d.offset, op.len) {
             Ok(Some(l)) if l == src_layout => {
+                // Shared by an earlier (perhaps interrupted) run: its old
+                // extents may still wait to be re-homed.
+                files.changed[d.file as usize] = true;
                 rep.stats.ranges_already_shared += 1;
                 rep.stats.bytes_already_shared += op.len;
                 skip(rep, d.file, DestSkip::AlreadyShared);

@@ -241,101 +241,110 @@ fn unexplained(fs: &LoopFs, kind: FsKind) -> i64 {
     fs.used_bytes() as i64 - disk_usage(kind, fs.path()) as i64
 }
 
-/// Whether `pid` has an open file that is a temporary copy: an unnamed
-/// one (`/mnt/#123 (deleted)`) or an old-style named one.
+/// Whether `pid` is writing a temporary copy: it has an open file that is
+/// an unnamed one (`/mnt/#123 (deleted)`) or an old-style named one
+/// (`.onecopy-tmp.<pid>/...`), with bytes in it.
 fn copying(pid: u32) -> bool {
     let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
         return false;
     };
     rd.flatten().any(|e| {
-        std::fs::read_link(e.path()).is_ok_and(|t| {
+        let tmp = std::fs::read_link(e.path()).is_ok_and(|t| {
             let t = t.to_string_lossy();
             t.contains(".onecopy-tmp") || (t.contains("/#") && t.ends_with("(deleted)"))
-        })
+        });
+        tmp && std::fs::metadata(e.path()).is_ok_and(|m| m.is_file() && m.len() > 0)
     })
 }
 
-/// SIGKILL at random points, half of them while a re-homing copy is
-/// open: the tree keeps exactly its names, its contents, and no space
-/// stays allocated for a temporary copy.
-fn killed(kind: FsKind) {
-    let fs = new_fs(kind, 1024 * MIB);
-    let root = fs.path().join("k");
-    // `a`'s first 24 MiB are a copy of `b` (written first, so canonical):
-    // after dedupe, 40 MiB of `a`'s 64 MiB extent stay live and are
-    // re-homed in one long copy. Chains add many short ones.
+/// A tree where re-homing has a long copy to make: `a`'s first 24 MiB are
+/// a copy of `b` (written first, so canonical), so after dedupe 40 MiB of
+/// `a`'s 64 MiB extent stay live and are re-homed at once; chains add many
+/// short copies.
+fn make_kill_tree(root: &Path) {
+    let _ = std::fs::remove_dir_all(root);
     let mut rng = Prng::new(3);
     let mut a = vec![0u8; (64 * MIB) as usize];
     rng.fill(&mut a);
     write_file(&root.join("b"), &a[..(24 * MIB) as usize]);
     write_file(&root.join("z/a"), &a);
-    make_chain(&root.join("ch"), 8 * MIB, 3, 2, 5, DEFAULT_BLOCK);
-    fs.sync();
-    let sums = checksum_tree(&root);
-    let all_names = names(fs.path());
-    let leak0 = unexplained(&fs, kind);
-    let mut mid_copy = 0;
-    for i in 0..8u64 {
-        let cache = std::env::temp_dir().join(format!("onecopy-kill-{}", std::process::id()));
-        let mut child = Command::new(env!("CARGO_BIN_EXE_onecopy"))
-            .env("ONECOPY_CACHE_DIR", &cache)
-            .args(["dedupe", "--quiet", "--no-catalog"])
-            .arg(&root)
-            .spawn()
-            .unwrap();
-        let pid = child.id();
-        let t = Instant::now();
-        let mut rng = Prng::new(100 + i);
-        let limit = Duration::from_millis(rng.range(0, 1500));
-        let wait_copy = i % 2 == 0;
-        let mut saw_copy = false;
-        loop {
-            if child.try_wait().unwrap().is_some() {
-                break;
-            }
-            if wait_copy && copying(pid) {
-                saw_copy = true;
-                std::thread::sleep(Duration::from_millis(rng.range(0, 30)));
-                break;
-            }
-            if !wait_copy && t.elapsed() >= limit {
-                break;
-            }
-            std::thread::sleep(Duration::from_micros(300));
+    make_chain(&root.join("ch"), 4 * MIB, 3, 2, 5, DEFAULT_BLOCK);
+}
+
+/// Starts `onecopy dedupe` on `root` and SIGKILLs it when `kill_at`
+/// passes or, with `at_copy`, a moment after a re-homing copy is open.
+/// Returns whether the kill landed during a copy, and how long it ran.
+fn run_and_kill(root: &Path, kill_at: Duration, at_copy: bool, rng: &mut Prng) -> (bool, Duration) {
+    let cache = std::env::temp_dir().join(format!("onecopy-kill-{}", std::process::id()));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_onecopy"))
+        .env("ONECOPY_CACHE_DIR", &cache)
+        .args(["dedupe", "--quiet", "--no-catalog"])
+        .arg(root)
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    let mut saw_copy = false;
+    while child.try_wait().unwrap().is_none() {
+        if at_copy && copying(child.id()) {
+            saw_copy = true;
+            std::thread::sleep(Duration::from_millis(rng.range(0, 20)));
+            break;
         }
-        let _ = child.kill();
-        let _ = child.wait();
+        if !at_copy && t.elapsed() >= kill_at {
+            break;
+        }
+        std::thread::sleep(Duration::from_micros(300));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    (saw_copy, t.elapsed())
+}
+
+/// SIGKILL at random points of a run, half of them while a re-homing copy
+/// is open, each on a fresh tree: the filesystem keeps exactly its names
+/// and contents, and no space stays allocated for a temporary copy.
+fn killed(kind: FsKind) {
+    let fs = new_fs(kind, 1024 * MIB);
+    let root = fs.path().join("k");
+    let mut rng = Prng::new(17);
+    // The length of a whole run bounds the random kill times.
+    make_kill_tree(&root);
+    fs.sync();
+    let (_, whole) = run_and_kill(&root, Duration::from_secs(600), false, &mut rng);
+    let mut mid_copy = 0;
+    for i in 0..6u64 {
+        make_kill_tree(&root);
+        fs.sync();
+        let sums = checksum_tree(&root);
+        let all_names = names(fs.path());
+        let leak0 = unexplained(&fs, kind);
+        let at = Duration::from_micros(rng.below(whole.as_micros() as u64 + 1));
+        let (saw_copy, ran) = run_and_kill(&root, at, i % 2 == 0, &mut rng);
         mid_copy += u32::from(saw_copy);
-        assert_eq!(names(fs.path()), all_names, "iteration {i}: names changed");
-        assert_eq!(
-            checksum_tree(&root),
-            sums,
-            "iteration {i}: contents changed"
-        );
+        assert_eq!(names(fs.path()), all_names, "kill {i}: names changed");
+        assert_eq!(checksum_tree(&root), sums, "kill {i}: contents changed");
         let leak = unexplained(&fs, kind);
         eprintln!(
-            "{kind}: kill {i} ({}), unexplained allocation {:.1} MiB (was {:.1})",
-            if saw_copy {
-                "mid-copy"
-            } else {
-                "at a random time"
-            },
+            "{kind}: kill {i} after {ran:?} of {whole:?} ({}): allocated beyond the files {:.1} MiB (before {:.1})",
+            if saw_copy { "mid-copy" } else { "random time" },
             leak as f64 / MIB as f64,
             leak0 as f64 / MIB as f64
         );
         assert!(
             leak <= leak0 + 4 * MIB as i64,
-            "iteration {i}: {leak} bytes allocated beyond the files (was {leak0})"
+            "kill {i}: {leak} bytes allocated beyond the files (was {leak0})"
         );
     }
     if kind == FsKind::Btrfs {
-        assert!(mid_copy >= 1, "no kill landed during a re-homing copy");
+        assert!(
+            mid_copy >= 2,
+            "only {mid_copy} kills landed during a re-homing copy"
+        );
     }
-    // A run to the end still frees everything and leaves no name.
-    let r = dedupe(&[&root], &["--no-catalog"]);
-    r.assert_ok("final run");
-    assert_eq!(names(fs.path()), all_names);
-    assert_eq!(checksum_tree(&root), sums);
+    // A run to the end after a kill finishes cleanly.
+    let names_now = names(fs.path());
+    dedupe(&[&root], &["--no-catalog"]).assert_ok("final run");
+    assert_eq!(names(fs.path()), names_now);
 }
 
 /// Re-homing shares the copy into a file that the run's plan never named

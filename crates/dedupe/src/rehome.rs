@@ -154,7 +154,8 @@ fn file_refs(file: u32, f: &File, size: u64) -> std::io::Result<Vec<(u64, u64, R
     let ino = f.metadata()?.ino();
     Ok(btrfs::file_extents(f.as_fd(), ino)?
         .into_iter()
-        .filter(|x| x.kind == FileExtentKind::Regular && x.disk_bytenr != 0)
+        // A compressed extent's size on disk is not what a copy writes.
+        .filter(|x| x.kind == FileExtentKind::Regular && x.disk_bytenr != 0 && x.compression == 0)
         .filter(|x| x.file_offset < size)
         .map(|x| {
             let r = Ref {
@@ -218,12 +219,15 @@ pub(crate) fn rehome(
 /// reference is a file of this run that re-homing may change.
 fn collect(files: &mut Files<'_>, changed: &[u32], rep: &mut ExecReport) -> Vec<Pinned> {
     let mut refs_of: HashMap<u32, Vec<(u64, u64, Ref)>> = HashMap::new();
-    let mut extents: BTreeMap<u64, u64> = BTreeMap::new();
+    // Extent -> (size, the changed files' references to it).
+    let mut extents: BTreeMap<u64, (u64, Vec<Ref>)> = BTreeMap::new();
     for &i in changed {
         let Some(r) = read_refs(files, i, rep) else {
             continue;
         };
-        extents.extend(r.iter().map(|(b, n, _)| (*b, *n)));
+        for (b, n, x) in &r {
+            extents.entry(*b).or_insert((*n, Vec::new())).1.push(*x);
+        }
         refs_of.insert(i, r);
     }
     let by_key: HashMap<(u64, u64), u32> = files
@@ -233,14 +237,7 @@ fn collect(files: &mut Files<'_>, changed: &[u32], rep: &mut ExecReport) -> Vec<
         .map(|(i, e)| ((e.subvol, e.ino), i as u32))
         .collect();
     let mut out = Vec::new();
-    for (bytenr, disk_bytes) in extents {
-        let own: Vec<Ref> = changed
-            .iter()
-            .filter_map(|i| refs_of.get(i))
-            .flatten()
-            .filter(|(b, _, _)| *b == bytenr)
-            .map(|t| t.2)
-            .collect();
+    for (bytenr, (disk_bytes, own)) in extents {
         let p = Pinned {
             disk_bytenr: bytenr,
             disk_bytes,

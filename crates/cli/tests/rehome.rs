@@ -109,6 +109,42 @@ fn make_chain(
     (pairs, ideal)
 }
 
+/// Runs `onecopy dedupe ARGS root` and checks the outcome against the
+/// measurement: contents unchanged, at least `share` of the duplicate
+/// bytes (what the files keep beyond `ideal`) really freed, and the
+/// report's `bytes_freed` agreeing with the measured figure.
+fn dedupe_and_measure(fs: &LoopFs, root: &Path, ideal: u64, args: &[&str], share: f64) -> Run {
+    let kind = fs.kind();
+    fs.sync();
+    let sums = checksum_tree(root);
+    let before = disk_usage(kind, root);
+    let dup = before - ideal;
+    let r = dedupe(&[root], args);
+    r.assert_ok("dedupe");
+    fs.sync();
+    let freed = before.saturating_sub(disk_usage(kind, root));
+    eprintln!(
+        "{kind} {}: duplicate {:.1} MiB, freed {:.1} MiB (report {:.1} MiB, re-homing wrote {:.1} MiB)",
+        root.display(),
+        mib(dup),
+        mib(freed),
+        mib(r.u("bytes_freed")),
+        mib(r.u("rehome_bytes_written"))
+    );
+    assert_eq!(checksum_tree(root), sums, "contents changed");
+    assert!(
+        freed as f64 >= share * dup as f64,
+        "{kind}: freed {freed} of {dup} duplicate bytes (< {share})"
+    );
+    assert_close(
+        "reported bytes_freed vs measured",
+        r.u("bytes_freed"),
+        freed,
+        tol(freed, 3, MIB),
+    );
+    r
+}
+
 /// Chains of length 1, 2 and 8 and a fan-out of 3: >= 95% of the
 /// duplicate bytes are really freed, the report agrees with the
 /// measurement, contents are unchanged and each version shares all but
@@ -125,33 +161,7 @@ fn chains(kind: FsKind) {
         pairs.extend(p);
         ideal += i;
     }
-    fs.sync();
-    let sums = checksum_tree(&root);
-    let before = disk_usage(kind, &root);
-    let dup = before - ideal;
-    let r = dedupe(&[&root], &[]);
-    r.assert_ok("chains");
-    fs.sync();
-    let after = disk_usage(kind, &root);
-    let freed = before.saturating_sub(after);
-    eprintln!(
-        "{kind}: duplicate {:.1} MiB, freed {:.1} MiB (report {:.1} MiB, re-homing wrote {:.1} MiB)",
-        mib(dup),
-        mib(freed),
-        mib(r.u("bytes_freed")),
-        mib(r.u("rehome_bytes_written"))
-    );
-    assert_eq!(checksum_tree(&root), sums, "contents changed");
-    assert!(
-        freed as f64 >= 0.95 * dup as f64,
-        "{kind}: freed {freed} of {dup} duplicate bytes (< 95%)"
-    );
-    assert_close(
-        "reported bytes_freed vs measured",
-        r.u("bytes_freed"),
-        freed,
-        tol(freed, 3, MIB),
-    );
+    dedupe_and_measure(&fs, &root, ideal, &[], 0.95);
     for (pred, v) in &pairs {
         let shared = shared_bytes_between(pred, v);
         assert!(
@@ -206,32 +216,7 @@ fn pieces(kind: FsKind) {
     let fs = new_fs(kind, 1024 * MIB);
     let root = fs.path().join("pieces");
     let ideal = make_pieces(&root, 300, 7);
-    fs.sync();
-    let sums = checksum_tree(&root);
-    let before = disk_usage(kind, &root);
-    let dup = before - ideal;
-    let r = dedupe(&[&root], &["-b", "4K"]);
-    r.assert_ok("pieces");
-    fs.sync();
-    let freed = before.saturating_sub(disk_usage(kind, &root));
-    eprintln!(
-        "{kind}: pieces duplicate {:.1} MiB, freed {:.1} MiB (report {:.1} MiB, re-homing wrote {:.1} MiB)",
-        mib(dup),
-        mib(freed),
-        mib(r.u("bytes_freed")),
-        mib(r.u("rehome_bytes_written"))
-    );
-    assert_eq!(checksum_tree(&root), sums, "contents changed");
-    assert!(
-        freed as f64 >= 0.90 * dup as f64,
-        "{kind}: freed {freed} of {dup} duplicate bytes at 4 KiB (< 90%)"
-    );
-    assert_close(
-        "reported bytes_freed vs measured",
-        r.u("bytes_freed"),
-        freed,
-        tol(freed, 3, MIB),
-    );
+    dedupe_and_measure(&fs, &root, ideal, &["-b", "4K"], 0.90);
 }
 
 /// Space allocated on the filesystem beyond what its files keep: a
@@ -355,18 +340,9 @@ fn resumes_after_interrupt(kind: FsKind) {
     let root = fs.path().join("r");
     let (_, ideal) = make_chain(&root, 8 * MIB, 2, 1, 9, DEFAULT_BLOCK);
     fs.sync();
-    let before = disk_usage(kind, &root);
-    // First run shares but does not re-home; the second must.
+    // The first run shares but does not re-home; the second must.
     dedupe(&[&root], &["--rehome-max-write", "0", "--no-catalog"]).assert_ok("no re-homing");
-    let r = dedupe(&[&root], &["--no-catalog"]);
-    r.assert_ok("second run");
-    fs.sync();
-    let freed = before - disk_usage(kind, &root);
-    let dup = before - ideal;
-    assert!(
-        freed as f64 >= 0.95 * dup as f64,
-        "{kind}: freed {freed} of {dup} after the second run"
-    );
+    dedupe_and_measure(&fs, &root, ideal, &["--no-catalog"], 0.95);
 }
 
 per_fs!(chains, pieces, killed, resumes_after_interrupt);

@@ -345,4 +345,38 @@ fn resumes_after_interrupt(kind: FsKind) {
     dedupe_and_measure(&fs, &root, ideal, &["--no-catalog"], 0.95);
 }
 
+/// btrfs: an extent a snapshot also references can not be released, so
+/// re-homing writes nothing for it (LOGICAL_INO finds the snapshot's
+/// reference), and the snapshot's files keep their extents.
+#[test]
+fn snapshot_owner_blocks_rehoming_btrfs() {
+    let fs = new_fs(FsKind::Btrfs, 512 * MIB);
+    let vol = fs.path().join("vol");
+    let btrfs = |args: &[&Path]| {
+        let ok = Command::new("btrfs").args(args).status().unwrap().success();
+        assert!(ok, "btrfs {args:?}");
+    };
+    btrfs(&[Path::new("subvolume"), Path::new("create"), &vol]);
+    make_chain(&vol.join("c"), 8 * MIB, 2, 1, 21, DEFAULT_BLOCK);
+    fs.sync();
+    let snap = fs.path().join("snap");
+    btrfs(&[
+        Path::new("subvolume"),
+        Path::new("snapshot"),
+        Path::new("-r"),
+        &vol,
+        &snap,
+    ]);
+    let sums = checksum_tree(&snap);
+    let r = dedupe(&[&vol], &[]);
+    r.assert_ok("dedupe beside a snapshot");
+    assert!(r.u("bytes_deduped") > 0);
+    assert_eq!(
+        r.u("rehome_bytes_written"),
+        0,
+        "wrote copies that free nothing"
+    );
+    assert_eq!(checksum_tree(&snap), sums);
+}
+
 per_fs!(chains, pieces, killed, resumes_after_interrupt);

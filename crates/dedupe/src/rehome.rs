@@ -81,8 +81,19 @@ impl Pinned {
         out
     }
 
-    pub fn live_bytes(&self) -> u64 {
-        self.live().iter().map(|(s, e)| e - s).sum()
+    /// The bytes of the extent's blocks that hold live data (`block`: the
+    /// filesystem block size): what a copy allocates. The slack after a
+    /// file's last byte is not worth a copy of the rest.
+    pub fn live_bytes(&self, block: u64) -> u64 {
+        let block = block.max(1);
+        let mut total = 0u64;
+        let mut end = 0u64;
+        for (s, e) in self.live() {
+            let (s, e) = ((s / block * block).max(end), e.div_ceil(block) * block);
+            total += e.saturating_sub(s);
+            end = end.max(e);
+        }
+        total
     }
 }
 
@@ -90,10 +101,10 @@ impl Pinned {
 /// they write, by bytes released per byte written, while the bytes
 /// written stay within `budget`. Also returns the worthwhile extents that
 /// did not fit in the budget.
-pub fn choose(pinned: Vec<Pinned>, budget: u64) -> (Vec<Pinned>, Vec<Pinned>) {
+pub fn choose(pinned: Vec<Pinned>, budget: u64, block: u64) -> (Vec<Pinned>, Vec<Pinned>) {
     let mut worth: Vec<(u64, Pinned)> = pinned
         .into_iter()
-        .map(|p| (p.live_bytes(), p))
+        .map(|p| (p.live_bytes(block), p))
         .filter(|(live, p)| *live > 0 && *live < p.disk_bytes)
         .collect();
     // released / written, descending, compared without division.
@@ -200,7 +211,8 @@ pub(crate) fn rehome(
         let _ = onecopy_ioctl::fs::syncfs(f.as_fd());
     }
     let pinned = collect(files, changed, rep);
-    let (chosen, over) = choose(pinned, opts.max_write);
+    let block = files.entries[*first as usize].fs_block;
+    let (chosen, over) = choose(pinned, opts.max_write, block);
     rep.stats.rehome_over_budget += over.len() as u64;
     // Not done: a later run must look at these files again.
     for r in over.iter().flat_map(|p| &p.refs) {
@@ -244,7 +256,8 @@ fn collect(files: &mut Files<'_>, changed: &[u32], rep: &mut ExecReport) -> Vec<
             refs: own,
         };
         // Fully referenced by the changed files alone: nothing to gain.
-        if p.live_bytes() >= disk_bytes {
+        let block = files.entries[p.refs[0].file as usize].fs_block;
+        if p.live_bytes(block) >= disk_bytes {
             continue;
         }
         if let Some(p) = with_all_owners(files, p, &by_key, &mut refs_of, rep) {
@@ -474,7 +487,10 @@ mod tests {
             vec![r(0, 10, 10), r(1, 10, 10), r(1, 15, 10), r(2, 50, 5)],
         );
         assert_eq!(p.live(), vec![(10, 25), (50, 55)]);
-        assert_eq!(p.live_bytes(), 20);
+        assert_eq!(p.live_bytes(1), 20);
+        // In whole blocks: [10, 30) and [50, 60).
+        assert_eq!(p.live_bytes(10), 30);
+        assert_eq!(p.live_bytes(100), 100);
     }
 
     #[test]
@@ -483,15 +499,19 @@ mod tests {
         let b = pinned(2, 100, vec![r(0, 0, 10)]); // writes 10, frees 100
         let c = pinned(3, 100, vec![r(0, 0, 100)]); // fully live: no gain
         let d = pinned(4, 100, vec![r(0, 0, 60)]);
-        let (got, over) = choose(vec![a.clone(), b.clone(), c, d.clone()], 1000);
+        let (got, over) = choose(vec![a.clone(), b.clone(), c, d.clone()], 1000, 1);
         // A large live fraction is still worth it: no fixed ratio.
         assert_eq!(got, vec![b.clone(), d.clone(), a.clone()]);
         assert!(over.is_empty());
         // The budget takes the best ratios first and skips what overflows.
-        let (got, over) = choose(vec![a.clone(), b.clone(), d.clone()], 95);
+        let (got, over) = choose(vec![a.clone(), b.clone(), d.clone()], 95, 1);
         assert_eq!(got, vec![b.clone(), d]);
         assert_eq!(over, vec![a]);
-        assert_eq!(choose(vec![b.clone()], 0), (vec![], vec![b]));
+        assert_eq!(choose(vec![b.clone()], 0, 1), (vec![], vec![b]));
+        // A file's tail: live up to its last byte, the rest of the last
+        // block is slack, not a gain.
+        let tail = pinned(5, 8192, vec![r(0, 0, 8000)]);
+        assert_eq!(choose(vec![tail], 1 << 20, 4096).0, vec![]);
     }
 
     #[test]

@@ -88,7 +88,7 @@ fn make_chain(
     let orig = root.join("v");
     write_file(&orig, &base);
     let mut pairs = Vec::new();
-    let mut ideal = size;
+    let mut ideal = round4k(size);
     let mut level = vec![(orig, base)];
     for _ in 0..length {
         let mut next = Vec::new();
@@ -152,7 +152,8 @@ fn dedupe_and_measure(fs: &LoopFs, root: &Path, ideal: u64, args: &[&str], share
 fn chains(kind: FsKind) {
     let fs = new_fs(kind, 768 * MIB);
     let root = fs.path().join("chains");
-    let size = 6 * MIB;
+    // Not a multiple of the block size: the tails take part too.
+    let size = 6 * MIB + 1234;
     let mut pairs = Vec::new();
     let mut ideal = 0;
     for (g, (length, fanout)) in [(1, 1), (2, 1), (8, 1), (2, 3)].into_iter().enumerate() {

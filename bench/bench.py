@@ -28,7 +28,7 @@ GIB = 1 << 30
 MIB = 1 << 20
 MAX_IMAGE = 12 * GIB
 BUILD_NOTES = []
-WORKLOADS = ["small", "dupes", "near", "shifted", "many"]
+WORKLOADS = ["small", "dupes", "near", "shifted", "many", "chains", "pieces"]
 ALL_TOOLS = ["onecopy", "duperemove", "duperemove-partial", "jdupes", "rmlint", "fclones"]
 APT_TOOLS = {
     "mkfs.btrfs": "btrfs-progs",

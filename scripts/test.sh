@@ -12,7 +12,7 @@ fi
 
 # System packages: mkfs tools, mount helpers, chattr, fuse.
 need_pkgs=()
-for pair in mkfs.btrfs:btrfs-progs mkfs.xfs:xfsprogs mkfs.ext4:e2fsprogs chattr:e2fsprogs \
+for pair in mkfs.btrfs:btrfs-progs mkfs.xfs:xfsprogs mkfs.ext4:e2fsprogs chattr:e2fsprogs compsize:btrfs-compsize \
             losetup:mount fusermount3:fuse3 xfs_io:xfsprogs; do
     command -v "${pair%%:*}" >/dev/null 2>&1 || need_pkgs+=("${pair#*:}")
 done

@@ -85,12 +85,13 @@ pub struct DedupeArgs {
     #[arg(long)]
     pub cross_filesystems: bool,
 
-    /// On btrfs, re-home the unique remainder of a partly shared extent when
-    /// it is at most this fraction of the extent it keeps allocated: the
-    /// remainder is copied to a fresh extent and shared back with
-    /// FIDEDUPERANGE, so the old extent is freed. 0 disables.
-    #[arg(long, value_name = "RATIO", default_value_t = 0.5, value_parser = parse_ratio)]
-    pub rehome_ratio: f64,
+    /// On btrfs, copy at most SIZE per run to release extents that dedupe
+    /// left partly referenced ("re-homing"): the live remainder of such an
+    /// extent is copied once into an unnamed temporary file and shared back
+    /// into every file that references it with FIDEDUPERANGE, when that
+    /// releases more than it writes. 0 disables.
+    #[arg(long, value_name = "SIZE", default_value = "4G", value_parser = parse_size)]
+    pub rehome_max_write: u64,
 
     /// Use this catalog file instead of the default one per filesystem
     /// (under /var/cache/onecopy for root, else $XDG_CACHE_HOME/onecopy).
@@ -112,13 +113,6 @@ pub struct DedupeArgs {
     /// List each error instead of only the first few.
     #[arg(short, long)]
     pub verbose: bool,
-}
-
-fn parse_ratio(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
-        _ => Err(format!("not a ratio between 0 and 1: {s:?}")),
-    }
 }
 
 /// Parses sizes like `4096`, `4K`, `64KiB`, `1M`, `2G`.

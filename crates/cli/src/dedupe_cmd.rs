@@ -299,28 +299,17 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
             let model = accounting_model(&entries);
             let total: u64 = plan.ops.iter().map(|o| o.candidate_bytes()).sum();
             let bar = ui.dedupe_bar(a.dry_run, total, &exec_progress);
-            let tmp = match (model, a.dry_run, a.rehome_ratio > 0.0, plan.ops.is_empty()) {
-                (Model::Extents, false, true, false) => {
+            // Unnamed temporary files opened in a root (O_TMPFILE): no
+            // name ever appears there.
+            let rehome =
+                (model == Model::Extents && !a.dry_run && a.rehome_max_write > 0).then(|| {
                     let parent = tmp_parent(&roots_abs, fs);
-                    match onecopy_dedupe::tmpdir::TmpDir::create(&parent) {
-                        Ok(t) => Some(t),
-                        Err(e) => {
-                            report.errors.push(crate::output::ErrorRecord {
-                                path: parent.display().to_string(),
-                                error: format!(
-                                    "cannot create a temporary directory for re-homing (re-homing disabled): {e}"
-                                ),
-                            });
-                            None
-                        }
+                    onecopy_dedupe::tmpdir::remove_stale(&parent);
+                    RehomeOptions {
+                        tmp_dir: parent,
+                        max_write: a.rehome_max_write,
                     }
-                }
-                _ => None,
-            };
-            let rehome = tmp.as_ref().map(|t| RehomeOptions {
-                tmp_dir: t.path().to_path_buf(),
-                max_ratio: a.rehome_ratio,
-            });
+                });
             let rep = onecopy_dedupe::execute(
                 &entries,
                 &plan,
@@ -333,7 +322,6 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
                 &exec_progress,
             );
             ui.finish(bar);
-            drop(tmp);
             *report.phases.entry("dedupe").or_default() += t.elapsed().as_secs_f64();
             unsettled.clone_from(&rep.unsettled);
             report.add_exec(rep);
@@ -495,8 +483,9 @@ fn accounting_model(entries: &[&onecopy_scan::FileEntry]) -> Model {
     }
 }
 
-/// Where the temporary directory for filesystem `fs` goes: the first root
-/// on it that is a directory, else the directory of the first root file.
+/// Where re-homing opens its unnamed temporary files on filesystem `fs`:
+/// the first root on it that is a directory, else the directory of the
+/// first root file.
 fn tmp_parent(roots: &[PathBuf], fs: u64) -> PathBuf {
     let on_fs = |p: &Path| {
         std::fs::File::open(p)

@@ -53,7 +53,9 @@ pub struct Report {
     /// What the executor did: dedupe_ioctls, ranges_deduped, bytes_deduped
     /// (newly shared), bytes_already_shared, ranges_settled, bytes_freed
     /// (allocations no file pins any more), bytes_would_share (dry run),
-    /// rehome_*, ranges_skipped (by reason).
+    /// rehome_* (rehome_bytes_written: bytes copied to release partly
+    /// referenced extents; bytes_freed is net of them), ranges_skipped
+    /// (by reason).
     #[serde(flatten)]
     pub exec: ExecStats,
     /// Change of the filesystems' free space over the run, after commit.
@@ -272,6 +274,12 @@ impl Ui {
                 h(r.exec.bytes_already_shared)
             );
             print!("Freed {}", h(r.exec.bytes_freed));
+            if r.exec.rehome_bytes_written > 0 {
+                print!(
+                    ", after writing {} to re-home",
+                    h(r.exec.rehome_bytes_written)
+                );
+            }
             if let Some(d) = r.fs_free_delta {
                 print!(
                     " (filesystem free space changed by {}{})",
@@ -282,12 +290,21 @@ impl Ui {
             println!();
             if r.exec.rehome_ranges > 0 {
                 println!(
-                    "Re-homed {} unique remainders ({} copied) to release {} partly shared extents ({})",
+                    "Re-homed {} remainders: wrote {} to release {} partly referenced extents ({}); the freed figure is net of the bytes written",
                     r.exec.rehome_ranges,
                     h(r.exec.rehome_bytes_written),
                     r.exec.rehome_extents,
                     h(r.exec.rehome_bytes_released)
                 );
+            }
+            if r.exec.rehome_over_budget > 0 {
+                println!(
+                    "{} partly referenced extents stay allocated: re-homing them would pass --rehome-max-write",
+                    r.exec.rehome_over_budget
+                );
+            }
+            if let Some(why) = &r.exec.rehome_unavailable {
+                println!("Re-homing skipped: {why}");
             }
         }
         if !r.exec.skipped.is_empty() {

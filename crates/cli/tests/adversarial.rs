@@ -1317,6 +1317,18 @@ fn assert_same(ctx: &str, got: &BTreeMap<PathBuf, u128>, want: &BTreeMap<PathBuf
     );
 }
 
+/// Whether process `pid` holds an unnamed (`O_TMPFILE`) file open.
+fn holds_unnamed_file(pid: u32) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|rd| {
+        rd.flatten().any(|e| {
+            std::fs::read_link(e.path()).is_ok_and(|t| {
+                let t = t.to_string_lossy();
+                t.contains("/#") && t.ends_with("(deleted)")
+            })
+        })
+    })
+}
+
 /// Checksums of the user's files: everything but onecopy's own temporary
 /// directories (a SIGKILLed run leaves its lock file behind).
 fn user_sums(root: &Path) -> BTreeMap<PathBuf, u128> {
@@ -1489,9 +1501,9 @@ fn sigint_at_random_points(kind: FsKind) {
 }
 
 /// SIGKILL at random points of several runs, each with a fresh batch of
-/// work (and, on btrfs, once right after the temporary directory appears):
-/// every file unchanged; the next normal run removes what the killed runs
-/// left and finishes the job.
+/// work (and, on btrfs, once while a re-homing copy is open): every file
+/// unchanged, no name left in the tree; the next normal run finishes the
+/// job.
 fn sigkill_at_random_points(kind: FsKind) {
     let seed = seed("sigkill_at_random_points");
     let mut rng = Prng::new(seed);
@@ -1500,7 +1512,7 @@ fn sigkill_at_random_points(kind: FsKind) {
     let span = calibrate(&fs, kind);
     let (mut whole, mut near) = (Vec::new(), Vec::new());
     let mut killed = 0;
-    let mut stale = None;
+    let mut killed_copying = false;
     let rounds = 5;
     for i in 1..=rounds + 1 {
         let (w, n) = signal_batch(root, i);
@@ -1514,23 +1526,25 @@ fn sigkill_at_random_points(kind: FsKind) {
             std::thread::sleep(d);
             d
         } else {
-            // Kill as soon as this run's temporary directory exists (btrfs
-            // re-homing makes one; XFS never does: killed at mid-run).
-            let mine = root.join(format!(".onecopy-tmp.{}", child.id()));
-            // Generous on btrfs: the wait ends as soon as the directory
-            // exists, and a loaded machine (CI) stretches the run.
+            // Kill as soon as this run holds a re-homing copy (btrfs
+            // re-homing opens unnamed O_TMPFILE files; XFS never does:
+            // killed at mid-run).
+            // Generous on btrfs: the wait ends as soon as the copy is
+            // open, and a loaded machine (CI) stretches the run.
             let limit = if kind == FsKind::Btrfs {
                 (span * 4).max(Duration::from_secs(60))
             } else {
                 span / 2
             };
             let t0 = Instant::now();
-            while !mine.exists() && t0.elapsed() < limit {
+            let mut copying = false;
+            while !copying && t0.elapsed() < limit {
+                copying = holds_unnamed_file(child.id());
                 std::thread::sleep(Duration::from_micros(200));
             }
             if kind == FsKind::Btrfs {
-                assert!(mine.exists(), "no temporary directory appeared");
-                stale = Some(mine);
+                assert!(copying, "no re-homing copy was opened");
+                killed_copying = true;
             }
             t0.elapsed()
         };
@@ -1554,8 +1568,13 @@ fn sigkill_at_random_points(kind: FsKind) {
         );
     }
     assert!(killed >= 2, "only {killed} runs were killed");
-    if let Some(d) = &stale {
-        assert!(d.exists(), "the killed run's temporary directory vanished");
+    if killed_copying {
+        // Killed holding a copy: no name was ever made for it.
+        assert!(
+            tmp_dirs(root).is_empty(),
+            "names left: {:?}",
+            tmp_dirs(root)
+        );
     }
     let sums = user_sums(root);
     clean_run_after_signals(root, &sums, &whole, &near);

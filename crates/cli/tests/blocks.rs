@@ -216,7 +216,7 @@ fn rehome_keeps_metadata(kind: FsKind) {
     no_tmp_dirs_left(&root);
 }
 
-/// `--rehome-ratio 0` leaves bookended extents alone: on btrfs the space
+/// `--rehome-max-write 0` leaves bookended extents alone: on btrfs the space
 /// of a near-duplicate is then not freed, and the report says so.
 fn rehome_disabled(kind: FsKind) {
     let fs = new_fs(kind, 256 * MIB);
@@ -227,7 +227,7 @@ fn rehome_disabled(kind: FsKind) {
     poke32(&root.join("b"), 5 * MIB + 3, 2);
     fs.sync();
     let used0 = fs.used_bytes();
-    let r = dedupe(&[&root], &["--rehome-ratio", "0"]);
+    let r = dedupe(&[&root], &["--rehome-max-write", "0"]);
     r.assert_ok("rehome disabled");
     fs.sync();
     let dropped = drop_of(used0, fs.used_bytes());

@@ -43,7 +43,7 @@ pub struct ExecOptions {
     /// Decide and report, but issue no dedupe.
     pub dry_run: bool,
     pub model: Model,
-    /// Re-home small remainders of partly shared extents (btrfs only).
+    /// Re-home the live remainders of partly shared extents (btrfs only).
     pub rehome: Option<RehomeOptions>,
 }
 
@@ -134,6 +134,12 @@ pub struct ExecStats {
     /// Extents fully released by re-homing, and their size.
     pub rehome_extents: u64,
     pub rehome_bytes_released: u64,
+    /// Extents worth re-homing left pinned by the bound on bytes written.
+    pub rehome_over_budget: u64,
+    /// Why re-homing did not run at all (the filesystem refused unnamed
+    /// temporary files), if so.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rehome_unavailable: Option<String>,
     /// Destination ranges not deduped, by reason.
     #[serde(rename = "ranges_skipped")]
     pub skipped: BTreeMap<DestSkip, u64>,
@@ -155,6 +161,10 @@ impl ExecStats {
         self.rehome_bytes_written += o.rehome_bytes_written;
         self.rehome_extents += o.rehome_extents;
         self.rehome_bytes_released += o.rehome_bytes_released;
+        self.rehome_over_budget += o.rehome_over_budget;
+        if self.rehome_unavailable.is_none() {
+            self.rehome_unavailable.clone_from(&o.rehome_unavailable);
+        }
         for (k, v) in &o.skipped {
             *self.skipped.entry(*k).or_default() += v;
         }
@@ -187,6 +197,8 @@ struct Files<'a> {
     model: Model,
     before: HashMap<u32, FileUnits>,
     involved: Vec<bool>,
+    /// Deduped by this run, or found already shared: their old extents
+    /// may be left partly referenced (re-homing candidates).
     changed: Vec<bool>,
 }
 
@@ -289,31 +301,13 @@ pub fn execute(
         run_op(op, &mut files, opts, &settled, progress, &mut rep);
         progress.ops_done.fetch_add(1, Ordering::Relaxed);
     }
-    // Bookending: release extents pinned by small unique remainders.
+    // Bookending: release extents pinned by unique remainders.
     if let (Some(ro), false, Model::Extents) = (&opts.rehome, opts.dry_run, opts.model) {
-        if ro.max_ratio > 0.0 {
+        if ro.max_write > 0 && !progress.cancel.load(Ordering::Relaxed) {
             let changed: Vec<u32> = (0..entries.len() as u32)
                 .filter(|&i| files.changed[i as usize])
                 .collect();
-            for i in changed {
-                if progress.cancel.load(Ordering::Relaxed) {
-                    break;
-                }
-                let Ok(f) = files.get(i) else { continue };
-                if !files.unchanged(i, &f) {
-                    continue;
-                }
-                let e = &entries[i as usize];
-                rehome::rehome_file(
-                    &e.path,
-                    &f,
-                    e.size,
-                    ro,
-                    progress,
-                    &mut rep.stats,
-                    &mut rep.errors,
-                );
-            }
+            rehome::rehome(&mut files, &changed, ro, progress, &mut rep);
         }
     }
     // Accounting.
@@ -337,6 +331,21 @@ pub fn execute(
         rep.stats.bytes_freed = account::freed_bytes(opts.model, &before, &after);
     }
     rep
+}
+
+/// Why an open file may not be a destination at all (immutable or
+/// append-only inode, read-only mount), if so.
+fn dest_refusal(f: &File) -> Option<DestSkip> {
+    let fl = iflags(f.as_fd()).unwrap_or(0);
+    if fl & (onecopy_ioctl::fs::inode_flags::IMMUTABLE | onecopy_ioctl::fs::inode_flags::APPEND)
+        != 0
+    {
+        return Some(DestSkip::Protected);
+    }
+    if onecopy_ioctl::fs::on_read_only_mount(f.as_fd()).unwrap_or(false) {
+        return Some(DestSkip::ReadOnly);
+    }
+    None
 }
 
 fn skip(rep: &mut ExecReport, file: u32, why: DestSkip) {
@@ -438,21 +447,20 @@ fn run_op(
             skip(rep, d.file, DestSkip::Changed);
             continue;
         }
-        let fl = iflags(f.as_fd()).unwrap_or(0);
-        if fl & (onecopy_ioctl::fs::inode_flags::IMMUTABLE | onecopy_ioctl::fs::inode_flags::APPEND)
-            != 0
-        {
-            skip(rep, d.file, DestSkip::Protected);
-            continue;
-        }
-        let read_only = files.entries[d.file as usize].read_only
-            || onecopy_ioctl::fs::on_read_only_mount(f.as_fd()).unwrap_or(false);
-        if read_only {
-            skip(rep, d.file, DestSkip::ReadOnly);
+        let refusal = if files.entries[d.file as usize].read_only {
+            Some(DestSkip::ReadOnly)
+        } else {
+            dest_refusal(&f)
+        };
+        if let Some(why) = refusal {
+            skip(rep, d.file, why);
             continue;
         }
         match physical_layout(&f, d.offset, op.len) {
             Ok(Some(l)) if l == src_layout => {
+                // Shared by an earlier (perhaps interrupted) run: its old
+                // extents may still wait to be re-homed.
+                files.changed[d.file as usize] = true;
                 rep.stats.ranges_already_shared += 1;
                 rep.stats.bytes_already_shared += op.len;
                 skip(rep, d.file, DestSkip::AlreadyShared);

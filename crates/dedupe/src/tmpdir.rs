@@ -1,65 +1,48 @@
-//! onecopy's temporary directory for re-homing copies.
+//! Unnamed temporary files for re-homing copies.
 //!
-//! `<dir>/.onecopy-tmp.<pid>` holds a `lock` file that its owner keeps
-//! `flock`ed for its whole life. The directory is removed when the owner
-//! drops it (normal end, error, Ctrl-C). After a SIGKILL, the next run finds
-//! the directory with an unlocked `lock` and removes it.
+//! A re-homing copy is only ever a `FIDEDUPERANGE` source, so it never
+//! needs a name: it is opened with `O_TMPFILE` in a directory of the
+//! filesystem being deduped and is never linked. No name appears in the
+//! user's tree at any moment, and the kernel frees the copy when its last
+//! descriptor closes — also when the process is killed (after a machine
+//! crash, btrfs and XFS drop such orphan inodes at the next mount). No lock
+//! or directory is needed.
+//!
+//! Where a filesystem refuses `O_TMPFILE`, re-homing is skipped with a
+//! message rather than falling back to a named file in the tree.
+//!
+//! Versions before 0.2 made a `.onecopy-tmp.<pid>` directory in the root
+//! with a `lock` file; [`remove_stale`] removes such leftovers of killed
+//! runs.
 
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::fs::File;
+use std::path::Path;
 
-use rustix::fs::{flock, FlockOperation};
+use rustix::fs::{flock, FlockOperation, Mode, OFlags};
 
 pub use onecopy_scan::TMP_DIR_PREFIX as PREFIX;
 
-/// A locked temporary directory, removed on drop.
-#[derive(Debug)]
-pub struct TmpDir {
-    path: PathBuf,
-    _lock: File,
+/// Opens an unnamed, unlinked read-write file on the filesystem of `dir`.
+pub fn anonymous_file(dir: &Path) -> std::io::Result<File> {
+    let fd = rustix::fs::open(
+        dir,
+        OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o600),
+    )?;
+    Ok(File::from(fd))
 }
 
-impl TmpDir {
-    /// Creates and locks `<parent>/.onecopy-tmp.<pid>`, first removing
-    /// stale ones left by killed runs.
-    pub fn create(parent: &Path) -> std::io::Result<TmpDir> {
-        remove_stale(parent);
-        let path = parent.join(format!("{PREFIX}{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::DirBuilder::new().mode(0o700).create(&path)?;
-        let lock = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(path.join("lock"))
-            .and_then(|f| {
-                flock(&f, FlockOperation::NonBlockingLockExclusive)?;
-                Ok(f)
-            });
-        match lock {
-            Ok(l) => Ok(TmpDir { path, _lock: l }),
-            Err(e) => {
-                let _ = std::fs::remove_dir_all(&path);
-                Err(e)
-            }
-        }
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
+/// Whether `e` says the filesystem does not support `O_TMPFILE` (as
+/// opposed to a passing problem such as no space).
+pub fn is_unsupported(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EOPNOTSUPP) | Some(libc::EISDIR) | Some(libc::EINVAL)
+    )
 }
 
-impl Drop for TmpDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.path);
-    }
-}
-
-/// Removes `<parent>/.onecopy-tmp.*` directories whose lock no live run
-/// holds. Returns how many were removed.
+/// Removes `<parent>/.onecopy-tmp.*` directories left by killed runs of
+/// older versions (their `lock` is no longer held). Returns how many.
 pub fn remove_stale(parent: &Path) -> usize {
     let Ok(rd) = std::fs::read_dir(parent) else {
         return 0;
@@ -85,22 +68,36 @@ pub fn remove_stale(parent: &Path) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::FileExt;
 
     #[test]
-    fn removed_on_drop_and_stale_cleaned() {
+    fn anonymous_file_leaves_no_name() {
         let base = tempfile::tempdir().unwrap();
-        let t = TmpDir::create(base.path()).unwrap();
-        let p = t.path().to_path_buf();
-        std::fs::write(p.join("x"), b"1").unwrap();
-        // A live run's directory is not stale.
-        assert_eq!(remove_stale(base.path()), 0);
-        drop(t);
-        assert!(!p.exists());
-        // A killed run's directory (no lock held) is.
+        match anonymous_file(base.path()) {
+            Ok(f) => {
+                f.write_all_at(b"data", 0).unwrap();
+                let mut b = [0u8; 4];
+                f.read_exact_at(&mut b, 0).unwrap();
+                assert_eq!(&b, b"data");
+                assert_eq!(std::fs::read_dir(base.path()).unwrap().count(), 0);
+            }
+            // tmpfs and the usual test filesystems support it; a refusal
+            // must at least be recognised as one.
+            Err(e) => assert!(is_unsupported(&e), "{e}"),
+        }
+    }
+
+    #[test]
+    fn stale_directories_of_old_versions_are_removed() {
+        let base = tempfile::tempdir().unwrap();
         let dead = base.path().join(format!("{PREFIX}999999"));
         std::fs::create_dir(&dead).unwrap();
         std::fs::write(dead.join("lock"), b"").unwrap();
+        let live = base.path().join(format!("{PREFIX}1"));
+        std::fs::create_dir(&live).unwrap();
+        let l = File::create(live.join("lock")).unwrap();
+        flock(&l, FlockOperation::NonBlockingLockExclusive).unwrap();
         assert_eq!(remove_stale(base.path()), 1);
-        assert!(!dead.exists());
+        assert!(!dead.exists() && live.exists());
     }
 }

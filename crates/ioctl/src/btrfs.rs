@@ -46,7 +46,7 @@ pub struct FileExtent {
 }
 
 /// A malformed search answer.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum DecodeError {
     #[error("tree search item {index} runs past the buffer")]
     Truncated { index: usize },
@@ -197,6 +197,72 @@ pub fn subvol_id(fd: BorrowedFd<'_>) -> io::Result<u64> {
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "short answer"))
 }
 
+/// `_IOWR(0x94, 59, struct btrfs_ioctl_logical_ino_args)` (56 bytes).
+const BTRFS_IOC_LOGICAL_INO_V2: libc::c_ulong = 0xC038_943B;
+const LOGICAL_INO_ARGS: usize = 56;
+/// `BTRFS_LOGICAL_INO_ARGS_IGNORE_OFFSET`: every reference to the extent,
+/// not only those covering the given byte.
+const LOGICAL_INO_IGNORE_OFFSET: u64 = 1;
+/// The first answer buffer, and the kernel's cap on it (retried with when
+/// the first is too small).
+const LOGICAL_INO_BUFS: [usize; 2] = [64 << 10, 16 << 20];
+
+/// One reference to an extent: inode `ino` of subvolume `root` maps it at
+/// file offset `offset`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ExtentOwner {
+    pub ino: u64,
+    pub offset: u64,
+    pub root: u64,
+}
+
+/// Every (inode, subvolume) reference to the data extent starting at
+/// `disk_bytenr`, in any subvolume or snapshot of the filesystem holding
+/// `fd` (`BTRFS_IOC_LOGICAL_INO_V2`, needs CAP_SYS_ADMIN). Returns `None`
+/// when the answer did not fit (too many references to list).
+pub fn extent_owners(fd: BorrowedFd<'_>, disk_bytenr: u64) -> io::Result<Option<Vec<ExtentOwner>>> {
+    for size in LOGICAL_INO_BUFS {
+        let mut data = AlignedBuf::new(size);
+        let mut args = AlignedBuf::new(LOGICAL_INO_ARGS);
+        args.put_u64(0, disk_bytenr);
+        args.put_u64(8, size as u64);
+        args.put_u64(40, LOGICAL_INO_IGNORE_OFFSET);
+        // The kernel writes the answer through this pointer; `data` lives
+        // until after the call.
+        args.put_u64(48, data.as_mut_ptr() as u64);
+        crate::ioctl_buf(fd, BTRFS_IOC_LOGICAL_INO_V2, &mut args)?;
+        let owners = decode_owners(data.as_bytes())
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        if owners.is_some() {
+            return Ok(owners);
+        }
+    }
+    Ok(None)
+}
+
+/// Decodes a `struct btrfs_data_container` holding (inum, offset, root)
+/// triples; `Ok(None)` when the kernel reports missed entries.
+pub fn decode_owners(buf: &[u8]) -> Result<Option<Vec<ExtentOwner>>, DecodeError> {
+    let short = DecodeError::Truncated { index: 0 };
+    let missing = u32_at(buf, 4).ok_or(short.clone())?;
+    let count = u32_at(buf, 8).ok_or(short.clone())? as usize;
+    let missed = u32_at(buf, 12).ok_or(short.clone())?;
+    if missing != 0 || missed != 0 {
+        return Ok(None);
+    }
+    let mut out = Vec::with_capacity(count / 3);
+    for (index, i) in (0..count / 3).enumerate() {
+        let at = 16 + i * 24;
+        let t = DecodeError::Truncated { index };
+        out.push(ExtentOwner {
+            ino: u64_at(buf, at).ok_or(t.clone())?,
+            offset: u64_at(buf, at + 8).ok_or(t.clone())?,
+            root: u64_at(buf, at + 16).ok_or(t)?,
+        });
+    }
+    Ok(Some(out))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -233,7 +299,28 @@ mod tests {
         assert!(decode_items(&b[..40], 1).is_err());
     }
 
+    #[test]
+    fn decodes_owners() {
+        let mut b = vec![0u8; 16 + 48];
+        b[8..12].copy_from_slice(&6u32.to_ne_bytes());
+        for (i, v) in [257u64, 0, 5, 300, 4096, 256].iter().enumerate() {
+            b[16 + i * 8..24 + i * 8].copy_from_slice(&v.to_ne_bytes());
+        }
+        let v = decode_owners(&b).unwrap().unwrap();
+        assert_eq!(v.len(), 2);
+        assert_eq!((v[1].ino, v[1].offset, v[1].root), (300, 4096, 256));
+        b[12..16].copy_from_slice(&1u32.to_ne_bytes());
+        assert_eq!(decode_owners(&b).unwrap(), None);
+        b[12..16].copy_from_slice(&0u32.to_ne_bytes());
+        assert!(decode_owners(&b[..40]).is_err());
+    }
+
     proptest! {
+        #[test]
+        fn decode_owners_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = decode_owners(&bytes);
+        }
+
         #[test]
         fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..4096), n in 0u32..100) {
             let _ = decode_items(&bytes, n);

@@ -32,7 +32,12 @@ pub struct Summary {
 mod ns {
     pub const PLAN: u64 = 1 << 62;
     pub const PREFIX: u64 = 1 << 61;
+    pub const PIECE: u64 = 1 << 60;
+    pub const FILLER: u64 = 1 << 59;
 }
+
+/// 32 bytes written over a file's content at an offset.
+type Patch = (u64, [u8; 32]);
 
 /// A file's content: concatenated pseudo-random segments (each its own
 /// stream, so a segment's bytes do not depend on what precedes it), with
@@ -40,7 +45,7 @@ mod ns {
 struct FileSpec {
     path: PathBuf,
     segments: Vec<(u64, u64)>,
-    patches: Vec<(u64, [u8; 32])>,
+    patches: Vec<Patch>,
 }
 
 impl FileSpec {
@@ -337,6 +342,112 @@ pub fn many(dir: &Path, files: u64, seed: u64) -> Result<Summary> {
     })
 }
 
+/// `chains`: version chains of near-copies. Each group is an original and
+/// its descendants: every version has `fanout` successors, down to depth
+/// `length`, and each successor is its predecessor plus one more 32-byte
+/// change (successive builds, VM images patched over time). Files of
+/// 24 MiB (less if `total` is small), written with ordinary writes.
+pub fn chains(dir: &Path, total: u64, seed: u64, length: u32, fanout: u32) -> Result<Summary> {
+    let mut rng = Prng::derive(seed, ns::PLAN | 5);
+    let fanout = u64::from(fanout.max(1));
+    let per_group: u64 = (0..=length).map(|d| fanout.pow(d)).sum();
+    let sz = (24 * MIB)
+        .min(total / per_group / BLOCK * BLOCK)
+        .max(16 * BLOCK);
+    let groups = (total / (per_group * sz)).max(1);
+    let mut specs = Vec::new();
+    let mut unique_blocks = 0u64;
+    for g in 0..groups {
+        let gdir = dir.join(format!("c{g:02}"));
+        // (name, patches) of the versions at the current depth.
+        let mut level: Vec<(String, Vec<Patch>)> = vec![("v".into(), vec![])];
+        unique_blocks += sz / BLOCK;
+        for _ in 0..=length {
+            let mut next = Vec::new();
+            for (name, patches) in &level {
+                specs.push(FileSpec {
+                    path: gdir.join(name),
+                    segments: vec![(g, sz)],
+                    patches: patches.clone(),
+                });
+                for k in 0..fanout {
+                    let off = rng.below(sz - 32 + 1);
+                    let mut bytes = [0u8; 32];
+                    rng.fill(&mut bytes);
+                    let mut p = patches.clone();
+                    p.push((off, bytes));
+                    next.push((format!("{name}.{k}"), p));
+                }
+            }
+            level = next;
+        }
+    }
+    // Each change makes the blocks it touches new content, which its
+    // descendants share unless they change them again.
+    for s in &specs {
+        if let Some((off, _)) = s.patches.last() {
+            unique_blocks += (off + 32).div_ceil(BLOCK) - off / BLOCK;
+        }
+    }
+    let dirs = write_all_sequential(seed, &specs)?;
+    let bytes: u64 = specs.iter().map(FileSpec::len).sum();
+    Ok(summary(
+        &specs,
+        dirs,
+        bytes - unique_blocks * BLOCK,
+        "bytes beyond the distinct 4 KiB blocks of each chain",
+    ))
+}
+
+/// `pieces`: `files` files of 1 MiB assembled from a shared pool of 8 KiB
+/// random pieces placed at 4 KiB-aligned offsets (one unique 4 KiB filler
+/// block between pieces now and then shifts them off 8 KiB alignment).
+/// About 70% of the bytes are duplicates at 4 KiB.
+pub fn pieces(dir: &Path, files: u64, seed: u64) -> Result<Summary> {
+    const PIECE: u64 = 8 * KIB;
+    const FILE: u64 = MIB;
+    let mut rng = Prng::derive(seed, ns::PLAN | 6);
+    let pool = (files * 16).max(1);
+    let mut seen = std::collections::HashSet::new();
+    let mut fillers = 0u64;
+    let mut specs = Vec::new();
+    for i in 0..files {
+        let mut segments = Vec::new();
+        let mut pos = 0u64;
+        while pos < FILE {
+            if rng.chance(0.1) {
+                segments.push((ns::FILLER | fillers, BLOCK));
+                fillers += 1;
+                pos += BLOCK;
+                continue;
+            }
+            let id = rng.below(pool);
+            let len = PIECE.min(FILE - pos);
+            segments.push((ns::PIECE | id, len));
+            seen.insert((id, 0));
+            if len > BLOCK {
+                seen.insert((id, 1));
+            }
+            pos += len;
+        }
+        specs.push(FileSpec {
+            path: dir
+                .join(format!("p{:02}", i / 100))
+                .join(format!("f{i:04}.bin")),
+            segments,
+            patches: vec![],
+        });
+    }
+    let dirs = write_all_sequential(seed, &specs)?;
+    let unique = (seen.len() as u64 + fillers) * BLOCK;
+    Ok(summary(
+        &specs,
+        dirs,
+        files * FILE - unique,
+        "bytes beyond the distinct 4 KiB blocks (8 KiB pieces at 4 KiB-aligned offsets)",
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -434,6 +545,50 @@ mod tests {
             assert_eq!((v.len() - base) % 4096, 0);
             assert_eq!(&v[v.len() - base..], &g0[0][g0[0].len() - base..]);
         }
+    }
+
+    /// Distinct 4 KiB blocks of a tree.
+    fn distinct_blocks(tree: &BTreeMap<PathBuf, Vec<u8>>) -> u64 {
+        let mut set = std::collections::HashSet::new();
+        for v in tree.values() {
+            for b in v.chunks(BLOCK as usize) {
+                set.insert(b.to_vec());
+            }
+        }
+        set.len() as u64
+    }
+
+    #[test]
+    fn chains_change_one_more_block_per_version() {
+        let t = tempfile::tempdir().unwrap();
+        let s = chains(t.path(), 7 * MIB, 2, 2, 1).unwrap();
+        let tree = read_tree(t.path());
+        assert_eq!(
+            s.files,
+            3 * tree.keys().filter(|p| p.ends_with("v")).count() as u64
+        );
+        let v = &tree[Path::new("c00/v")];
+        let v0 = &tree[Path::new("c00/v.0")];
+        let v1 = &tree[Path::new("c00/v.0.0")];
+        let diff = |a: &[u8], b: &[u8]| a.iter().zip(b).filter(|(x, y)| x != y).count();
+        assert!((1..=32).contains(&diff(v, v0)) && (1..=32).contains(&diff(v0, v1)));
+        assert!(diff(v, v1) > diff(v, v0) || diff(v, v1) >= 1);
+        assert_eq!(s.bytes - distinct_blocks(&tree) * BLOCK, s.duplicate_bytes);
+        // Fan-out: every version has two successors.
+        let t2 = tempfile::tempdir().unwrap();
+        let s2 = chains(t2.path(), 8 * MIB, 3, 2, 2).unwrap();
+        assert_eq!(s2.files % 7, 0);
+    }
+
+    #[test]
+    fn pieces_share_blocks_at_4k() {
+        let t = tempfile::tempdir().unwrap();
+        let s = pieces(t.path(), 20, 4).unwrap();
+        let tree = read_tree(t.path());
+        assert_eq!(tree.len(), 20);
+        assert!(tree.values().all(|v| v.len() as u64 == MIB));
+        assert_eq!(s.bytes - distinct_blocks(&tree) * BLOCK, s.duplicate_bytes);
+        assert!(s.duplicate_bytes > 0);
     }
 
     #[test]

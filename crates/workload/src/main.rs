@@ -8,6 +8,8 @@
 //! onecopy-workload near    --dir D [--size 1G]
 //! onecopy-workload shifted --dir D [--size 1G] [--align 4096]
 //! onecopy-workload many    --dir D [--files 1000000]
+//! onecopy-workload chains  --dir D [--size 432M] [--chain 2] [--fanout 1]
+//! onecopy-workload pieces  --dir D [--files 300]
 //! ```
 //!
 //! The same `--seed` always produces byte-identical trees. A one-line JSON
@@ -43,6 +45,15 @@ pub enum Kind {
     /// 0-16 KiB, a few up to 1 MiB) in a deep tree (depth ~6-10, fan-out
     /// ~10); about 30% of files are copies of others.
     Many,
+    /// Version chains: an original of 24 MiB and successors, each its
+    /// predecessor plus one 32-byte change, `--chain` deep with `--fanout`
+    /// successors per version. Total `--size` (default 432 MiB: six
+    /// chains orig -> v0 -> v1).
+    Chains,
+    /// `--files` (default 300) files of 1 MiB assembled from a shared pool
+    /// of 8 KiB random pieces at 4 KiB-aligned offsets (~70% duplicate at
+    /// 4 KiB).
+    Pieces,
 }
 
 impl Kind {
@@ -53,6 +64,8 @@ impl Kind {
             Kind::Near => "near",
             Kind::Shifted => "shifted",
             Kind::Many => "many",
+            Kind::Chains => "chains",
+            Kind::Pieces => "pieces",
         }
     }
 }
@@ -81,6 +94,12 @@ pub struct Cli {
     /// shifts; 1 = arbitrary shifts, for content-defined chunking).
     #[arg(long, default_value_t = 4096)]
     pub align: u64,
+    /// Successors after the original in each `chains` group.
+    #[arg(long, default_value_t = 2)]
+    pub chain: u32,
+    /// Successors of each version in `chains`.
+    #[arg(long, default_value_t = 1)]
+    pub fanout: u32,
     /// Writer threads for small/many (default: number of CPUs). Large-file
     /// workloads are written by one thread so the extent layout is
     /// reproducible.
@@ -107,6 +126,14 @@ fn main() -> Result<()> {
         Kind::Near => gen::near(&cli.dir, cli.size.unwrap_or(1 << 30), cli.seed)?,
         Kind::Shifted => gen::shifted(&cli.dir, cli.size.unwrap_or(1 << 30), cli.seed, cli.align)?,
         Kind::Many => gen::many(&cli.dir, cli.files.unwrap_or(1_000_000), cli.seed)?,
+        Kind::Chains => gen::chains(
+            &cli.dir,
+            cli.size.unwrap_or(432 << 20),
+            cli.seed,
+            cli.chain,
+            cli.fanout,
+        )?,
+        Kind::Pieces => gen::pieces(&cli.dir, cli.files.unwrap_or(300), cli.seed)?,
     };
     let secs = start.elapsed().as_secs_f64();
     let summary = serde_json::json!({

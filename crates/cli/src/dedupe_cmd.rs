@@ -63,6 +63,8 @@ fn check_fs(path: &Path, f: &std::fs::File, info: FsInfo) -> Result<Root, String
 
 pub fn run(a: DedupeArgs) -> Result<u8> {
     let started = Instant::now();
+    // Large groups are opened in batches sized from this limit.
+    onecopy_dedupe::fdlimit::raise_nofile_limit();
     // Signals first: a Ctrl-C at any point ends in a report and exit 130.
     let scan_progress = Arc::new(Progress::default());
     let exec_progress = Arc::new(ExecProgress::default());

@@ -127,6 +127,10 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
             return Ok(exit::USAGE);
         }
     }
+    if let Some(msg) = foreign_hashfile(&a) {
+        eprintln!("onecopy: {msg}");
+        return Ok(exit::USAGE);
+    }
     let free_before = settled_free(&a.paths);
     // Absolute, symlink-free roots: catalog records hold absolute paths.
     let roots_abs: Vec<PathBuf> = a
@@ -467,6 +471,14 @@ pub fn default_catalog_dir() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("."));
     home.join(".cache").join("onecopy")
+}
+
+/// `--hashfile` names an existing file that is not a catalog: refused
+/// before anything runs, and the file is left untouched.
+fn foreign_hashfile(a: &DedupeArgs) -> Option<String> {
+    let path = a.hashfile.as_ref().filter(|_| !a.no_catalog)?;
+    (onecopy_catalog::identify(path).ok()? == onecopy_catalog::Existing::Foreign)
+        .then(|| onecopy_catalog::CatalogError::NotACatalog { path: path.clone() }.to_string())
 }
 
 fn catalog_path(a: &DedupeArgs, key: &str) -> PathBuf {

@@ -13,12 +13,18 @@ mod common;
 #[path = "adversarial/support.rs"]
 mod support;
 
-use std::path::Path;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 
 use onecopy_testfs::{checksum_tree, FsKind};
 use support::*;
 
-per_fs!(large_group_low_fd_limit);
+per_fs!(
+    large_group_low_fd_limit,
+    hashfile_text_file,
+    hashfile_foreign_sqlite,
+    hashfile_damaged_catalog,
+);
 
 /// Runs `onecopy dedupe --json EXTRA... PATHS...` with a hard and soft
 /// `RLIMIT_NOFILE` of `nofile`.
@@ -61,4 +67,135 @@ fn large_group_low_fd_limit(kind: FsKind) {
         freed >= want * 9 / 10,
         "df shows {freed} bytes freed, want at least 90% of {want}"
     );
+}
+
+/// `path` with `suffix` appended (`-wal`, `.broken`).
+fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(suffix);
+    PathBuf::from(p)
+}
+
+/// Contents and mtime (ns) of `path` and its `-wal`/`-shm`/`.broken`
+/// companions (`None` where absent).
+fn fingerprint(path: &Path) -> Vec<Option<(Vec<u8>, i64, i64)>> {
+    ["", "-wal", "-shm", ".broken"]
+        .iter()
+        .map(|s| {
+            let p = with_suffix(path, s);
+            let m = std::fs::metadata(&p).ok()?;
+            Some((std::fs::read(&p).unwrap(), m.mtime(), m.mtime_nsec()))
+        })
+        .collect()
+}
+
+/// A scratch directory for hash files, outside the roots.
+fn scratch(kind: FsKind, case: &str) -> PathBuf {
+    let d = std::env::temp_dir()
+        .join(format!("onecopy-robust-{}", std::process::id()))
+        .join(format!("{case}-{kind}"));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A small tree with one duplicate group.
+fn small_tree(kind: FsKind) -> (onecopy_testfs::LoopFs, PathBuf, Vec<Vec<PathBuf>>) {
+    let fs = new_fs(kind, 512 * MIB);
+    let root = fs.path().join("tree");
+    let groups = dup_groups(&root, 1, 3, 2 * MIB + 77, 91);
+    (fs, root, groups)
+}
+
+/// Asserts a refused run: exit 2, a one-line message naming `h`, nothing
+/// deduped, `h` and its companions exactly as they were.
+#[track_caller]
+fn assert_refused(r: &Outcome, h: &Path, before: &[Option<(Vec<u8>, i64, i64)>], root: &Path) {
+    r.assert_sane();
+    assert_eq!(
+        r.code(),
+        Some(EXIT_USAGE),
+        "{}: stderr {:?}",
+        r.what,
+        r.stderr
+    );
+    let lines: Vec<&str> = r.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "not one line: {:?}", r.stderr);
+    assert!(
+        lines[0].contains(h.to_str().unwrap()) && lines[0].contains("not an onecopy catalog"),
+        "unclear message: {:?}",
+        lines[0]
+    );
+    assert!(
+        fingerprint(h) == before,
+        "{} or a companion was modified",
+        h.display()
+    );
+    let _ = root;
+}
+
+/// Item 4: `--hashfile` naming a text file (with `-wal`/`-shm` beside it).
+fn hashfile_text_file(kind: FsKind) {
+    let (_fs, root, groups) = small_tree(kind);
+    let dir = scratch(kind, "text");
+    let h = dir.join("some.txt");
+    std::fs::write(&h, "my notes\nnot a database\n").unwrap();
+    std::fs::write(with_suffix(&h, "-wal"), "wal of someone else").unwrap();
+    std::fs::write(with_suffix(&h, "-shm"), "shm of someone else").unwrap();
+    let before = fingerprint(&h);
+    let sums = checksum_tree(&root);
+    let r = dedupe(&[&root], &["--hashfile", h.to_str().unwrap()]);
+    assert_refused(&r, &h, &before, &root);
+    assert_eq!(checksum_tree(&root), sums);
+    assert_unshared("nothing is deduped after a refusal", &groups[0]);
+}
+
+/// Item 4: `--hashfile` naming another program's SQLite database in WAL
+/// mode, held open with uncheckpointed writes (so `-wal` and `-shm` exist).
+fn hashfile_foreign_sqlite(kind: FsKind) {
+    let (_fs, root, _groups) = small_tree(kind);
+    let dir = scratch(kind, "sqlite");
+    let h = dir.join("app.db");
+    let db = rusqlite::Connection::open(&h).unwrap();
+    db.execute_batch(
+        "PRAGMA journal_mode=WAL; PRAGMA wal_autocheckpoint=0;
+         CREATE TABLE meta (key TEXT, value TEXT);
+         INSERT INTO meta VALUES ('magic', 'someone-else');
+         CREATE TABLE files (name TEXT); INSERT INTO files VALUES ('x');",
+    )
+    .unwrap();
+    assert!(with_suffix(&h, "-wal").exists() && with_suffix(&h, "-shm").exists());
+    let before = fingerprint(&h);
+    let r = dedupe(&[&root], &["--hashfile", h.to_str().unwrap()]);
+    assert_refused(&r, &h, &before, &root);
+    let n: i64 = db
+        .query_row("SELECT count(*) FROM files", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 1);
+    drop(db);
+    // Closed and checkpointed (no WAL): still refused.
+    let before = fingerprint(&h);
+    let r = dedupe(&[&root], &["--hashfile", h.to_str().unwrap()]);
+    assert_refused(&r, &h, &before, &root);
+}
+
+/// Item 4: a real catalog damaged past its header is still set aside as
+/// `.broken` and rebuilt (exit 0).
+fn hashfile_damaged_catalog(kind: FsKind) {
+    let (_fs, root, groups) = small_tree(kind);
+    let dir = scratch(kind, "damaged");
+    let h = dir.join("cat.sqlite");
+    let hs = h.to_str().unwrap();
+    dedupe(&[&root], &["--hashfile", hs]).assert_ok();
+    let len = std::fs::metadata(&h).unwrap().len();
+    let f = std::fs::OpenOptions::new().write(true).open(&h).unwrap();
+    f.set_len(len / 2).unwrap();
+    drop(f);
+    let new_copy = root.join("g0").join("late.bin");
+    onecopy_testfs::copy_no_reflink(&groups[0][0], &new_copy).unwrap();
+    let r = dedupe(&[&root], &["--hashfile", hs]);
+    r.assert_ok();
+    assert!(with_suffix(&h, ".broken").exists(), "not set aside");
+    assert!(r.stderr.contains("rebuilt"), "no warning: {:?}", r.stderr);
+    assert!(same_physical(&groups[0][0], &new_copy));
 }

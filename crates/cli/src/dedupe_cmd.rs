@@ -276,15 +276,22 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
             let pfiles: Vec<PlanFile<'_>> = files
                 .iter()
                 .zip(&outside)
-                .map(|(f, &out)| PlanFile {
-                    size: f.entry.size,
-                    blocks: &f.blocks,
-                    subs: &f.subs,
-                    whole: f.whole,
-                    can_be_dest: !out
-                        && !f.entry.read_only
-                        && f.inode_flags & (protected | nocow) == 0,
-                    can_be_src: f.inode_flags & nocow == 0,
+                .map(|(f, &out)| {
+                    let mut can_be_dest =
+                        !out && !f.entry.read_only && f.inode_flags & (protected | nocow) == 0;
+                    // Readable but not this user's to change: a source only.
+                    if can_be_dest && !onecopy_dedupe::access::may_dedupe_into(&f.entry.path) {
+                        can_be_dest = false;
+                        report.files_source_only += 1;
+                    }
+                    PlanFile {
+                        size: f.entry.size,
+                        blocks: &f.blocks,
+                        subs: &f.subs,
+                        whole: f.whole,
+                        can_be_dest,
+                        can_be_src: f.inode_flags & nocow == 0,
+                    }
                 })
                 .collect();
             let plan = onecopy_plan::plan(

@@ -24,6 +24,7 @@ per_fs!(
     hashfile_text_file,
     hashfile_foreign_sqlite,
     hashfile_damaged_catalog,
+    read_only_files_are_sources_as_nobody,
 );
 
 /// Runs `onecopy dedupe --json EXTRA... PATHS...` with a hard and soft
@@ -198,4 +199,63 @@ fn hashfile_damaged_catalog(kind: FsKind) {
     assert!(with_suffix(&h, ".broken").exists(), "not set aside");
     assert!(r.stderr.contains("rebuilt"), "no warning: {:?}", r.stderr);
     assert!(same_physical(&groups[0][0], &new_copy));
+}
+
+/// Item 6: run as `nobody` over its own files and root's files it may read
+/// but not change. Root's files are sources only: never deduped into (their
+/// extents stay as they were), no error, exit 0, and the summary counts
+/// them and says why. `nobody`'s own copies are shared.
+fn read_only_files_are_sources_as_nobody(kind: FsKind) {
+    let fs = new_fs(kind, 512 * MIB);
+    open_up(fs.path().parent().unwrap());
+    let base = fs.path().join("home");
+    // Group 0: three of nobody's copies and two of root's; group 1: root's only.
+    let groups = dup_groups(&base, 2, 3, 2 * MIB + 321, 97);
+    give_to_nobody(&base);
+    let mut roots_files = vec![
+        groups[1][0].clone(),
+        groups[1][1].clone(),
+        groups[1][2].clone(),
+    ];
+    for i in 0..2 {
+        let p = base.join("g0").join(format!("root{i}.bin"));
+        onecopy_testfs::copy_no_reflink(&groups[0][0], &p).unwrap();
+        roots_files.push(p);
+    }
+    for p in &roots_files {
+        std::os::unix::fs::chown(p, Some(0), Some(0)).unwrap();
+        chmod(p, 0o644);
+    }
+    let before = layouts(&roots_files);
+    let sums = checksum_tree(fs.path());
+
+    // The text summary says how many and why.
+    let out = command("setpriv")
+        .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
+        .arg(env!("CARGO_BIN_EXE_onecopy"))
+        .args(["dedupe", "--dry-run", "--no-catalog"])
+        .arg(&base)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "dry run: {out:?}");
+    assert!(
+        stdout.contains("sources only: 5 files") && stdout.contains("no write permission"),
+        "the summary does not explain the read-only files: {stdout}"
+    );
+
+    let r = dedupe_as_nobody(&[&base], &[]);
+    r.assert_ok();
+    assert_eq!(r.u("files_source_only"), 5, "files_source_only");
+    assert_eq!(r.ranges_skipped("refused"), 0);
+    assert_eq!(checksum_tree(fs.path()), sums, "file contents changed");
+    assert_eq!(
+        layouts(&roots_files),
+        before,
+        "root's files were deduped into"
+    );
+    let mine = &groups[0];
+    for p in &mine[1..] {
+        assert!(same_physical(&mine[0], p), "{} not shared", p.display());
+    }
 }

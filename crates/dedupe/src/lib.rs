@@ -14,6 +14,7 @@
 //!   files pin, taken just before their first dedupe and after the run
 //!   ([`account`]); they are never candidate bytes.
 
+pub mod access;
 pub mod account;
 pub mod fdlimit;
 mod rehome;

@@ -13,6 +13,7 @@ mod common;
 #[path = "adversarial/support.rs"]
 mod support;
 
+use std::ffi::OsStr;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -25,7 +26,15 @@ per_fs!(
     hashfile_foreign_sqlite,
     hashfile_damaged_catalog,
     read_only_files_are_sources_as_nobody,
+    freed_excludes_reflinks_outside_roots,
 );
+
+mod freed_excludes_snapshot_extents {
+    #[test]
+    fn btrfs() {
+        super::freed_excludes_snapshot_extents()
+    }
+}
 
 /// Runs `onecopy dedupe --json EXTRA... PATHS...` with a hard and soft
 /// `RLIMIT_NOFILE` of `nofile`.
@@ -258,4 +267,97 @@ fn read_only_files_are_sources_as_nobody(kind: FsKind) {
     for p in &mine[1..] {
         assert!(same_physical(&mine[0], p), "{} not shared", p.display());
     }
+}
+
+/// The scene of item 6: under `dir`, `d.bin` (created first: the lowest
+/// inode, so the canonical copy), `z/a.bin` a byte copy of it and `z/b.bin`
+/// a reflink of `a`; and an independent pair `e/1.bin`, `e/2.bin` whose
+/// deduping really frees 6 MiB. Returns (d, a, b, e1, e2).
+fn honest_scene(dir: &Path) -> [PathBuf; 5] {
+    let d = dir.join("d.bin");
+    let (a, b) = (dir.join("z/a.bin"), dir.join("z/b.bin"));
+    let (e1, e2) = (dir.join("e/1.bin"), dir.join("e/2.bin"));
+    mkparent(&a);
+    mkparent(&e1);
+    onecopy_testfs::write_random(&d, 8 * MIB, 101).unwrap();
+    onecopy_testfs::copy_no_reflink(&d, &a).unwrap();
+    onecopy_testfs::reflink_copy(&a, &b).unwrap();
+    onecopy_testfs::write_random(&e1, 6 * MIB, 102).unwrap();
+    onecopy_testfs::copy_no_reflink(&e1, &e2).unwrap();
+    [d, a, b, e1, e2]
+}
+
+/// Runs onecopy over `root` and checks the report against `df`: the claim
+/// is within 1 MiB of what was really freed, which is `want` (±1 MiB).
+fn assert_honest(fs: &onecopy_testfs::LoopFs, root: &Path, files: &[PathBuf; 5], want: u64) {
+    let [d, a, b, e1, e2] = files;
+    let sums = checksum_tree(root);
+    let used = fs.used_bytes();
+    let r = dedupe(&[root], &["--no-catalog"]);
+    r.assert_ok();
+    assert_eq!(checksum_tree(root), sums, "file contents changed");
+    assert!(
+        same_physical(d, a) && same_physical(d, b),
+        "precondition: d.bin (lowest inode) was to be the canonical copy"
+    );
+    assert!(same_physical(e1, e2), "the independent pair was not shared");
+    let measured = used as i64 - fs.used_bytes() as i64;
+    let claimed = r.u("bytes_freed");
+    eprintln!(
+        "{}: bytes_freed {claimed} ({:.2} MiB), df freed {measured} ({:.2} MiB), want {:.2} MiB",
+        fs.kind(),
+        mib(claimed),
+        measured as f64 / MIB as f64,
+        mib(want)
+    );
+    assert!(
+        claimed.abs_diff(want) <= MIB && (claimed as i64).abs_diff(measured) <= MIB,
+        "bytes_freed {claimed} does not match the {measured} bytes df shows freed (expected {want})"
+    );
+}
+
+fn mib(b: u64) -> f64 {
+    b as f64 / MIB as f64
+}
+
+/// Item 6: `a` and `b` share an extent with a reflinked copy outside the
+/// roots; deduping them onto `d` frees nothing of it, and the report must
+/// not claim it. On XFS only the independent pair's 6 MiB is freed.
+fn freed_excludes_reflinks_outside_roots(kind: FsKind) {
+    let fs = new_fs(kind, 512 * MIB);
+    let root = fs.path().join("tree");
+    let files = honest_scene(&root);
+    let outside = fs.path().join("outside/c.bin");
+    mkparent(&outside);
+    onecopy_testfs::reflink_copy(&files[1], &outside).unwrap();
+    assert_honest(&fs, &root, &files, 6 * MIB);
+    assert!(!same_physical(&files[1], &outside), "c.bin was changed");
+}
+
+/// Item 6: a read-only snapshot taken before the run holds every extent of
+/// the subvolume: deduping it frees nothing, and the report must say so.
+fn freed_excludes_snapshot_extents() {
+    let fs = new_fs(FsKind::Btrfs, 512 * MIB);
+    let vol = fs.path().join("vol");
+    run(
+        "btrfs",
+        &[
+            OsStr::new("subvolume"),
+            OsStr::new("create"),
+            vol.as_os_str(),
+        ],
+    );
+    let files = honest_scene(&vol);
+    let snap = fs.path().join("snap");
+    run(
+        "btrfs",
+        &[
+            OsStr::new("subvolume"),
+            OsStr::new("snapshot"),
+            OsStr::new("-r"),
+            vol.as_os_str(),
+            snap.as_os_str(),
+        ],
+    );
+    assert_honest(&fs, &vol, &files, 0);
 }

@@ -344,9 +344,10 @@ pub fn execute(
                 after.push(account::file_units(&f, opts.model).unwrap_or_default());
             }
         }
+        let mut refs = extent_refs(&mut files, opts.model);
         let before: Vec<&FileUnits> = files.before.values().collect();
         let after: Vec<&FileUnits> = after.iter().collect();
-        rep.stats.bytes_freed = account::freed_bytes(opts.model, &before, &after);
+        rep.stats.bytes_freed = account::freed_bytes(opts.model, &before, &after, &mut refs);
     }
     rep
 }
@@ -368,6 +369,26 @@ fn in_batches(op: &Op, batch: usize) -> Vec<std::borrow::Cow<'_, Op>> {
             })
         })
         .collect()
+}
+
+/// Under [`Model::Extents`], a lookup of how many references anything on
+/// the filesystem (snapshots, files outside the roots) still holds to an
+/// extent, after committing the run so that the lookup sees it.
+fn extent_refs(
+    files: &mut Files<'_>,
+    model: Model,
+) -> Box<dyn FnMut(account::Unit) -> Option<u64>> {
+    let involved: Vec<u32> = (0..files.entries.len() as u32)
+        .filter(|&i| files.involved[i as usize])
+        .collect();
+    let fd = involved.into_iter().find_map(|i| files.get(i).ok());
+    match (model, fd) {
+        (Model::Extents, Some(f)) => {
+            let _ = onecopy_ioctl::fs::syncfs(f.as_fd());
+            Box::new(move |u| onecopy_ioctl::btrfs::extent_refs(f.as_fd(), u.start).ok())
+        }
+        _ => Box::new(|_| None),
+    }
 }
 
 fn skip(rep: &mut ExecReport, file: u32, why: DestSkip) {

@@ -43,8 +43,10 @@
 //! the commit atomic. Each record carries a checksum, so a damaged page that
 //! SQLite itself does not notice is still detected on load.
 
+mod identify;
 mod incremental;
 
+pub use identify::{identify, Existing, APPLICATION_ID};
 pub use incremental::{classify, Classified, Known};
 
 use std::path::{Path, PathBuf};
@@ -119,6 +121,9 @@ pub enum CatalogError {
     Version { path: PathBuf, found: i64 },
     #[error("{path}: not an onecopy catalog")]
     Foreign { path: PathBuf },
+    /// An existing file that is not a catalog: left exactly as it is.
+    #[error("{path} exists and is not an onecopy catalog; it is left untouched (choose another path, or remove it yourself)")]
+    NotACatalog { path: PathBuf },
     #[error("{path}: damaged record ({what})")]
     Corrupt { path: PathBuf, what: String },
 }
@@ -220,10 +225,21 @@ impl Catalog {
                 })?;
             }
         }
-        let fresh = !path.exists()
-            || std::fs::metadata(path)
-                .map(|m| m.len() == 0)
-                .unwrap_or(true);
+        let io = |source| CatalogError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        // Never open another program's file read-write: SQLite would
+        // switch its journal mode, create a WAL and change its times.
+        let fresh = match identify(path).map_err(io)? {
+            Existing::Foreign => {
+                return Err(CatalogError::NotACatalog {
+                    path: path.to_path_buf(),
+                })
+            }
+            Existing::Nothing => true,
+            Existing::Catalog => false,
+        };
         let conn = Connection::open_with_flags(
             path,
             OpenFlags::SQLITE_OPEN_READ_WRITE
@@ -284,6 +300,8 @@ impl Catalog {
             .map_err(sq)?;
             conn.pragma_update(None, "user_version", FORMAT_VERSION)
                 .map_err(sq)?;
+            conn.pragma_update(None, "application_id", APPLICATION_ID)
+                .map_err(sq)?;
         } else if version != FORMAT_VERSION {
             return Err(CatalogError::Version {
                 path: path.to_path_buf(),
@@ -291,6 +309,9 @@ impl Catalog {
             });
         }
         let bs = read_meta(&conn, path)?;
+        // Catalogs from before the application id get it now.
+        conn.pragma_update(None, "application_id", APPLICATION_ID)
+            .map_err(sq)?;
         if bs != block_size {
             // Digests of another block size are useless: start over in place.
             conn.execute_batch("DELETE FROM files;").map_err(sq)?;
@@ -340,7 +361,7 @@ impl Catalog {
     ) -> Result<(Catalog, Option<CatalogError>), CatalogError> {
         match Catalog::open(path, block_size).and_then(|c| c.load_all().map(|_| c)) {
             Ok(c) => Ok((c, None)),
-            Err(e @ CatalogError::Io { .. }) => Err(e),
+            Err(e @ (CatalogError::Io { .. } | CatalogError::NotACatalog { .. })) => Err(e),
             Err(why) => {
                 Self::set_aside(path)?;
                 let c = Catalog::open(path, block_size)?;
@@ -350,6 +371,12 @@ impl Catalog {
     }
 
     fn set_aside(path: &Path) -> Result<(), CatalogError> {
+        // Only ever a catalog (checked again: this renames a user's path).
+        if identify(path).ok() != Some(Existing::Catalog) {
+            return Err(CatalogError::NotACatalog {
+                path: path.to_path_buf(),
+            });
+        }
         let mut aside = path.as_os_str().to_owned();
         aside.push(".broken");
         let _ = std::fs::remove_file(&aside);
@@ -616,15 +643,25 @@ mod tests {
     fn foreign_and_damaged_files_are_rebuilt() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("c.sqlite");
-        std::fs::write(
-            &p,
-            b"this is not a database at all, just some text that is long enough",
-        )
-        .unwrap();
+        let text = b"this is not a database at all, just some text that is long enough";
+        std::fs::write(&p, text).unwrap();
+        // Not a catalog: refused, never set aside.
         assert!(matches!(
             Catalog::open(&p, 65536),
-            Err(CatalogError::Foreign { .. } | CatalogError::Sqlite { .. })
+            Err(CatalogError::NotACatalog { .. })
         ));
+        assert!(matches!(
+            Catalog::open_or_rebuild(&p, 65536),
+            Err(CatalogError::NotACatalog { .. })
+        ));
+        assert_eq!(std::fs::read(&p).unwrap(), text);
+        std::fs::remove_file(&p).unwrap();
+        // A catalog damaged past its header is set aside and rebuilt.
+        let c = Catalog::open(&p, 65536).unwrap();
+        drop(c);
+        let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+        f.set_len(1000).unwrap();
+        drop(f);
         let (c, why) = Catalog::open_or_rebuild(&p, 65536).unwrap();
         assert!(why.is_some());
         assert!(c.load_all().unwrap().is_empty());

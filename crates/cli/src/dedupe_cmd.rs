@@ -63,6 +63,8 @@ fn check_fs(path: &Path, f: &std::fs::File, info: FsInfo) -> Result<Root, String
 
 pub fn run(a: DedupeArgs) -> Result<u8> {
     let started = Instant::now();
+    // Large groups are opened in batches sized from this limit.
+    onecopy_dedupe::fdlimit::raise_nofile_limit();
     // Signals first: a Ctrl-C at any point ends in a report and exit 130.
     let scan_progress = Arc::new(Progress::default());
     let exec_progress = Arc::new(ExecProgress::default());
@@ -124,6 +126,10 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
             eprintln!("onecopy: --block-size {} is too large", a.block_size);
             return Ok(exit::USAGE);
         }
+    }
+    if let Some(msg) = foreign_hashfile(&a) {
+        eprintln!("onecopy: {msg}");
+        return Ok(exit::USAGE);
     }
     let free_before = settled_free(&a.paths);
     // Absolute, symlink-free roots: catalog records hold absolute paths.
@@ -270,15 +276,22 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
             let pfiles: Vec<PlanFile<'_>> = files
                 .iter()
                 .zip(&outside)
-                .map(|(f, &out)| PlanFile {
-                    size: f.entry.size,
-                    blocks: &f.blocks,
-                    subs: &f.subs,
-                    whole: f.whole,
-                    can_be_dest: !out
-                        && !f.entry.read_only
-                        && f.inode_flags & (protected | nocow) == 0,
-                    can_be_src: f.inode_flags & nocow == 0,
+                .map(|(f, &out)| {
+                    let mut can_be_dest =
+                        !out && !f.entry.read_only && f.inode_flags & (protected | nocow) == 0;
+                    // Readable but not this user's to change: a source only.
+                    if can_be_dest && !onecopy_dedupe::access::may_dedupe_into(&f.entry.path) {
+                        can_be_dest = false;
+                        report.files_source_only += 1;
+                    }
+                    PlanFile {
+                        size: f.entry.size,
+                        blocks: &f.blocks,
+                        subs: &f.subs,
+                        whole: f.whole,
+                        can_be_dest,
+                        can_be_src: f.inode_flags & nocow == 0,
+                    }
                 })
                 .collect();
             let plan = onecopy_plan::plan(
@@ -453,6 +466,14 @@ pub fn default_catalog_dir() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("."));
     home.join(".cache").join("onecopy")
+}
+
+/// `--hashfile` names an existing file that is not a catalog: refused
+/// before anything runs, and the file is left untouched.
+fn foreign_hashfile(a: &DedupeArgs) -> Option<String> {
+    let path = a.hashfile.as_ref().filter(|_| !a.no_catalog)?;
+    (onecopy_catalog::identify(path).ok()? == onecopy_catalog::Existing::Foreign)
+        .then(|| onecopy_catalog::CatalogError::NotACatalog { path: path.clone() }.to_string())
 }
 
 fn catalog_path(a: &DedupeArgs, key: &str) -> PathBuf {

@@ -47,6 +47,9 @@ pub struct Report {
     pub read_paths: Option<Vec<String>>,
     /// Files not considered, by reason.
     pub files_skipped: BTreeMap<SkipReason, u64>,
+    /// Files this user may read but not change (not the owner, no write
+    /// permission, not root): used as sources only, never deduped into.
+    pub files_source_only: u64,
     pub plan: PlanStats,
     /// Bytes of RAM per indexed block in the fingerprint table.
     pub index_bytes_per_block: u64,
@@ -250,6 +253,12 @@ impl Ui {
                 .map(|(k, v)| format!("{v} {}", skip_name(*k)))
                 .collect();
             println!("Skipped files: {}", parts.join(", "));
+        }
+        if r.files_source_only > 0 {
+            println!(
+                "Used as sources only: {} files you may read but not change (not yours, no write permission)",
+                r.files_source_only
+            );
         }
         println!(
             "Found {} identical-file groups ({} copies) and {} block runs ({})",

@@ -1039,9 +1039,30 @@ fn damage(h: &Path, how: Damage, marker: &[u8], root: &Path, seed: u64) {
     f.sync_all().ok();
 }
 
-/// Case 9a: a foreign file (random bytes) at `H`.
+/// Case 9a: a foreign file (random bytes) at `H`. It is not a catalog, so
+/// it is refused (exit 2) and left byte for byte as it was, never set
+/// aside (issue 8); once it is gone, the next run builds a catalog.
 fn damage_foreign(kind: FsKind) {
-    catalog_damage(kind, &[Damage::Foreign]);
+    let s = Scene::new(kind);
+    make_dupes(&s.root, SPECS);
+    settle();
+    s.run_root("first run").assert_ok("first run");
+    let seed = test_seed("damage_foreign") ^ kind_tag(kind);
+    damage(&s.h, Damage::Foreign, b"", &s.root, seed);
+    let bytes = std::fs::read(&s.h).unwrap();
+    let r = s.run_root("foreign file at H");
+    assert_eq!(r.code, 2, "foreign file at H: stderr {:?}", r.stderr);
+    assert!(
+        r.stderr.contains("not an onecopy catalog"),
+        "no clear message: {:?}",
+        r.stderr
+    );
+    assert_eq!(std::fs::read(&s.h).unwrap(), bytes, "H was modified");
+    assert!(!s.h_with(".broken").exists(), "H was set aside");
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(s.h_with(suffix));
+    }
+    s.run_root("after removal").assert_ok("after removal");
 }
 
 /// Case 9b: `H` truncated to half its length.

@@ -8,11 +8,15 @@
 //! * **XFS** keeps a reference count per block, so the unit is the byte
 //!   range reported by FIEMAP.
 //!
-//! Allocations that FIEMAP flags as shared before the run are counted as
-//! freed only when at least two of the snapshotted files referenced them
-//! (the sharing is then explained by files onecopy saw); otherwise a
-//! snapshot or a file outside the scanned paths may still hold them, and
-//! they are not claimed.
+//! Something outside the scanned roots (a snapshot, a reflinked copy
+//! elsewhere) may still reference an allocation the scanned files let go:
+//! * with whole extents (btrfs, root), every extent that left the scanned
+//!   files is looked up after a commit with `LOGICAL_INO`
+//!   ([`onecopy_ioctl::btrfs::extent_refs`]); one that anything still
+//!   references is not freed. Exact.
+//! * with byte ranges (XFS, btrfs without root), which offer no such
+//!   lookup, an allocation FIEMAP flagged shared before the run is never
+//!   claimed: a lower bound, never an overstatement.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -94,20 +98,32 @@ pub fn file_units(f: &File, model: Model) -> std::io::Result<FileUnits> {
 /// Net bytes released between two snapshots of the same files: the
 /// allocations `before` pinned that nothing in `after` pins any more, less
 /// the allocations `after` pins that are new (such as re-homed copies).
-pub fn freed_bytes(model: Model, before: &[&FileUnits], after: &[&FileUnits]) -> u64 {
+///
+/// `refs(u)` tells how many references anything on the filesystem holds to
+/// extent `u` now (`None`: unknown); it is asked only under
+/// [`Model::Extents`], for extents the files no longer pin. Without an
+/// answer, an extent shared before the run is claimed only when at least
+/// two snapshotted files referenced it (both now gone); under
+/// [`Model::Ranges`], never.
+pub fn freed_bytes(
+    model: Model,
+    before: &[&FileUnits],
+    after: &[&FileUnits],
+    refs: &mut dyn FnMut(Unit) -> Option<u64>,
+) -> u64 {
     // How many snapshotted files referenced each unit before.
-    let mut refs: HashMap<Unit, (u32, bool)> = HashMap::new();
+    let mut known: HashMap<Unit, (u32, bool)> = HashMap::new();
     for fu in before {
         for &(u, shared) in &fu.units {
-            let e = refs.entry(u).or_insert((0, false));
+            let e = known.entry(u).or_insert((0, false));
             e.0 += 1;
             e.1 |= shared;
         }
     }
-    let all_before: Vec<Unit> = refs.keys().copied().collect();
-    let claimable: Vec<Unit> = refs
+    let all_before: Vec<Unit> = known.keys().copied().collect();
+    let claimable: Vec<Unit> = known
         .into_iter()
-        .filter(|(_, (n, shared))| !*shared || *n >= 2)
+        .filter(|(_, (n, shared))| !*shared || (*n >= 2 && model == Model::Extents))
         .map(|(u, _)| u)
         .collect();
     let after_units: Vec<Unit> = after
@@ -122,6 +138,7 @@ pub fn freed_bytes(model: Model, before: &[&FileUnits], after: &[&FileUnits]) ->
             let gone: u64 = claimable
                 .iter()
                 .filter(|u| !still.contains(&u.start))
+                .filter(|&&u| refs(u).is_none_or(|n| n == 0))
                 .map(|u| u.len)
                 .sum();
             let mut new_seen = HashSet::new();
@@ -191,6 +208,10 @@ fn overlap(a: &[Unit], b: &[Unit]) -> u64 {
 mod tests {
     use super::*;
 
+    fn none(_: Unit) -> Option<u64> {
+        None
+    }
+
     fn fu(v: &[(u64, u64, bool)]) -> FileUnits {
         FileUnits {
             units: v
@@ -206,7 +227,12 @@ mod tests {
         let after_dst = fu(&[(0, 30, false), (120, 20, false)]);
         let src = fu(&[(0, 30, false)]);
         assert_eq!(
-            freed_bytes(Model::Ranges, &[&before, &src], &[&after_dst, &src]),
+            freed_bytes(
+                Model::Ranges,
+                &[&before, &src],
+                &[&after_dst, &src],
+                &mut none
+            ),
             30
         );
     }
@@ -218,11 +244,11 @@ mod tests {
         let after = fu(&[(0, 30, false), (500, 5, false)]);
         let src = fu(&[(0, 30, false)]);
         assert_eq!(
-            freed_bytes(Model::Extents, &[&before, &src], &[&after, &src]),
+            freed_bytes(Model::Extents, &[&before, &src], &[&after, &src], &mut none),
             45
         );
         assert_eq!(
-            freed_bytes(Model::Ranges, &[&before, &src], &[&after, &src]),
+            freed_bytes(Model::Ranges, &[&before, &src], &[&after, &src], &mut none),
             45
         );
     }
@@ -234,17 +260,34 @@ mod tests {
         // Extent 100 is still referenced (bookended); extent 200 is freed.
         let after_extent = fu(&[(100, 50, false)]);
         assert_eq!(
-            freed_bytes(Model::Extents, &[&before], &[&after_extent]),
+            freed_bytes(Model::Extents, &[&before], &[&after_extent], &mut none),
             10
         );
-        assert_eq!(freed_bytes(Model::Ranges, &[&before], &[&after]), 55);
+        assert_eq!(
+            freed_bytes(Model::Ranges, &[&before], &[&after], &mut none),
+            55
+        );
     }
 
     #[test]
     fn shared_units_need_two_known_referrers() {
         let a = fu(&[(100, 50, true)]);
         let b = fu(&[(100, 50, true)]);
-        assert_eq!(freed_bytes(Model::Extents, &[&a], &[]), 0);
-        assert_eq!(freed_bytes(Model::Extents, &[&a, &b], &[]), 50);
+        assert_eq!(freed_bytes(Model::Extents, &[&a], &[], &mut none), 0);
+        assert_eq!(freed_bytes(Model::Extents, &[&a, &b], &[], &mut none), 50);
+        // Byte ranges can not see outside references: never claimed.
+        assert_eq!(freed_bytes(Model::Ranges, &[&a, &b], &[], &mut none), 0);
+    }
+
+    #[test]
+    fn extents_still_referenced_elsewhere_are_not_freed() {
+        // a and b shared extent 100 and both left it, but a snapshot (or a
+        // reflinked copy outside the roots) still references it.
+        let a = fu(&[(100, 50, true), (300, 20, false)]);
+        let b = fu(&[(100, 50, true)]);
+        let mut refs = |u: Unit| Some(if u.start == 100 { 2 } else { 0 });
+        assert_eq!(freed_bytes(Model::Extents, &[&a, &b], &[], &mut refs), 20);
+        let mut gone = |_| Some(0);
+        assert_eq!(freed_bytes(Model::Extents, &[&a, &b], &[], &mut gone), 70);
     }
 }

@@ -14,7 +14,9 @@
 //!   files pin, taken just before their first dedupe and after the run
 //!   ([`account`]); they are never candidate bytes.
 
+pub mod access;
 pub mod account;
+pub mod fdlimit;
 mod rehome;
 pub mod tmpdir;
 
@@ -194,6 +196,8 @@ pub struct ExecReport {
 struct Files<'a> {
     entries: &'a [&'a FileEntry],
     open: HashMap<u32, std::rc::Rc<File>>,
+    /// At most this many files stay in `open`.
+    max_open: usize,
     model: Model,
     before: HashMap<u32, FileUnits>,
     involved: Vec<bool>,
@@ -202,14 +206,12 @@ struct Files<'a> {
     changed: Vec<bool>,
 }
 
-const MAX_OPEN: usize = 256;
-
 impl<'a> Files<'a> {
     fn get(&mut self, i: u32) -> Result<std::rc::Rc<File>, DedupeError> {
         if let Some(f) = self.open.get(&i) {
             return Ok(f.clone());
         }
-        if self.open.len() >= MAX_OPEN {
+        if self.open.len() >= self.max_open {
             self.open.clear();
         }
         let path = &self.entries[i as usize].path;
@@ -279,9 +281,11 @@ pub fn execute(
     settled: &[bool],
     progress: &ExecProgress,
 ) -> ExecReport {
+    let budget = fdlimit::FdBudget::current();
     let mut files = Files {
         entries,
         open: HashMap::new(),
+        max_open: budget.cache,
         model: opts.model,
         before: HashMap::new(),
         involved: vec![false; entries.len()],
@@ -298,7 +302,15 @@ pub fn execute(
             continue;
         }
         rep.stats.ops += 1;
-        run_op(op, &mut files, opts, &settled, progress, &mut rep);
+        // Destinations in bounded batches: each batch's files are closed
+        // before the next is opened, whatever the size of the group.
+        for part in in_batches(op, budget.batch) {
+            if progress.cancel.load(Ordering::Relaxed) {
+                skip_all(&mut rep, &part, DestSkip::Cancelled);
+                continue;
+            }
+            run_op(&part, &mut files, opts, &settled, progress, &mut rep);
+        }
         progress.ops_done.fetch_add(1, Ordering::Relaxed);
     }
     // Bookending: release extents pinned by unique remainders.
@@ -326,9 +338,10 @@ pub fn execute(
                 after.push(account::file_units(&f, opts.model).unwrap_or_default());
             }
         }
+        let mut refs = extent_refs(&mut files, opts.model);
         let before: Vec<&FileUnits> = files.before.values().collect();
         let after: Vec<&FileUnits> = after.iter().collect();
-        rep.stats.bytes_freed = account::freed_bytes(opts.model, &before, &after);
+        rep.stats.bytes_freed = account::freed_bytes(opts.model, &before, &after, &mut refs);
     }
     rep
 }
@@ -346,6 +359,45 @@ fn dest_refusal(f: &File) -> Option<DestSkip> {
         return Some(DestSkip::ReadOnly);
     }
     None
+}
+
+/// `op` split into ops of at most `batch` destinations each.
+fn in_batches(op: &Op, batch: usize) -> Vec<std::borrow::Cow<'_, Op>> {
+    if op.dests.len() <= batch {
+        return vec![std::borrow::Cow::Borrowed(op)];
+    }
+    op.dests
+        .chunks(batch.max(1))
+        .map(|d| {
+            std::borrow::Cow::Owned(Op {
+                kind: op.kind,
+                src: op.src,
+                src_offset: op.src_offset,
+                len: op.len,
+                dests: d.to_vec(),
+            })
+        })
+        .collect()
+}
+
+/// Under [`Model::Extents`], a lookup of how many references anything on
+/// the filesystem (snapshots, files outside the roots) still holds to an
+/// extent, after committing the run so that the lookup sees it.
+fn extent_refs(
+    files: &mut Files<'_>,
+    model: Model,
+) -> Box<dyn FnMut(account::Unit) -> Option<u64>> {
+    let involved: Vec<u32> = (0..files.entries.len() as u32)
+        .filter(|&i| files.involved[i as usize])
+        .collect();
+    let fd = involved.into_iter().find_map(|i| files.get(i).ok());
+    match (model, fd) {
+        (Model::Extents, Some(f)) => {
+            let _ = onecopy_ioctl::fs::syncfs(f.as_fd());
+            Box::new(move |u| onecopy_ioctl::btrfs::extent_refs(f.as_fd(), u.start).ok())
+        }
+        _ => Box::new(|_| None),
+    }
 }
 
 fn skip(rep: &mut ExecReport, file: u32, why: DestSkip) {
@@ -597,5 +649,34 @@ fn run_op(
             }
         }
         ids.retain(|k| !finished.contains(k));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use onecopy_plan::{Dest, OpKind};
+
+    #[test]
+    fn large_groups_are_split_in_bounded_batches() {
+        let op = Op {
+            kind: OpKind::WholeFile,
+            src: 0,
+            src_offset: 0,
+            len: 4096,
+            dests: (1..=300).map(|f| Dest { file: f, offset: 0 }).collect(),
+        };
+        let parts = in_batches(&op, 127);
+        assert_eq!(
+            parts.iter().map(|p| p.dests.len()).collect::<Vec<_>>(),
+            [127, 127, 46]
+        );
+        let files: Vec<u32> = parts
+            .iter()
+            .flat_map(|p| p.dests.iter().map(|d| d.file))
+            .collect();
+        assert_eq!(files, (1..=300).collect::<Vec<_>>());
+        assert!(parts.iter().all(|p| p.src == 0 && p.len == 4096));
+        assert_eq!(in_batches(&op, 1000).len(), 1);
     }
 }

@@ -382,3 +382,59 @@ mod tests {
         }
     }
 }
+
+/// `_IOWR(0x94, 59, struct btrfs_ioctl_logical_ino_args)` (56 bytes).
+const BTRFS_IOC_LOGICAL_INO_V2: libc::c_ulong = 0xC038_943B;
+const LOGICAL_INO_ARGS: usize = 56;
+/// `BTRFS_LOGICAL_INO_ARGS_IGNORE_OFFSET`: every reference to the extent,
+/// not only those to the byte at `logical`.
+const LOGICAL_INO_IGNORE_OFFSET: u64 = 1;
+/// `struct btrfs_data_container` header.
+const CONTAINER_HEADER: usize = 16;
+
+/// How many references (inode, offset, subvolume) anything on the
+/// filesystem holds to the data extent that starts at logical address
+/// `bytenr` (a file extent item's `disk_bytenr`); 0 when no extent is
+/// allocated there any more (ENOENT). Snapshots and files outside any
+/// scanned tree count. Needs CAP_SYS_ADMIN; `fd` is any file or directory
+/// of the filesystem. Sees committed state: sync first.
+pub fn extent_refs(fd: BorrowedFd<'_>, bytenr: u64) -> io::Result<u64> {
+    let mut out = AlignedBuf::new(4096);
+    let mut args = AlignedBuf::new(LOGICAL_INO_ARGS);
+    args.put_u64(0, bytenr);
+    args.put_u64(8, 4096);
+    args.put_u64(40, LOGICAL_INO_IGNORE_OFFSET);
+    args.put_u64(48, out.as_mut_ptr() as u64);
+    match crate::ioctl_buf(fd, BTRFS_IOC_LOGICAL_INO_V2, &mut args) {
+        Ok(_) => {}
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(0),
+        Err(e) => return Err(e),
+    }
+    decode_ref_count(out.as_bytes())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "short logical-ino answer"))
+}
+
+/// References in a `btrfs_data_container`: three values per reference,
+/// those returned (`elem_cnt`) and those that did not fit (`elem_missed`).
+fn decode_ref_count(b: &[u8]) -> Option<u64> {
+    if b.len() < CONTAINER_HEADER {
+        return None;
+    }
+    let cnt = u32_at(b, 8)? as u64;
+    let missed = u32_at(b, 12)? as u64;
+    Some((cnt + missed) / 3)
+}
+
+#[cfg(test)]
+mod logical_ino_tests {
+    use super::*;
+
+    #[test]
+    fn ref_counts_decode() {
+        let mut b = vec![0u8; 32];
+        b[8..12].copy_from_slice(&6u32.to_ne_bytes());
+        b[12..16].copy_from_slice(&3u32.to_ne_bytes());
+        assert_eq!(decode_ref_count(&b), Some(3));
+        assert_eq!(decode_ref_count(&b[..10]), None);
+    }
+}

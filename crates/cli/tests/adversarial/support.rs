@@ -49,7 +49,7 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    fn from_output(what: String, out: Output) -> Outcome {
+    pub fn from_output(what: String, out: Output) -> Outcome {
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
         let json = serde_json::from_str::<Value>(stdout.trim()).ok();
@@ -213,7 +213,7 @@ impl Outcome {
     }
 }
 
-fn describe(args: &[&OsStr]) -> String {
+pub fn describe(args: &[&OsStr]) -> String {
     let mut s = String::from("onecopy");
     for a in args {
         s.push(' ');
@@ -222,7 +222,7 @@ fn describe(args: &[&OsStr]) -> String {
     s
 }
 
-fn dedupe_args<'a, P: AsRef<Path>>(paths: &'a [P], extra: &'a [&'a str]) -> Vec<&'a OsStr> {
+pub fn dedupe_args<'a, P: AsRef<Path>>(paths: &'a [P], extra: &'a [&'a str]) -> Vec<&'a OsStr> {
     let mut args: Vec<&OsStr> = vec!["dedupe".as_ref(), "--json".as_ref()];
     args.extend(extra.iter().map(|s| OsStr::new(*s)));
     args.extend(paths.iter().map(|p| p.as_ref().as_os_str()));
@@ -260,7 +260,7 @@ pub fn cache_dir() -> PathBuf {
     d
 }
 
-fn command(program: &str) -> Command {
+pub fn command(program: &str) -> Command {
     let mut c = Command::new(program);
     c.env("ONECOPY_CACHE_DIR", cache_dir()).stdin(Stdio::null());
     c

@@ -1,0 +1,363 @@
+//! Issue 8, items 3, 4 and 6: onecopy under ordinary limits and ordinary
+//! users. Each case runs the real binary on loop-mounted btrfs and XFS
+//! (reflink=1) and checks outcomes: contents, FIEMAP sharing, space.
+//!
+//! * Large duplicate groups dedupe completely under a low descriptor limit.
+//! * `--hashfile` never renames or modifies a file that is not a catalog.
+//! * `bytes_freed` never counts extents still referenced outside the roots.
+//! * An ordinary user's read-only files are sources only, never errors.
+//!
+//! Needs root (mkfs, loop devices, mount, setpriv).
+
+mod common;
+#[path = "adversarial/support.rs"]
+mod support;
+
+use std::ffi::OsStr;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use onecopy_testfs::{checksum_tree, FsKind};
+use support::*;
+
+per_fs!(
+    large_group_low_fd_limit,
+    hashfile_text_file,
+    hashfile_foreign_sqlite,
+    hashfile_damaged_catalog,
+    read_only_files_are_sources_as_nobody,
+    freed_excludes_reflinks_outside_roots,
+);
+
+mod freed_excludes_snapshot_extents {
+    #[test]
+    fn btrfs() {
+        super::freed_excludes_snapshot_extents()
+    }
+}
+
+/// Runs `onecopy dedupe --json EXTRA... PATHS...` with a hard and soft
+/// `RLIMIT_NOFILE` of `nofile`.
+fn dedupe_with_nofile<P: AsRef<Path>>(nofile: u64, paths: &[P], extra: &[&str]) -> Outcome {
+    let args = dedupe_args(paths, extra);
+    let out = command("sh")
+        .arg("-c")
+        .arg(format!("ulimit -n {nofile} && exec \"$0\" \"$@\""))
+        .arg(env!("CARGO_BIN_EXE_onecopy"))
+        .args(&args)
+        .output()
+        .expect("run sh");
+    Outcome::from_output(format!("(ulimit -n {nofile}) {}", describe(&args)), out)
+}
+
+/// Item 3: 3,000 byte copies of one 64 KiB file, run with at most 256
+/// open descriptors: exit 0, every copy shares the first's extents,
+/// contents unchanged, and the space of 2,999 copies is freed.
+fn large_group_low_fd_limit(kind: FsKind) {
+    const COPIES: usize = 3000;
+    const LEN: u64 = 64 * KIB;
+    let fs = new_fs(kind, 1024 * MIB);
+    let root = fs.path().join("tree");
+    let groups = dup_groups(&root, 1, COPIES, LEN, 81);
+    let sums = checksum_tree(&root);
+    let used = fs.used_bytes();
+
+    let r = dedupe_with_nofile(256, &[&root], &[]);
+    r.assert_ok();
+    assert_eq!(checksum_tree(&root), sums, "file contents changed");
+    assert_groups_shared("the large group", &groups);
+    let want = (COPIES as u64 - 1) * LEN;
+    let freed = used.saturating_sub(fs.used_bytes());
+    eprintln!(
+        "{kind}: {COPIES} copies, ulimit -n 256: freed {freed} (df), reported {}, {} ioctls",
+        r.u("bytes_freed"),
+        r.report()["dedupe_ioctls"]
+    );
+    assert!(
+        freed >= want * 9 / 10,
+        "df shows {freed} bytes freed, want at least 90% of {want}"
+    );
+}
+
+/// `path` with `suffix` appended (`-wal`, `.broken`).
+fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(suffix);
+    PathBuf::from(p)
+}
+
+/// Contents and mtime (ns) of `path` and its `-wal`/`-shm`/`.broken`
+/// companions (`None` where absent).
+fn fingerprint(path: &Path) -> Vec<Option<(Vec<u8>, i64, i64)>> {
+    ["", "-wal", "-shm", ".broken"]
+        .iter()
+        .map(|s| {
+            let p = with_suffix(path, s);
+            let m = std::fs::metadata(&p).ok()?;
+            Some((std::fs::read(&p).unwrap(), m.mtime(), m.mtime_nsec()))
+        })
+        .collect()
+}
+
+/// A scratch directory for hash files, outside the roots.
+fn scratch(kind: FsKind, case: &str) -> PathBuf {
+    let d = std::env::temp_dir()
+        .join(format!("onecopy-robust-{}", std::process::id()))
+        .join(format!("{case}-{kind}"));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A small tree with one duplicate group.
+fn small_tree(kind: FsKind) -> (onecopy_testfs::LoopFs, PathBuf, Vec<Vec<PathBuf>>) {
+    let fs = new_fs(kind, 512 * MIB);
+    let root = fs.path().join("tree");
+    let groups = dup_groups(&root, 1, 3, 2 * MIB + 77, 91);
+    (fs, root, groups)
+}
+
+/// Asserts a refused run: exit 2, a one-line message naming `h`, nothing
+/// deduped, `h` and its companions exactly as they were.
+#[track_caller]
+fn assert_refused(r: &Outcome, h: &Path, before: &[Option<(Vec<u8>, i64, i64)>], root: &Path) {
+    r.assert_sane();
+    assert_eq!(
+        r.code(),
+        Some(EXIT_USAGE),
+        "{}: stderr {:?}",
+        r.what,
+        r.stderr
+    );
+    let lines: Vec<&str> = r.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "not one line: {:?}", r.stderr);
+    assert!(
+        lines[0].contains(h.to_str().unwrap()) && lines[0].contains("not an onecopy catalog"),
+        "unclear message: {:?}",
+        lines[0]
+    );
+    assert!(
+        fingerprint(h) == before,
+        "{} or a companion was modified",
+        h.display()
+    );
+    let _ = root;
+}
+
+/// Item 4: `--hashfile` naming a text file (with `-wal`/`-shm` beside it).
+fn hashfile_text_file(kind: FsKind) {
+    let (_fs, root, groups) = small_tree(kind);
+    let dir = scratch(kind, "text");
+    let h = dir.join("some.txt");
+    std::fs::write(&h, "my notes\nnot a database\n").unwrap();
+    std::fs::write(with_suffix(&h, "-wal"), "wal of someone else").unwrap();
+    std::fs::write(with_suffix(&h, "-shm"), "shm of someone else").unwrap();
+    let before = fingerprint(&h);
+    let sums = checksum_tree(&root);
+    let r = dedupe(&[&root], &["--hashfile", h.to_str().unwrap()]);
+    assert_refused(&r, &h, &before, &root);
+    assert_eq!(checksum_tree(&root), sums);
+    assert_unshared("nothing is deduped after a refusal", &groups[0]);
+}
+
+/// Item 4: `--hashfile` naming another program's SQLite database in WAL
+/// mode, held open with uncheckpointed writes (so `-wal` and `-shm` exist).
+fn hashfile_foreign_sqlite(kind: FsKind) {
+    let (_fs, root, _groups) = small_tree(kind);
+    let dir = scratch(kind, "sqlite");
+    let h = dir.join("app.db");
+    let db = rusqlite::Connection::open(&h).unwrap();
+    db.execute_batch(
+        "PRAGMA journal_mode=WAL; PRAGMA wal_autocheckpoint=0;
+         CREATE TABLE meta (key TEXT, value TEXT);
+         INSERT INTO meta VALUES ('magic', 'someone-else');
+         CREATE TABLE files (name TEXT); INSERT INTO files VALUES ('x');",
+    )
+    .unwrap();
+    assert!(with_suffix(&h, "-wal").exists() && with_suffix(&h, "-shm").exists());
+    let before = fingerprint(&h);
+    let r = dedupe(&[&root], &["--hashfile", h.to_str().unwrap()]);
+    assert_refused(&r, &h, &before, &root);
+    let n: i64 = db
+        .query_row("SELECT count(*) FROM files", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 1);
+    drop(db);
+    // Closed and checkpointed (no WAL): still refused.
+    let before = fingerprint(&h);
+    let r = dedupe(&[&root], &["--hashfile", h.to_str().unwrap()]);
+    assert_refused(&r, &h, &before, &root);
+}
+
+/// Item 4: a real catalog damaged past its header is still set aside as
+/// `.broken` and rebuilt (exit 0).
+fn hashfile_damaged_catalog(kind: FsKind) {
+    let (_fs, root, groups) = small_tree(kind);
+    let dir = scratch(kind, "damaged");
+    let h = dir.join("cat.sqlite");
+    let hs = h.to_str().unwrap();
+    dedupe(&[&root], &["--hashfile", hs]).assert_ok();
+    let len = std::fs::metadata(&h).unwrap().len();
+    let f = std::fs::OpenOptions::new().write(true).open(&h).unwrap();
+    f.set_len(len / 2).unwrap();
+    drop(f);
+    let new_copy = root.join("g0").join("late.bin");
+    onecopy_testfs::copy_no_reflink(&groups[0][0], &new_copy).unwrap();
+    let r = dedupe(&[&root], &["--hashfile", hs]);
+    r.assert_ok();
+    assert!(with_suffix(&h, ".broken").exists(), "not set aside");
+    assert!(r.stderr.contains("rebuilt"), "no warning: {:?}", r.stderr);
+    assert!(same_physical(&groups[0][0], &new_copy));
+}
+
+/// Item 6: run as `nobody` over its own files and root's files it may read
+/// but not change. Root's files are sources only: never deduped into (their
+/// extents stay as they were), no error, exit 0, and the summary counts
+/// them and says why. `nobody`'s own copies are shared.
+fn read_only_files_are_sources_as_nobody(kind: FsKind) {
+    let fs = new_fs(kind, 512 * MIB);
+    open_up(fs.path().parent().unwrap());
+    let base = fs.path().join("home");
+    // Group 0: three of nobody's copies and two of root's; group 1: root's only.
+    let groups = dup_groups(&base, 2, 3, 2 * MIB + 321, 97);
+    give_to_nobody(&base);
+    let mut roots_files = vec![
+        groups[1][0].clone(),
+        groups[1][1].clone(),
+        groups[1][2].clone(),
+    ];
+    for i in 0..2 {
+        let p = base.join("g0").join(format!("root{i}.bin"));
+        onecopy_testfs::copy_no_reflink(&groups[0][0], &p).unwrap();
+        roots_files.push(p);
+    }
+    for p in &roots_files {
+        std::os::unix::fs::chown(p, Some(0), Some(0)).unwrap();
+        chmod(p, 0o644);
+    }
+    let before = layouts(&roots_files);
+    let sums = checksum_tree(fs.path());
+
+    // The text summary says how many and why.
+    let out = command("setpriv")
+        .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
+        .arg(env!("CARGO_BIN_EXE_onecopy"))
+        .args(["dedupe", "--dry-run", "--no-catalog"])
+        .arg(&base)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "dry run: {out:?}");
+    assert!(
+        stdout.contains("sources only: 5 files") && stdout.contains("no write permission"),
+        "the summary does not explain the read-only files: {stdout}"
+    );
+
+    let r = dedupe_as_nobody(&[&base], &[]);
+    r.assert_ok();
+    assert_eq!(r.u("files_source_only"), 5, "files_source_only");
+    assert_eq!(r.ranges_skipped("refused"), 0);
+    assert_eq!(checksum_tree(fs.path()), sums, "file contents changed");
+    assert_eq!(
+        layouts(&roots_files),
+        before,
+        "root's files were deduped into"
+    );
+    let mine = &groups[0];
+    for p in &mine[1..] {
+        assert!(same_physical(&mine[0], p), "{} not shared", p.display());
+    }
+}
+
+/// The scene of item 6: under `dir`, `d.bin` (created first: the lowest
+/// inode, so the canonical copy), `z/a.bin` a byte copy of it and `z/b.bin`
+/// a reflink of `a`; and an independent pair `e/1.bin`, `e/2.bin` whose
+/// deduping really frees 6 MiB. Returns (d, a, b, e1, e2).
+fn honest_scene(dir: &Path) -> [PathBuf; 5] {
+    let d = dir.join("d.bin");
+    let (a, b) = (dir.join("z/a.bin"), dir.join("z/b.bin"));
+    let (e1, e2) = (dir.join("e/1.bin"), dir.join("e/2.bin"));
+    mkparent(&a);
+    mkparent(&e1);
+    onecopy_testfs::write_random(&d, 8 * MIB, 101).unwrap();
+    onecopy_testfs::copy_no_reflink(&d, &a).unwrap();
+    onecopy_testfs::reflink_copy(&a, &b).unwrap();
+    onecopy_testfs::write_random(&e1, 6 * MIB, 102).unwrap();
+    onecopy_testfs::copy_no_reflink(&e1, &e2).unwrap();
+    [d, a, b, e1, e2]
+}
+
+/// Runs onecopy over `root` and checks the report against `df`: the claim
+/// is within 1 MiB of what was really freed, which is `want` (±1 MiB).
+fn assert_honest(fs: &onecopy_testfs::LoopFs, root: &Path, files: &[PathBuf; 5], want: u64) {
+    let [d, a, b, e1, e2] = files;
+    let sums = checksum_tree(root);
+    let used = fs.used_bytes();
+    let r = dedupe(&[root], &["--no-catalog"]);
+    r.assert_ok();
+    assert_eq!(checksum_tree(root), sums, "file contents changed");
+    assert!(
+        same_physical(d, a) && same_physical(d, b),
+        "precondition: d.bin (lowest inode) was to be the canonical copy"
+    );
+    assert!(same_physical(e1, e2), "the independent pair was not shared");
+    let measured = used as i64 - fs.used_bytes() as i64;
+    let claimed = r.u("bytes_freed");
+    eprintln!(
+        "{}: bytes_freed {claimed} ({:.2} MiB), df freed {measured} ({:.2} MiB), want {:.2} MiB",
+        fs.kind(),
+        mib(claimed),
+        measured as f64 / MIB as f64,
+        mib(want)
+    );
+    assert!(
+        claimed.abs_diff(want) <= MIB && (claimed as i64).abs_diff(measured) <= MIB,
+        "bytes_freed {claimed} does not match the {measured} bytes df shows freed (expected {want})"
+    );
+}
+
+fn mib(b: u64) -> f64 {
+    b as f64 / MIB as f64
+}
+
+/// Item 6: `a` and `b` share an extent with a reflinked copy outside the
+/// roots; deduping them onto `d` frees nothing of it, and the report must
+/// not claim it. On XFS only the independent pair's 6 MiB is freed.
+fn freed_excludes_reflinks_outside_roots(kind: FsKind) {
+    let fs = new_fs(kind, 512 * MIB);
+    let root = fs.path().join("tree");
+    let files = honest_scene(&root);
+    let outside = fs.path().join("outside/c.bin");
+    mkparent(&outside);
+    onecopy_testfs::reflink_copy(&files[1], &outside).unwrap();
+    assert_honest(&fs, &root, &files, 6 * MIB);
+    assert!(!same_physical(&files[1], &outside), "c.bin was changed");
+}
+
+/// Item 6: a read-only snapshot taken before the run holds every extent of
+/// the subvolume: deduping it frees nothing, and the report must say so.
+fn freed_excludes_snapshot_extents() {
+    let fs = new_fs(FsKind::Btrfs, 512 * MIB);
+    let vol = fs.path().join("vol");
+    run(
+        "btrfs",
+        &[
+            OsStr::new("subvolume"),
+            OsStr::new("create"),
+            vol.as_os_str(),
+        ],
+    );
+    let files = honest_scene(&vol);
+    let snap = fs.path().join("snap");
+    run(
+        "btrfs",
+        &[
+            OsStr::new("subvolume"),
+            OsStr::new("snapshot"),
+            OsStr::new("-r"),
+            vol.as_os_str(),
+            snap.as_os_str(),
+        ],
+    );
+    assert_honest(&fs, &vol, &files, 0);
+}

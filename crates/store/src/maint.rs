@@ -76,6 +76,38 @@ pub struct ScrubReport {
     pub damaged: Vec<String>,
 }
 
+fn compute_stats(db: &rusqlite::Connection, c: &crate::store::WriteCounters) -> Result<Stats> {
+    let q = |sql: &str| -> Result<u64> {
+        Ok(db
+            .query_row(sql, [], |r| r.get::<_, Option<i64>>(0))?
+            .unwrap_or(0) as u64)
+    };
+    let referenced = q("SELECT SUM(len) FROM extents")?;
+    let unique = q("SELECT SUM(raw_len) FROM chunks WHERE refs > 0")?;
+    let stored = q("SELECT SUM(stored_len) FROM chunks WHERE refs > 0")?;
+    let chunks = q("SELECT COUNT(*) FROM chunks")?;
+    let ratio = |a: u64, b: u64| if b == 0 { 1.0 } else { a as f64 / b as f64 };
+    Ok(Stats {
+        files: q("SELECT COUNT(*) FROM inodes WHERE kind = 1")?,
+        directories: q("SELECT COUNT(*) FROM inodes WHERE kind = 2")?,
+        logical_bytes: q("SELECT SUM(size) FROM inodes WHERE kind = 1")?,
+        referenced_bytes: referenced,
+        unique_bytes: unique,
+        stored_bytes: stored,
+        container_bytes: q("SELECT SUM(length) FROM containers")?,
+        containers: q("SELECT COUNT(*) FROM containers")?,
+        chunks,
+        unreferenced_chunks: q("SELECT COUNT(*) FROM chunks WHERE refs <= 0")?,
+        dedupe_ratio: ratio(referenced, unique),
+        compression_ratio: ratio(unique, stored),
+        index_entries: chunks,
+        index_ram_bytes_per_entry: 0.0,
+        written_new_bytes: c.new_bytes,
+        written_duplicate_bytes: c.dup_bytes,
+        written_zero_bytes: c.zero_bytes,
+    })
+}
+
 /// Containers whose live fraction is below this are compacted.
 const COMPACT_BELOW: f64 = 0.5;
 
@@ -83,35 +115,19 @@ impl Store {
     /// Space and dedupe statistics.
     pub fn stats(&self) -> Result<Stats> {
         let g = self.lock();
-        let q = |sql: &str| -> Result<u64> {
-            Ok(g.db
-                .query_row(sql, [], |r| r.get::<_, Option<i64>>(0))?
-                .unwrap_or(0) as u64)
-        };
-        let referenced = q("SELECT SUM(len) FROM extents")?;
-        let unique = q("SELECT SUM(raw_len) FROM chunks WHERE refs > 0")?;
-        let stored = q("SELECT SUM(stored_len) FROM chunks WHERE refs > 0")?;
-        let chunks = q("SELECT COUNT(*) FROM chunks")?;
-        let ratio = |a: u64, b: u64| if b == 0 { 1.0 } else { a as f64 / b as f64 };
-        Ok(Stats {
-            files: q("SELECT COUNT(*) FROM inodes WHERE kind = 1")?,
-            directories: q("SELECT COUNT(*) FROM inodes WHERE kind = 2")?,
-            logical_bytes: q("SELECT SUM(size) FROM inodes WHERE kind = 1")?,
-            referenced_bytes: referenced,
-            unique_bytes: unique,
-            stored_bytes: stored,
-            container_bytes: q("SELECT SUM(length) FROM containers")?,
-            containers: q("SELECT COUNT(*) FROM containers")?,
-            chunks,
-            unreferenced_chunks: q("SELECT COUNT(*) FROM chunks WHERE refs <= 0")?,
-            dedupe_ratio: ratio(referenced, unique),
-            compression_ratio: ratio(unique, stored),
-            index_entries: chunks,
-            index_ram_bytes_per_entry: 0.0,
-            written_new_bytes: g.counters.new_bytes,
-            written_duplicate_bytes: g.counters.dup_bytes,
-            written_zero_bytes: g.counters.zero_bytes,
-        })
+        compute_stats(&g.db, &g.counters)
+    }
+
+    /// Statistics of a store that may be mounted by another process, as of
+    /// its last commit (at most a second old while mounted).
+    pub fn stats_readonly(dir: &std::path::Path) -> Result<Stats> {
+        Store::read_config(dir)?;
+        let db = rusqlite::Connection::open_with_flags(
+            dir.join("meta.sqlite"),
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+        )?;
+        let counters = crate::store::load_counters(&db)?;
+        compute_stats(&db, &counters)
     }
 
     /// Free space of the filesystem holding the store.

@@ -107,6 +107,29 @@ fn attr_of(r: &Row) -> rusqlite::Result<Attr> {
     })
 }
 
+/// The permission bits a POSIX access ACL (xattr form) implies, and
+/// whether it has no entries beyond owner, group and other.
+pub(crate) fn acl_mode(v: &[u8]) -> Option<(u32, bool)> {
+    if v.len() < 4 || !(v.len() - 4).is_multiple_of(8) || v[..4] != [2, 0, 0, 0] {
+        return None;
+    }
+    let (mut user, mut group, mut mask, mut other, mut minimal) = (0, 0, None, 0, true);
+    for e in v[4..].chunks(8) {
+        let tag = u16::from_le_bytes([e[0], e[1]]);
+        let perm = u16::from_le_bytes([e[2], e[3]]) as u32 & 7;
+        match tag {
+            0x01 => user = perm,
+            0x04 => group = perm,
+            0x10 => mask = Some(perm),
+            0x20 => other = perm,
+            0x02 | 0x08 => minimal = false,
+            _ => return None,
+        }
+    }
+    let group = mask.unwrap_or(group);
+    Some((user << 6 | group << 3 | other, minimal && mask.is_none()))
+}
+
 impl Inner {
     pub(crate) fn attr(&self, ino: u64) -> Result<Attr> {
         let mut st = self
@@ -560,7 +583,18 @@ impl Store {
         replace: bool,
     ) -> Result<()> {
         let g = self.lock();
-        g.attr(ino)?;
+        let a = g.attr(ino)?;
+        if name == b"system.posix_acl_access" {
+            let (perm, minimal) = acl_mode(value).ok_or(StoreError::Invalid)?;
+            g.db.prepare_cached("UPDATE inodes SET perm = ?2 WHERE ino = ?1")?
+                .execute(params![ino, (a.perm & 0o7000) | perm])?;
+            if minimal {
+                // An ACL that says no more than the mode is the mode.
+                g.db.prepare_cached("DELETE FROM xattrs WHERE ino = ?1 AND name = ?2")?
+                    .execute(params![ino, name])?;
+                return g.touch(ino, false);
+            }
+        }
         let exists =
             g.db.prepare_cached("SELECT 1 FROM xattrs WHERE ino = ?1 AND name = ?2")?
                 .query_row(params![ino, name], |_| Ok(()))

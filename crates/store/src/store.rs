@@ -375,7 +375,7 @@ fn to_sql(e: StoreError) -> rusqlite::Error {
     }
 }
 
-fn load_counters(db: &Connection) -> Result<WriteCounters> {
+pub(crate) fn load_counters(db: &Connection) -> Result<WriteCounters> {
     let get = |k: &str| -> Result<u64> {
         let v: Option<String> = db
             .query_row("SELECT value FROM meta WHERE key = ?1", [k], |r| r.get(0))

@@ -262,3 +262,17 @@ fn gc_compacts_half_empty_containers() {
     assert!(s.fsck(false).unwrap().problems.is_empty());
     assert!(s.scrub().unwrap().damaged.is_empty());
 }
+
+#[test]
+fn minimal_acl_sets_the_mode() {
+    let (_d, s) = new_store("fixed:4K", "none");
+    let a = s.mknod(1, b"f", node(Kind::File)).unwrap().ino;
+    let acl = b"\x02\0\0\0\x01\0\x07\0\xff\xff\xff\xff\x04\0\x05\0\xff\xff\xff\xff\x20\0\x05\0\xff\xff\xff\xff";
+    s.setxattr(a, b"system.posix_acl_access", acl, false, false)
+        .unwrap();
+    assert_eq!(s.getattr(a).unwrap().perm, 0o755);
+    assert!(s.listxattr(a).unwrap().is_empty());
+    assert!(s
+        .setxattr(a, b"system.posix_acl_access", b"junk", false, false)
+        .is_err());
+}

@@ -58,7 +58,9 @@ fn foreground(a: &MountArgs) -> ExitCode {
             return ExitCode::from(error_code(&e));
         }
     };
-    unmount_on_signal(a.mountpoint.clone());
+    let pid_file = a.dir.join("mount.pid");
+    let _ = std::fs::write(&pid_file, std::process::id().to_string());
+    handle_signals(a.mountpoint.clone(), store.clone());
     let name = format!("onecopy:{}", a.dir.display());
     let config = onecopy_fuse::mount_config(&name, a.threads);
     let notify = a.notify_ready;
@@ -69,6 +71,7 @@ fn foreground(a: &MountArgs) -> ExitCode {
             let _ = out.flush();
         }
     });
+    let _ = std::fs::remove_file(&pid_file);
     match r {
         Ok(()) => ExitCode::from(code::OK),
         Err(e) => {
@@ -78,17 +81,37 @@ fn foreground(a: &MountArgs) -> ExitCode {
     }
 }
 
-/// SIGINT/SIGTERM lazily unmount, which ends the session cleanly.
-fn unmount_on_signal(mountpoint: PathBuf) {
-    use signal_hook::consts::{SIGINT, SIGTERM};
-    let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) else {
+/// SIGINT/SIGTERM lazily unmount, which ends the session cleanly; SIGUSR1
+/// (sent by `onecopy store gc`) runs gc online and writes its report to
+/// DIR/gc.json.
+fn handle_signals(mountpoint: PathBuf, store: Arc<Store>) {
+    use signal_hook::consts::{SIGINT, SIGTERM, SIGUSR1};
+    let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGUSR1]) else {
         return;
     };
     std::thread::spawn(move || {
-        if signals.forever().next().is_some() {
+        for sig in signals.forever() {
+            if sig == SIGUSR1 {
+                let store = store.clone();
+                std::thread::spawn(move || online_gc(&store));
+                continue;
+            }
             let _ = rustix::mount::unmount(&mountpoint, rustix::mount::UnmountFlags::DETACH);
+            return;
         }
     });
+}
+
+fn online_gc(store: &Store) {
+    let report = match store.gc() {
+        Ok(r) => serde_json::to_value(r).expect("serializes"),
+        Err(e) => serde_json::json!({ "error": e.to_string() }),
+    };
+    let path = store.dir().join("gc.json");
+    let tmp = store.dir().join("gc.json.tmp");
+    if std::fs::write(&tmp, report.to_string()).is_ok() {
+        let _ = std::fs::rename(tmp, path);
+    }
 }
 
 fn daemonize(a: &MountArgs) -> ExitCode {

@@ -132,7 +132,13 @@ fn act(action: StoreAction) -> Result<u8, StoreError> {
             Ok(code::OK)
         }
         StoreAction::Gc { dir } => {
-            let r = Store::open(&dir)?.gc()?;
+            let r = match Store::open(&dir) {
+                Ok(s) => s.gc()?,
+                Err(StoreError::Locked { path }) => {
+                    online_gc(&dir).ok_or(StoreError::Locked { path })?
+                }
+                Err(e) => return Err(e),
+            };
             println!(
                 "dropped {} chunks, deleted {} and compacted {} containers, freed {} bytes",
                 r.chunks_dropped, r.containers_deleted, r.containers_compacted, r.bytes_freed
@@ -174,6 +180,33 @@ fn act(action: StoreAction) -> Result<u8, StoreError> {
             Ok(code::OK)
         }
     }
+}
+
+/// Asks the mount process (DIR/mount.pid) to run gc and waits for its
+/// report; None when no mount process answers.
+fn online_gc(dir: &std::path::Path) -> Option<onecopy_store::GcReport> {
+    let pid: i32 = std::fs::read_to_string(dir.join("mount.pid"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    let report = dir.join("gc.json");
+    let _ = std::fs::remove_file(&report);
+    let pid = rustix::process::Pid::from_raw(pid)?;
+    rustix::process::kill_process(pid, rustix::process::Signal::USR1).ok()?;
+    let start = std::time::Instant::now();
+    while start.elapsed() < std::time::Duration::from_secs(3600) {
+        if let Ok(text) = std::fs::read_to_string(&report) {
+            let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+            if let Some(e) = v.get("error") {
+                eprintln!("onecopy: online gc: {e}");
+                return None;
+            }
+            return serde_json::from_value(v).ok();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    None
 }
 
 fn print_stats(s: &onecopy_store::Stats) {

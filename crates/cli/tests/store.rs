@@ -476,7 +476,7 @@ fn clear_errors_and_exit_codes() {
         is_mounted(&s.mnt),
         "the daemon returns once the mount is ready"
     );
-    let busy = onecopy(&["store", "gc", st]);
+    let busy = onecopy(&["store", "fsck", st]);
     assert_eq!(busy.status.code(), Some(3));
     assert!(String::from_utf8_lossy(&busy.stderr).contains("in use"));
     std::fs::write(s.mnt.join("x"), b"x").unwrap();

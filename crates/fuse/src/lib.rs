@@ -44,8 +44,9 @@ pub fn mount_config(fsname: &str, threads: usize) -> Config {
         MountOption::FSName(fsname.to_string()),
         MountOption::Subtype("onecopy".into()),
         MountOption::DefaultPermissions,
-        MountOption::CUSTOM("allow_other".into()),
     ];
+    // Every user may use the mount; the kernel checks permissions.
+    c.acl = fuser::SessionACL::All;
     c.n_threads = Some(threads.max(1));
     c.clone_fd = true;
     c
@@ -194,6 +195,18 @@ fn xattr_reply(reply: ReplyXattr, size: u32, r: Result<Vec<u8>, StoreError>) {
     }
 }
 
+/// Whether the caller's primary or supplementary groups include `gid`.
+fn in_group(req: &Request, gid: u32) -> bool {
+    if req.gid() == gid {
+        return true;
+    }
+    let status = std::fs::read_to_string(format!("/proc/{}/status", req.pid())).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Groups:"))
+        .is_some_and(|g| g.split_whitespace().any(|x| x.parse() == Ok(gid)))
+}
+
 fn node(req: &Request, mode: u32, umask: u32, rdev: u32) -> NewNode {
     NewNode {
         kind: kind_of_mode(mode),
@@ -217,6 +230,9 @@ impl Filesystem for StoreFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        if name.len() > 255 {
+            return reply.error(Errno::ENAMETOOLONG);
+        }
         entry(reply, self.store.lookup(parent.0, name.as_bytes()))
     }
 
@@ -229,7 +245,7 @@ impl Filesystem for StoreFs {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -245,6 +261,12 @@ impl Filesystem for StoreFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        // chmod by a non-root caller outside the file's group drops setgid
+        // (what the VFS does for local filesystems).
+        let mode = mode.map(|m| match self.store.getattr(ino.0) {
+            Ok(a) if req.uid() != 0 && m & 0o2000 != 0 && !in_group(req, a.gid) => m & !0o2000,
+            _ => m,
+        });
         let set = SetAttr {
             perm: mode,
             uid,
@@ -483,6 +505,19 @@ impl Filesystem for StoreFs {
             }
             Err(e) => reply.error(errno(e)),
         }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        empty(reply, self.store.fallocate(ino.0, offset, length, mode))
     }
 
     fn fsyncdir(

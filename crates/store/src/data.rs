@@ -146,8 +146,54 @@ impl Store {
         Ok(data.len())
     }
 
+    /// `fallocate`: mode 0 / KEEP_SIZE reserve nothing (chunks are
+    /// allocated on write) but extend the size unless KEEP_SIZE;
+    /// PUNCH_HOLE|KEEP_SIZE and ZERO_RANGE zero the range (zero chunks are
+    /// holes). Other modes are refused.
+    pub fn fallocate(&self, ino: u64, off: u64, len: u64, mode: i32) -> Result<()> {
+        let keep = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
+        let zero = mode & (libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE) != 0;
+        let known =
+            libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE;
+        if mode & !known != 0 || (mode & libc::FALLOC_FL_PUNCH_HOLE != 0 && !keep) {
+            return Err(StoreError::NotSupported);
+        }
+        let end = off
+            .checked_add(len)
+            .filter(|&e| e <= MAX_SIZE)
+            .ok_or(StoreError::TooBig)?;
+        let size = self.getattr(ino)?.size;
+        if zero {
+            let zend = if keep { end.min(size) } else { end };
+            let zeros = vec![0u8; 1 << 20];
+            let mut at = off;
+            while at < zend {
+                let n = (zend - at).min(zeros.len() as u64) as usize;
+                self.write(ino, at, &zeros[..n])?;
+                at += n as u64;
+            }
+        }
+        if !keep && end > size {
+            let mut g = self.lock();
+            let now = g.attr(ino)?.size;
+            if end > now {
+                self.truncate_locked(&mut g, ino, end)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Reads up to `len` bytes at `off` (short at the end of the file).
     pub fn read(&self, ino: u64, off: u64, len: usize) -> Result<Vec<u8>> {
+        match self.read_once(ino, off, len) {
+            // gc may have moved a chunk and deleted its old container
+            // between planning and reading: plan again once.
+            Err(StoreError::Io { .. }) => self.read_once(ino, off, len),
+            r => r,
+        }
+    }
+
+    fn read_once(&self, ino: u64, off: u64, len: usize) -> Result<Vec<u8>> {
         let (start, plan, overlays) = {
             let g = self.lock();
             let a = g.attr(ino)?;

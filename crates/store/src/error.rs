@@ -50,6 +50,10 @@ pub enum StoreError {
     Invalid,
     #[error("no such attribute")]
     NoAttr,
+    #[error("operation not supported")]
+    NotSupported,
+    #[error("file name too long")]
+    NameTooLong,
     #[error("file too large")]
     TooBig,
     #[error("no space left on device")]
@@ -68,6 +72,8 @@ impl StoreError {
             StoreError::Invalid | StoreError::BadOption(_) => libc::EINVAL,
             StoreError::NoAttr => libc::ENODATA,
             StoreError::TooBig => libc::EFBIG,
+            StoreError::NameTooLong => libc::ENAMETOOLONG,
+            StoreError::NotSupported => libc::EOPNOTSUPP,
             StoreError::NoSpace => libc::ENOSPC,
             StoreError::Io { source, .. } => match source.raw_os_error() {
                 Some(libc::ENOSPC) => libc::ENOSPC,

@@ -53,7 +53,7 @@ pub struct StatFs {
 }
 
 /// What `gc` did.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, serde::Deserialize)]
 pub struct GcReport {
     pub chunks_dropped: u64,
     pub containers_deleted: u64,

@@ -130,6 +130,13 @@ pub(crate) fn acl_mode(v: &[u8]) -> Option<(u32, bool)> {
     Some((user << 6 | group << 3 | other, minimal && mask.is_none()))
 }
 
+fn check_name(name: &[u8]) -> Result<()> {
+    if name.len() > 255 {
+        return Err(StoreError::NameTooLong);
+    }
+    Ok(())
+}
+
 impl Inner {
     pub(crate) fn attr(&self, ino: u64) -> Result<Attr> {
         let mut st = self
@@ -176,6 +183,7 @@ impl Inner {
     }
 
     fn add_dirent(&self, parent: u64, name: &[u8], ino: u64) -> Result<()> {
+        check_name(name)?;
         self.db
             .prepare_cached("INSERT INTO dirents (parent, name, ino) VALUES (?1, ?2, ?3)")?
             .execute(params![parent, name, ino])?;
@@ -261,9 +269,7 @@ impl Store {
         target: Option<&[u8]>,
     ) -> Result<Attr> {
         let pa = g.dir_attr(parent)?;
-        if name.len() > 255 {
-            return Err(StoreError::Invalid);
-        }
+        check_name(name)?;
         if g.child(parent, name)?.is_some() {
             return Err(StoreError::AlreadyExists);
         }
@@ -429,6 +435,7 @@ impl Store {
         g.dir_attr(newparent)?;
         let src = g.child(parent, name)?.ok_or(StoreError::NotFound)?;
         let sa = g.attr(src)?;
+        check_name(newname)?;
         let dst = g.child(newparent, newname)?;
         if sa.kind == Kind::Dir && self.is_ancestor(&g, src, newparent)? {
             return Err(StoreError::Invalid);

@@ -20,6 +20,7 @@ cleanup() {
 }
 trap cleanup EXIT
 mkdir -p "$work/mnt"
+chmod 755 "$work"   # pjdfstest switches to other users, who must reach the mount
 "$ONECOPY" store init "$work/store" >/dev/null
 "$ONECOPY" mount "$work/store" "$work/mnt"
 
@@ -28,12 +29,12 @@ mkdir -p "$work/mnt"
 (cd "$work" && fsx -q -N "$FSX_OPS" -S 1 -f "$OLDPWD/scripts/fsx-store.toml" -P "$work" "$work/mnt/fsx.dat")
 echo "fsx: $FSX_OPS operations, no miscompare"
 
-# pjdfstest, minus the documented exclusions (ARCHITECTURE.md, "POSIX
-# conformance"). Each pattern excludes by the full test name.
-excluded=()
+# pjdfstest: every test runs. The 16 it skips need what a FUSE mount in
+# CI does not offer: a remount read-only (erofs_*), a second filesystem
+# (exdev_*) and the link_count_max setting.
 mkdir -p "$work/mnt/pjd"
 cd "$work/mnt/pjd"
-pjdfstest -c "$OLDPWD/scripts/pjdfstest-store.toml" -p "$work/mnt/pjd" "${excluded[@]}" \
+pjdfstest -c "$OLDPWD/scripts/pjdfstest-store.toml" -p "$work/mnt/pjd"  \
     > "$work/pjd.log" 2>&1 || { grep -E 'FAILED|Summary' "$work/pjd.log"; exit 1; }
 grep Summary "$work/pjd.log"
 cd /

@@ -38,3 +38,6 @@ rustup component add rustfmt clippy >/dev/null 2>&1 || true
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked
+
+# The inline store through a real FUSE mount: pjdfstest and fsx.
+scripts/store-posix.sh "${CARGO_TARGET_DIR:-target}/debug/onecopy"

@@ -5,6 +5,7 @@
 # Usage: scripts/store-posix.sh [ONECOPY_BINARY]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+ROOT=$PWD
 ONECOPY=${1:-${CARGO_TARGET_DIR:-target}/debug/onecopy}
 FSX_OPS=${FSX_OPS:-100000}
 export PATH="$HOME/.cargo/bin:$PATH"
@@ -26,7 +27,7 @@ chmod 755 "$work"   # pjdfstest switches to other users, who must reach the moun
 
 # fsx: random reads, writes, truncates, mmap, fallocate, hole punching,
 # copy_file_range, sendfile, fsync on a file of up to 8 MiB.
-(cd "$work" && fsx -q -N "$FSX_OPS" -S 1 -f "$OLDPWD/scripts/fsx-store.toml" -P "$work" "$work/mnt/fsx.dat")
+(cd "$work" && fsx -q -N "$FSX_OPS" -S 1 -f "$ROOT/scripts/fsx-store.toml" -P "$work" "$work/mnt/fsx.dat")
 echo "fsx: $FSX_OPS operations, no miscompare"
 
 # pjdfstest: every test runs. The 16 it skips need what a FUSE mount in
@@ -34,7 +35,7 @@ echo "fsx: $FSX_OPS operations, no miscompare"
 # (exdev_*) and the link_count_max setting.
 mkdir -p "$work/mnt/pjd"
 cd "$work/mnt/pjd"
-pjdfstest -c "$OLDPWD/scripts/pjdfstest-store.toml" -p "$work/mnt/pjd"  \
+pjdfstest -c "$ROOT/scripts/pjdfstest-store.toml" -p "$work/mnt/pjd"  \
     > "$work/pjd.log" 2>&1 || { grep -E 'FAILED|Summary' "$work/pjd.log"; exit 1; }
 grep Summary "$work/pjd.log"
 cd /

@@ -62,9 +62,32 @@ umount_store; rm -rf "$work/s" "$work/native/tree" "$work/tree"
 python3 -c "import sys; a,b,c,d=map(float,sys.argv[1:5]); print(f'| {sys.argv[5]} files | native {b-a:.1f} | store {d-c:.1f} | ratio {(d-c)/(b-a):.2f} |')" $t0 $t1 $t2 $t3 $nfiles
 
 echo "## ingest of successive versions (stored MiB, seconds)"
-mkdir -p "$work/versions"
-for i in 1 2 3 4; do
-    $W near --dir "$work/versions/v$i" --size 256M --seed $i >/dev/null 2>&1 || true
+# Successive versions of a real tree (/usr/include + /usr/lib/python3*):
+# each version inserts a few bytes into 5% of the files (shifting what
+# follows), appends to 2%, deletes 1% and adds a few new files.
+mkdir -p "$work/versions/v1"
+cp -a /usr/include /usr/lib/python3* "$work/versions/v1/" 2>/dev/null || true
+for i in 2 3 4; do
+    cp -a "$work/versions/v$((i-1))" "$work/versions/v$i"
+    python3 - "$work/versions/v$i" "$i" <<'PY'
+import os, random, sys
+root, seed = sys.argv[1], int(sys.argv[2])
+rnd = random.Random(seed)
+files = sorted(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs
+               if os.path.isfile(os.path.join(d, f)) and not os.path.islink(os.path.join(d, f)))
+for n, path in enumerate(files):
+    r = rnd.random()
+    if r < 0.05:
+        data = open(path, "rb").read()
+        at = rnd.randrange(len(data) + 1)
+        open(path, "wb").write(data[:at] + rnd.randbytes(rnd.randrange(1, 200)) + data[at:])
+    elif r < 0.07:
+        open(path, "ab").write(rnd.randbytes(1000))
+    elif r < 0.08:
+        os.remove(path)
+for k in range(20):
+    open(os.path.join(root, f"new-{seed}-{k}"), "wb").write(rnd.randbytes(50000))
+PY
 done
 $O store init "$work/s" --chunking cdc:16K/64K/256K >/dev/null; $O mount "$work/s" "$work/mnt"
 ts=0; t0=$(date +%s.%N)
@@ -81,3 +104,23 @@ tb=$(python3 -c "import time,sys; print(f'{time.time()-float(sys.argv[1]):.1f}')
 echo "| input MiB | onecopy store | restic | borg |"
 echo "|---|---|---|---|"
 echo "| $(du -sm "$work/versions" | cut -f1) | $sstore MiB, ${ts}s | $sr MiB, ${tr}s | $sb MiB, ${tb}s |"
+rm -rf "$work/versions" "$work/restic" "$work/borg" "$work/s"
+
+echo "## fio 4 KiB O_DSYNC random writes, p99.9 completion latency (us): idle vs during online gc"
+lat() { python3 -c "import json,sys; j=json.load(open(sys.argv[1]))['jobs'][0]['write']['clat_ns']['percentile']; print(f\"{j['99.900000']/1000:.0f}\")" "$1"; }
+fio4k() { fio --name=l --filename="$work/mnt/lat" --size=256M --rw=randwrite --bs=4k --ioengine=psync \
+    --sync=dsync --time_based --runtime=20 --randseed=3 --output-format=json > "$1"; }
+mount_store
+for i in 1 2 3 4 5 6; do
+    fio --name=g --filename="$work/mnt/garbage$i" --size=128M --rw=write --bs=1M --refill_buffers \
+        --randseed=$((100+i)) --output-format=terse >/dev/null
+done
+fio --name=k --filename="$work/mnt/keep" --size=256M --rw=randwrite --bs=64k --refill_buffers --output-format=terse >/dev/null
+rm -f "$work"/mnt/garbage*; sleep 1
+fio4k "$work/idle.json"
+( sleep 2; $O store gc "$work/s" > "$work/gc.txt" ) &
+fio4k "$work/gc.json"; wait
+echo "| idle p99.9 | during gc p99.9 | gc |"
+echo "|---:|---:|---|"
+echo "| $(lat "$work/idle.json") | $(lat "$work/gc.json") | $(cat "$work/gc.txt") |"
+umount_store

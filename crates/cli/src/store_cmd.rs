@@ -40,9 +40,10 @@ pub enum StoreAction {
         /// or `cdc:MIN/AVG/MAX` (FastCDC; for backups and archives).
         #[arg(long, default_value = "fixed:64K")]
         chunking: String,
-        /// Chunk compression: zstd, lz4 or none (chunks that do not shrink
-        /// are stored raw).
-        #[arg(long, default_value = "zstd")]
+        /// Chunk compression: lz4 (default; fastest on incompressible
+        /// data), zstd (smaller) or none. Chunks that do not shrink are
+        /// stored raw.
+        #[arg(long, default_value = "lz4")]
         compress: String,
         /// Also compare bytes when a fingerprint is found (as ZFS
         /// dedup=verify); heals a damaged stored copy.

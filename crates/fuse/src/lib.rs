@@ -73,7 +73,7 @@ pub fn serve_store(
         let (store, stop) = (store.clone(), stop.clone());
         std::thread::spawn(move || {
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                std::thread::sleep(Duration::from_millis(250));
+                std::thread::sleep(Duration::from_secs(1));
                 if let Err(e) = store.flush_all(false) {
                     eprintln!("onecopy: periodic commit failed: {e}");
                 }

@@ -102,8 +102,10 @@ impl Chunking {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Compress {
-    #[default]
     Zstd,
+    /// The default: it gives up on incompressible data at memory speed,
+    /// where zstd costs the first write most of its throughput.
+    #[default]
     Lz4,
     None,
 }

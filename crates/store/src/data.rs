@@ -86,9 +86,8 @@ impl Store {
     /// `fsync`: the file's data and metadata (and everything committed
     /// before) become durable.
     pub fn fsync(&self, ino: u64) -> Result<()> {
-        let mut g = self.lock();
-        self.flush_file_locked(&mut g, ino)?;
-        self.commit_locked(&mut g, true)
+        self.flush_file(ino)?;
+        self.commit(true)
     }
 
     /// Writes `data` at `off`.

@@ -194,8 +194,8 @@ impl Store {
     /// Copies the live chunks of container `id` to the open container,
     /// commits the new locations durably, then deletes the old file.
     fn compact(&self, id: u64) -> Result<()> {
-        let mut g = self.lock();
         let live: Vec<(u64, ChunkLoc)> = {
+            let g = self.lock();
             let mut st = g.db.prepare(
                 "SELECT id, container, offset, stored_len, raw_len FROM chunks
                  WHERE container = ?1 ORDER BY offset",
@@ -213,17 +213,25 @@ impl Store {
             })?;
             rows.collect::<rusqlite::Result<_>>()?
         };
+        // Reading (and checking) the live chunks needs no lock: only gc
+        // moves chunks, and the container is sealed.
+        let mut copies = Vec::with_capacity(live.len());
         for (chunk, loc) in live {
             let raw = self.read_loc(loc)?;
-            let hash = *blake3::hash(&raw).as_bytes();
-            let new = self.append_record(&mut g, &hash, &raw)?;
-            g.db.execute(
-                "UPDATE chunks SET container = ?2, offset = ?3, stored_len = ?4 WHERE id = ?1",
-                params![chunk, new.container, new.offset, new.stored_len],
-            )?;
+            copies.push((chunk, *blake3::hash(&raw).as_bytes(), raw));
         }
-        g.db.execute("DELETE FROM containers WHERE id = ?1", [id])?;
-        self.commit_locked(&mut g, true)?;
+        {
+            let mut g = self.lock();
+            for (chunk, hash, raw) in &copies {
+                let new = self.append_record(&mut g, hash, raw)?;
+                g.db.execute(
+                    "UPDATE chunks SET container = ?2, offset = ?3, stored_len = ?4 WHERE id = ?1",
+                    params![chunk, new.container, new.offset, new.stored_len],
+                )?;
+            }
+            g.db.execute("DELETE FROM containers WHERE id = ?1", [id])?;
+        }
+        self.commit(true)?;
         self.containers.delete(id)
     }
 

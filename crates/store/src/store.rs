@@ -178,21 +178,26 @@ impl Store {
     }
 
     /// Commits all metadata changes. Containers written since the last
-    /// commit are made durable first; with `durable` the commit itself is
-    /// too (synchronous=FULL), as `fsync` requires.
+    /// commit are made durable first (most of that outside the lock, so
+    /// writers do not wait for the disk); with `durable` the commit itself
+    /// is too (synchronous=FULL), as `fsync` requires.
     pub fn commit(&self, durable: bool) -> Result<()> {
+        let pending: Vec<u64> = self.lock().writer.unsynced.iter().copied().collect();
+        for id in pending {
+            self.containers.sync(id)?;
+        }
         let mut g = self.lock();
         self.commit_locked(&mut g, durable)
     }
 
     /// Writes every buffered file and commits (as on unmount).
     pub fn flush_all(&self, durable: bool) -> Result<()> {
-        let mut g = self.lock();
-        let inos: Vec<u64> = g.dirty.keys().copied().collect();
+        let inos: Vec<u64> = self.lock().dirty.keys().copied().collect();
         for ino in inos {
+            let mut g = self.lock();
             self.flush_file_locked(&mut g, ino)?;
         }
-        self.commit_locked(&mut g, durable)
+        self.commit(durable)
     }
 
     pub(crate) fn commit_locked(&self, g: &mut Inner, durable: bool) -> Result<()> {

@@ -13,7 +13,8 @@ fi
 # System packages: mkfs tools, mount helpers, chattr, fuse.
 need_pkgs=()
 for pair in mkfs.btrfs:btrfs-progs mkfs.xfs:xfsprogs mkfs.ext4:e2fsprogs chattr:e2fsprogs compsize:btrfs-compsize \
-            losetup:mount fusermount3:fuse3 xfs_io:xfsprogs; do
+            losetup:mount fusermount3:fuse3 xfs_io:xfsprogs \
+            git:git fio:fio rsync:rsync sqlite3:sqlite3 tar:tar; do
     command -v "${pair%%:*}" >/dev/null 2>&1 || need_pkgs+=("${pair#*:}")
 done
 if [ ${#need_pkgs[@]} -gt 0 ]; then
@@ -37,3 +38,6 @@ rustup component add rustfmt clippy >/dev/null 2>&1 || true
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked
+
+# The inline store through a real FUSE mount: pjdfstest and fsx.
+scripts/store-posix.sh "${CARGO_TARGET_DIR:-target}/debug/onecopy"

@@ -23,6 +23,11 @@ pub enum Command {
     Dedupe(DedupeArgs),
     /// Inspect or prune the catalogs that make later runs incremental.
     Catalog(CatalogArgs),
+    /// Create, inspect and maintain inline dedupe stores.
+    Store(crate::store_cmd::StoreArgs),
+    /// Mount a store as a filesystem (FUSE); unmount with `fusermount3 -u`
+    /// or `umount`.
+    Mount(crate::mount_cmd::MountArgs),
 }
 
 #[derive(Debug, Args)]

@@ -4,7 +4,9 @@
 mod args;
 mod catalog_cmd;
 mod dedupe_cmd;
+mod mount_cmd;
 mod output;
+mod store_cmd;
 
 use std::process::ExitCode;
 
@@ -53,6 +55,8 @@ fn main() -> ExitCode {
                 exit::FATAL
             }
         },
+        args::Command::Store(a) => return store_cmd::run(a),
+        args::Command::Mount(a) => return mount_cmd::run(a),
     };
     ExitCode::from(code)
 }

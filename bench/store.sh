@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# The inline store against the disk it sits on, a null FUSE filesystem on
+# the same crate (the ceiling), restic and borg. Usage:
+#   sudo bench/store.sh [SIZE]        (fio data size, default 2G)
+# Rows: fio sequential 1 MiB 1st write (unique, incompressible), 2nd write
+# (the same bytes again), cold read; cp -a of ~100k small files; ingest of
+# successive versions of a tree vs restic and borg; fio 4 KiB sync write
+# p99.9 latency idle vs during gc (gc runs while mounted only if the mount
+# supports it, else the row says so).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SIZE=${1:-2G}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
+cargo build -q --release -p onecopy -p onecopy-workload
+cargo build -q --release -p onecopy-fuse --example nullfs
+O=$CARGO_TARGET_DIR/release/onecopy
+W=$CARGO_TARGET_DIR/release/onecopy-workload
+N=$CARGO_TARGET_DIR/release/examples/nullfs
+for t in fio restic borg rsync; do command -v $t >/dev/null || { apt-get install -y -qq fio restic borgbackup rsync >/dev/null; break; }; done
+work=$(mktemp -d /var/tmp/onecopy-storebench.XXXXXX)
+cleanup() {
+    for m in "$work"/mnt "$work"/null; do fusermount3 -u "$m" 2>/dev/null || true; done
+    sleep 1; rm -rf "$work"
+}
+trap cleanup EXIT
+mkdir -p "$work"/{mnt,null,native}
+drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+mbps() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); j=d['jobs'][0]; k=sys.argv[2]; print(f\"{j[k]['bw_bytes']/1e6:.0f}\")" "$@"; }
+fio_seq() { # DIR RW OUT
+    fio --name=s --filename="$1/f" --size="$SIZE" --rw="$2" --bs=1M --ioengine=psync \
+        --refill_buffers --randseed=42 --end_fsync=1 --output-format=json > "$3"
+}
+mount_store() { $O store init "$work/s" "$@" >/dev/null; $O mount "$work/s" "$work/mnt"; }
+umount_store() { fusermount3 -u "$work/mnt"; while pgrep -f "mount $work/s" >/dev/null; do sleep 0.2; done; }
+
+echo "## fio sequential 1 MiB, $SIZE, incompressible (MB/s)"
+fio_seq "$work/native" write "$work/n1.json"; drop
+fio --name=s --filename="$work/native/f" --size="$SIZE" --rw=read --bs=1M --ioengine=psync --output-format=json > "$work/nr.json"
+$N "$work/null" & sleep 1
+fio_seq "$work/null" write "$work/null1.json"
+fusermount3 -u "$work/null"; wait || true
+mount_store
+fio_seq "$work/mnt" write "$work/s1.json"
+fio --name=s --filename="$work/mnt/g" --size="$SIZE" --rw=write --bs=1M --ioengine=psync \
+    --refill_buffers --randseed=42 --end_fsync=1 --output-format=json > "$work/s2.json"
+umount_store; drop; $O mount "$work/s" "$work/mnt"
+fio --name=s --filename="$work/mnt/f" --size="$SIZE" --rw=read --bs=1M --ioengine=psync --output-format=json > "$work/sr.json"
+echo "| | native | null FUSE | onecopy store |"
+echo "|---|---:|---:|---:|"
+echo "| 1st write | $(mbps "$work/n1.json" write) | $(mbps "$work/null1.json" write) | $(mbps "$work/s1.json" write) |"
+echo "| 2nd write (duplicate) | - | $(mbps "$work/null1.json" write) | $(mbps "$work/s2.json" write) |"
+echo "| cold read | $(mbps "$work/nr.json" read) | - | $(mbps "$work/sr.json" read) |"
+$O store stats "$work/s" | grep -E 'dedupe|written'
+umount_store; rm -rf "$work/s" "$work/native/f"
+
+echo "## cp -a of small files (s)"
+$W small --dir "$work/tree" --files 100000 >/dev/null 2>&1 || $W small --dir "$work/tree" >/dev/null
+nfiles=$(find "$work/tree" -type f | wc -l)
+drop; t0=$(date +%s.%N); cp -a "$work/tree" "$work/native/tree"; sync; t1=$(date +%s.%N)
+mount_store; drop; t2=$(date +%s.%N); cp -a "$work/tree" "$work/mnt/tree"; sync -f "$work/mnt"; t3=$(date +%s.%N)
+umount_store; rm -rf "$work/s" "$work/native/tree" "$work/tree"
+python3 -c "import sys; a,b,c,d=map(float,sys.argv[1:5]); print(f'| {sys.argv[5]} files | native {b-a:.1f} | store {d-c:.1f} | ratio {(d-c)/(b-a):.2f} |')" $t0 $t1 $t2 $t3 $nfiles
+
+echo "## ingest of successive versions (stored MiB, seconds)"
+# Successive versions of a real tree (/usr/include + /usr/lib/python3*):
+# each version inserts a few bytes into 5% of the files (shifting what
+# follows), appends to 2%, deletes 1% and adds a few new files.
+mkdir -p "$work/versions/v1"
+cp -a /usr/include /usr/lib/python3* "$work/versions/v1/" 2>/dev/null || true
+for i in 2 3 4; do
+    cp -a "$work/versions/v$((i-1))" "$work/versions/v$i"
+    python3 - "$work/versions/v$i" "$i" <<'PY'
+import os, random, sys
+root, seed = sys.argv[1], int(sys.argv[2])
+rnd = random.Random(seed)
+files = sorted(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs
+               if os.path.isfile(os.path.join(d, f)) and not os.path.islink(os.path.join(d, f)))
+for n, path in enumerate(files):
+    r = rnd.random()
+    if r < 0.05:
+        data = open(path, "rb").read()
+        at = rnd.randrange(len(data) + 1)
+        open(path, "wb").write(data[:at] + rnd.randbytes(rnd.randrange(1, 200)) + data[at:])
+    elif r < 0.07:
+        open(path, "ab").write(rnd.randbytes(1000))
+    elif r < 0.08:
+        os.remove(path)
+for k in range(20):
+    open(os.path.join(root, f"new-{seed}-{k}"), "wb").write(rnd.randbytes(50000))
+PY
+done
+$O store init "$work/s" --chunking cdc:16K/64K/256K >/dev/null; $O mount "$work/s" "$work/mnt"
+ts=0; t0=$(date +%s.%N)
+for i in 1 2 3 4; do cp -a "$work/versions/v$i" "$work/mnt/v$i"; done; sync -f "$work/mnt"
+ts=$(python3 -c "import time,sys; print(f'{time.time()-float(sys.argv[1]):.1f}')" $t0)
+umount_store; sstore=$(du -sm "$work/s" | cut -f1)
+export RESTIC_PASSWORD=x BORG_PASSPHRASE=x BORG_UNKNOWN_UNENCRYPTED_REPO_ACCESS_IS_OK=yes
+restic init -q -r "$work/restic"; t0=$(date +%s.%N)
+for i in 1 2 3 4; do restic -q -r "$work/restic" backup "$work/versions/v$i" >/dev/null; done
+tr=$(python3 -c "import time,sys; print(f'{time.time()-float(sys.argv[1]):.1f}')" $t0); sr=$(du -sm "$work/restic" | cut -f1)
+borg init -e none "$work/borg"; t0=$(date +%s.%N)
+for i in 1 2 3 4; do borg create "$work/borg::v$i" "$work/versions/v$i"; done
+tb=$(python3 -c "import time,sys; print(f'{time.time()-float(sys.argv[1]):.1f}')" $t0); sb=$(du -sm "$work/borg" | cut -f1)
+echo "| input MiB | onecopy store | restic | borg |"
+echo "|---|---|---|---|"
+echo "| $(du -sm "$work/versions" | cut -f1) | $sstore MiB, ${ts}s | $sr MiB, ${tr}s | $sb MiB, ${tb}s |"
+rm -rf "$work/versions" "$work/restic" "$work/borg" "$work/s"
+
+echo "## fio 4 KiB O_DSYNC random writes, p99.9 completion latency (us): idle vs during online gc"
+lat() { python3 -c "import json,sys; j=json.load(open(sys.argv[1]))['jobs'][0]['write']['clat_ns']['percentile']; print(f\"{j['99.900000']/1000:.0f}\")" "$1"; }
+fio4k() { fio --name=l --filename="$work/mnt/lat" --size=256M --rw=randwrite --bs=4k --ioengine=psync \
+    --sync=dsync --time_based --runtime=20 --randseed=3 --output-format=json > "$1"; }
+mount_store
+for i in 1 2 3 4 5 6; do
+    fio --name=g --filename="$work/mnt/garbage$i" --size=128M --rw=write --bs=1M --refill_buffers \
+        --randseed=$((100+i)) --output-format=terse >/dev/null
+done
+fio --name=k --filename="$work/mnt/keep" --size=256M --rw=randwrite --bs=64k --refill_buffers --output-format=terse >/dev/null
+rm -f "$work"/mnt/garbage*; sleep 1
+fio4k "$work/idle.json"
+( sleep 2; $O store gc "$work/s" > "$work/gc.txt" ) &
+fio4k "$work/gc.json"; wait
+echo "| idle p99.9 | during gc p99.9 | gc |"
+echo "|---:|---:|---|"
+echo "| $(lat "$work/idle.json") | $(lat "$work/gc.json") | $(cat "$work/gc.txt") |"
+umount_store

@@ -1,0 +1,173 @@
+//! `onecopy mount DIR MOUNTPOINT`: serve a store through FUSE. Without
+//! `-f` the command re-runs itself in the foreground as a child, waits
+//! until the child's mount is ready, and exits (the child is the daemon;
+//! its messages go to DIR/mount.log).
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::Arc;
+
+use clap::Args;
+use onecopy_store::Store;
+
+use crate::store_cmd::{code, error_code};
+
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Exit codes: 0 mounted (and, with -f, unmounted cleanly); 2 bad \
+arguments or not a store; 3 store in use or mount failed; 4 I/O or internal error."
+)]
+pub struct MountArgs {
+    /// The store (made with `onecopy store init`).
+    pub dir: PathBuf,
+    /// Where to mount it.
+    pub mountpoint: PathBuf,
+    /// Stay in the foreground until unmounted (SIGINT/SIGTERM unmount).
+    #[arg(short = 'f', long)]
+    pub foreground: bool,
+    /// FUSE worker threads.
+    #[arg(long, default_value_t = 4)]
+    pub threads: usize,
+    /// Internal: print "ready" on stdout once mounted.
+    #[arg(long, hide = true)]
+    pub notify_ready: bool,
+}
+
+pub fn run(a: MountArgs) -> ExitCode {
+    if !a.mountpoint.is_dir() {
+        eprintln!(
+            "onecopy: {}: mount point is not a directory",
+            a.mountpoint.display()
+        );
+        return ExitCode::from(code::USAGE);
+    }
+    if a.foreground {
+        foreground(&a)
+    } else {
+        daemonize(&a)
+    }
+}
+
+fn foreground(a: &MountArgs) -> ExitCode {
+    let store = match Store::open(&a.dir) {
+        Ok(s) => Arc::new(s),
+        Err(e) => {
+            eprintln!("onecopy: {e}");
+            return ExitCode::from(error_code(&e));
+        }
+    };
+    let pid_file = a.dir.join("mount.pid");
+    let _ = std::fs::write(&pid_file, std::process::id().to_string());
+    handle_signals(a.mountpoint.clone(), store.clone());
+    let name = format!("onecopy:{}", a.dir.display());
+    let config = onecopy_fuse::mount_config(&name, a.threads);
+    let notify = a.notify_ready;
+    let r = onecopy_fuse::serve_store(store, &a.mountpoint, &config, || {
+        if notify {
+            let mut out = std::io::stdout();
+            let _ = writeln!(out, "ready");
+            let _ = out.flush();
+        }
+    });
+    let _ = std::fs::remove_file(&pid_file);
+    match r {
+        Ok(()) => ExitCode::from(code::OK),
+        Err(e) => {
+            eprintln!("onecopy: mount {}: {e}", a.mountpoint.display());
+            ExitCode::from(code::BUSY)
+        }
+    }
+}
+
+/// SIGINT/SIGTERM lazily unmount, which ends the session cleanly; SIGUSR1
+/// (sent by `onecopy store gc`) runs gc online and writes its report to
+/// DIR/gc.json.
+fn handle_signals(mountpoint: PathBuf, store: Arc<Store>) {
+    use signal_hook::consts::{SIGINT, SIGTERM, SIGUSR1};
+    let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGUSR1]) else {
+        return;
+    };
+    std::thread::spawn(move || {
+        for sig in signals.forever() {
+            if sig == SIGUSR1 {
+                let store = store.clone();
+                std::thread::spawn(move || online_gc(&store));
+                continue;
+            }
+            let _ = rustix::mount::unmount(&mountpoint, rustix::mount::UnmountFlags::DETACH);
+            return;
+        }
+    });
+}
+
+fn online_gc(store: &Store) {
+    let report = match store.gc() {
+        Ok(r) => serde_json::to_value(r).expect("serializes"),
+        Err(e) => serde_json::json!({ "error": e.to_string() }),
+    };
+    let path = store.dir().join("gc.json");
+    let tmp = store.dir().join("gc.json.tmp");
+    if std::fs::write(&tmp, report.to_string()).is_ok() {
+        let _ = std::fs::rename(tmp, path);
+    }
+}
+
+fn daemonize(a: &MountArgs) -> ExitCode {
+    let log_path = a.dir.join("mount.log");
+    let log = match std::fs::File::options()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+    {
+        Ok(f) => f,
+        Err(e) => {
+            let c = if a.dir.is_dir() {
+                code::FATAL
+            } else {
+                code::USAGE
+            };
+            eprintln!("onecopy: {}: {e}", log_path.display());
+            return ExitCode::from(c);
+        }
+    };
+    let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("onecopy"));
+    let mut child = match Command::new(exe)
+        .arg("mount")
+        .arg(&a.dir)
+        .arg(&a.mountpoint)
+        .args(["-f", "--notify-ready", "--threads", &a.threads.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("onecopy: can not start the mount process: {e}");
+            return ExitCode::from(code::FATAL);
+        }
+    };
+    let mut line = String::new();
+    let out = child.stdout.take().expect("piped");
+    let _ = BufReader::new(out).read_line(&mut line);
+    if line.trim() == "ready" {
+        return ExitCode::from(code::OK);
+    }
+    let status = child.wait().ok().and_then(|s| s.code()).unwrap_or(4) as u8;
+    eprintln!("onecopy: mount failed: {}", last_line(&log_path));
+    ExitCode::from(if status == 0 { code::FATAL } else { status })
+}
+
+fn last_line(path: &Path) -> String {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .last()
+                .map(|l| l.trim_start_matches("onecopy: ").to_string())
+        })
+        .unwrap_or_else(|| "see the log".into())
+}

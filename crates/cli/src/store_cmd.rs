@@ -1,0 +1,231 @@
+//! `onecopy store ...`: create and maintain inline dedupe stores. Thin
+//! glue over `onecopy-store`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+use onecopy_store::{Chunking, Compress, Store, StoreConfig, StoreError};
+
+/// Exit codes of `store` and `mount`, documented in the README and --help.
+pub mod code {
+    /// Done; nothing wrong found.
+    pub const OK: u8 = 0;
+    /// fsck or scrub found problems (listed).
+    pub const PROBLEMS: u8 = 1;
+    /// Bad arguments, or DIR is not a store (or already is one, for init).
+    pub const USAGE: u8 = 2;
+    /// The store is in use (mounted) or the mount failed.
+    pub const BUSY: u8 = 3;
+    /// An I/O or internal error.
+    pub const FATAL: u8 = 4;
+}
+
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Exit codes: 0 done; 1 fsck/scrub found problems; 2 bad arguments or \
+not a store; 3 store in use (mounted) or mount failed; 4 I/O or internal error."
+)]
+pub struct StoreArgs {
+    #[command(subcommand)]
+    pub action: StoreAction,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum StoreAction {
+    /// Create an empty store in DIR.
+    Init {
+        dir: PathBuf,
+        /// `fixed:SIZE` (default fixed:64K; for VM images and random writes)
+        /// or `cdc:MIN/AVG/MAX` (FastCDC; for backups and archives).
+        #[arg(long, default_value = "fixed:64K")]
+        chunking: String,
+        /// Chunk compression: lz4 (default; fastest on incompressible
+        /// data), zstd (smaller) or none. Chunks that do not shrink are
+        /// stored raw.
+        #[arg(long, default_value = "lz4")]
+        compress: String,
+        /// Also compare bytes when a fingerprint is found (as ZFS
+        /// dedup=verify); heals a damaged stored copy.
+        #[arg(long)]
+        verify: bool,
+        /// Target size of a container file.
+        #[arg(long, default_value = "4M")]
+        container_size: String,
+    },
+    /// Logical and stored bytes, dedupe and compression ratios, chunks.
+    Stats {
+        dir: PathBuf,
+        /// Print JSON on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Reclaim unreferenced chunks and compact half-empty containers
+    /// (store not mounted).
+    Gc { dir: PathBuf },
+    /// Check the metadata's invariants; exit 1 if anything is wrong.
+    Fsck {
+        dir: PathBuf,
+        /// Fix what can be fixed without inventing data (reference counts,
+        /// link counts, dangling names, orphans).
+        #[arg(long)]
+        repair: bool,
+    },
+    /// Read every chunk and verify its checksum and BLAKE3; exit 1 if any
+    /// is damaged.
+    Scrub { dir: PathBuf },
+    /// Drop index entries of chunks nobody references (gc reclaims their
+    /// bytes).
+    Prune { dir: PathBuf },
+}
+
+/// Maps a store error to its exit code.
+pub fn error_code(e: &StoreError) -> u8 {
+    match e {
+        StoreError::NotAStore { .. }
+        | StoreError::Version { .. }
+        | StoreError::Exists { .. }
+        | StoreError::BadOption(_) => code::USAGE,
+        StoreError::Locked { .. } => code::BUSY,
+        _ => code::FATAL,
+    }
+}
+
+fn fail(e: StoreError) -> ExitCode {
+    eprintln!("onecopy: {e}");
+    ExitCode::from(error_code(&e))
+}
+
+pub fn run(args: StoreArgs) -> ExitCode {
+    match act(args.action) {
+        Ok(c) => ExitCode::from(c),
+        Err(e) => fail(e),
+    }
+}
+
+fn act(action: StoreAction) -> Result<u8, StoreError> {
+    match action {
+        StoreAction::Init {
+            dir,
+            chunking,
+            compress,
+            verify,
+            container_size,
+        } => {
+            let cfg = StoreConfig {
+                chunking: chunking.parse::<Chunking>()?,
+                compress: compress.parse::<Compress>()?,
+                verify,
+                container_size: onecopy_store::config::parse_size(&container_size)? as u64,
+                ..StoreConfig::default()
+            };
+            Store::init(&dir, &cfg)?;
+            println!("created store {} ({chunking}, {compress})", dir.display());
+            Ok(code::OK)
+        }
+        StoreAction::Stats { dir, json } => {
+            let s = Store::stats_readonly(&dir)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&s).expect("serializes"));
+            } else {
+                print_stats(&s);
+            }
+            Ok(code::OK)
+        }
+        StoreAction::Gc { dir } => {
+            let r = match Store::open(&dir) {
+                Ok(s) => s.gc()?,
+                Err(StoreError::Locked { path }) => {
+                    online_gc(&dir).ok_or(StoreError::Locked { path })?
+                }
+                Err(e) => return Err(e),
+            };
+            println!(
+                "dropped {} chunks, deleted {} and compacted {} containers, freed {} bytes",
+                r.chunks_dropped, r.containers_deleted, r.containers_compacted, r.bytes_freed
+            );
+            Ok(code::OK)
+        }
+        StoreAction::Fsck { dir, repair } => {
+            let r = Store::open(&dir)?.fsck(repair)?;
+            for p in &r.problems {
+                println!("{p}");
+            }
+            println!("{} problems, {} repaired", r.problems.len(), r.repaired);
+            Ok(if r.problems.len() as u64 > r.repaired {
+                code::PROBLEMS
+            } else {
+                code::OK
+            })
+        }
+        StoreAction::Scrub { dir } => {
+            let r = Store::open(&dir)?.scrub()?;
+            for d in &r.damaged {
+                println!("{d}");
+            }
+            println!(
+                "checked {} chunks ({} bytes), {} damaged",
+                r.chunks_checked,
+                r.bytes_checked,
+                r.damaged.len()
+            );
+            Ok(if r.damaged.is_empty() {
+                code::OK
+            } else {
+                code::PROBLEMS
+            })
+        }
+        StoreAction::Prune { dir } => {
+            let n = Store::open(&dir)?.prune()?;
+            println!("pruned {n} unreferenced index entries");
+            Ok(code::OK)
+        }
+    }
+}
+
+/// Asks the mount process (DIR/mount.pid) to run gc and waits for its
+/// report; None when no mount process answers.
+fn online_gc(dir: &std::path::Path) -> Option<onecopy_store::GcReport> {
+    let pid: i32 = std::fs::read_to_string(dir.join("mount.pid"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    let report = dir.join("gc.json");
+    let _ = std::fs::remove_file(&report);
+    let pid = rustix::process::Pid::from_raw(pid)?;
+    rustix::process::kill_process(pid, rustix::process::Signal::USR1).ok()?;
+    let start = std::time::Instant::now();
+    while start.elapsed() < std::time::Duration::from_secs(3600) {
+        if let Ok(text) = std::fs::read_to_string(&report) {
+            let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+            if let Some(e) = v.get("error") {
+                eprintln!("onecopy: online gc: {e}");
+                return None;
+            }
+            return serde_json::from_value(v).ok();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    None
+}
+
+fn print_stats(s: &onecopy_store::Stats) {
+    println!("files:              {}", s.files);
+    println!("directories:        {}", s.directories);
+    println!("logical bytes:      {}", s.logical_bytes);
+    println!("referenced bytes:   {}", s.referenced_bytes);
+    println!("unique bytes:       {}", s.unique_bytes);
+    println!("stored bytes:       {}", s.stored_bytes);
+    println!("container bytes:    {}", s.container_bytes);
+    println!("dedupe ratio:       {:.2}", s.dedupe_ratio);
+    println!("compression ratio:  {:.2}", s.compression_ratio);
+    println!(
+        "chunks:             {} ({} unreferenced)",
+        s.chunks, s.unreferenced_chunks
+    );
+    println!("index entries:      {} (on disk)", s.index_entries);
+    println!("written new:        {}", s.written_new_bytes);
+    println!("written duplicate:  {}", s.written_duplicate_bytes);
+    println!("written zero:       {}", s.written_zero_bytes);
+}

@@ -1,0 +1,584 @@
+//! `onecopy-fuse`: serves an [`onecopy_store::Store`] through FUSE with
+//! `fuser` (pure Rust: no libfuse; mounts directly as root, through
+//! `fusermount3` otherwise). Multi-threaded, writeback cache, the largest
+//! `max_write` the kernel accepts. [`NullFs`] is the same adapter with
+//! writes discarded: the FUSE ceiling the benchmarks compare against.
+
+mod null;
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fuser::{
+    Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    InitFlags, KernelConfig, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
+    Request, TimeOrNow, WriteFlags,
+};
+use onecopy_store::{Attr, Kind, NewNode, RenameFlags, SetAttr, Store, StoreError};
+
+pub use null::NullFs;
+
+/// How long the kernel may cache attributes and names (only this process
+/// changes the store).
+const TTL: Duration = Duration::from_secs(1);
+
+/// The store as a FUSE filesystem.
+pub struct StoreFs {
+    store: Arc<Store>,
+}
+
+impl StoreFs {
+    pub fn new(store: Arc<Store>) -> Self {
+        StoreFs { store }
+    }
+}
+
+/// Mount options and threads used for every onecopy mount.
+pub fn mount_config(fsname: &str, threads: usize) -> Config {
+    let mut c = Config::default();
+    c.mount_options = vec![
+        MountOption::FSName(fsname.to_string()),
+        MountOption::Subtype("onecopy".into()),
+        MountOption::DefaultPermissions,
+    ];
+    // Every user may use the mount; the kernel checks permissions.
+    c.acl = fuser::SessionACL::All;
+    c.n_threads = Some(threads.max(1));
+    c.clone_fd = true;
+    c
+}
+
+/// Mounts `fs` on `mountpoint` and serves it until unmounted.
+pub fn serve<F: Filesystem>(fs: F, mountpoint: &Path, config: &Config) -> std::io::Result<()> {
+    fuser::mount(fs, mountpoint, config)
+}
+
+/// Mounts the store and serves it until unmounted, committing its
+/// metadata every second (see the crash model); `ready` runs once the
+/// mount is in place (to daemonize).
+pub fn serve_store(
+    store: Arc<Store>,
+    mountpoint: &Path,
+    config: &Config,
+    ready: impl FnOnce(),
+) -> std::io::Result<()> {
+    let session = fuser::Session::new(StoreFs::new(store.clone()), mountpoint, config)?;
+    ready();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let committer = {
+        let (store, stop) = (store.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_secs(1));
+                if let Err(e) = store.flush_all(false) {
+                    eprintln!("onecopy: periodic commit failed: {e}");
+                }
+            }
+        })
+    };
+    let r = session.run();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = committer.join();
+    store
+        .flush_all(true)
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    r
+}
+
+/// Sets the kernel options every onecopy mount wants.
+pub(crate) fn tune(config: &mut KernelConfig) {
+    let wanted = InitFlags::FUSE_WRITEBACK_CACHE
+        | InitFlags::FUSE_PARALLEL_DIROPS
+        | InitFlags::FUSE_ASYNC_DIO
+        | InitFlags::FUSE_BIG_WRITES;
+    let _ = config.add_capabilities(wanted & config.capabilities());
+    let _ = config
+        .set_max_readahead(4 << 20)
+        .or_else(|max| config.set_max_readahead(max));
+    let _ = config.set_max_background(64);
+}
+
+fn errno(e: StoreError) -> Errno {
+    Errno::from_i32(e.errno())
+}
+
+fn time(ns: i64) -> SystemTime {
+    if ns >= 0 {
+        UNIX_EPOCH + Duration::from_nanos(ns as u64)
+    } else {
+        UNIX_EPOCH - Duration::from_nanos(ns.unsigned_abs())
+    }
+}
+
+fn ns(t: SystemTime) -> i64 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => d.as_nanos() as i64,
+        Err(e) => -(e.duration().as_nanos() as i64),
+    }
+}
+
+fn tor(t: TimeOrNow) -> i64 {
+    match t {
+        TimeOrNow::SpecificTime(t) => ns(t),
+        TimeOrNow::Now => ns(SystemTime::now()),
+    }
+}
+
+pub(crate) fn file_type(k: Kind) -> FileType {
+    match k {
+        Kind::File => FileType::RegularFile,
+        Kind::Dir => FileType::Directory,
+        Kind::Symlink => FileType::Symlink,
+        Kind::Fifo => FileType::NamedPipe,
+        Kind::Socket => FileType::Socket,
+        Kind::Char => FileType::CharDevice,
+        Kind::Block => FileType::BlockDevice,
+    }
+}
+
+fn kind_of_mode(mode: u32) -> Kind {
+    match mode & libc::S_IFMT {
+        libc::S_IFDIR => Kind::Dir,
+        libc::S_IFIFO => Kind::Fifo,
+        libc::S_IFSOCK => Kind::Socket,
+        libc::S_IFCHR => Kind::Char,
+        libc::S_IFBLK => Kind::Block,
+        libc::S_IFLNK => Kind::Symlink,
+        _ => Kind::File,
+    }
+}
+
+fn fattr(a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(a.ino),
+        size: a.size,
+        blocks: a.size.div_ceil(512),
+        atime: time(a.atime_ns),
+        mtime: time(a.mtime_ns),
+        ctime: time(a.ctime_ns),
+        crtime: time(a.ctime_ns),
+        kind: file_type(a.kind),
+        perm: a.perm as u16,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev,
+        blksize: 128 * 1024,
+        flags: 0,
+    }
+}
+
+fn entry(reply: ReplyEntry, r: Result<Attr, StoreError>) {
+    match r {
+        Ok(a) => reply.entry(&TTL, &fattr(&a), Generation(0)),
+        Err(e) => reply.error(errno(e)),
+    }
+}
+
+fn empty(reply: ReplyEmpty, r: Result<(), StoreError>) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(errno(e)),
+    }
+}
+
+fn xattr_reply(reply: ReplyXattr, size: u32, r: Result<Vec<u8>, StoreError>) {
+    match r {
+        Ok(v) if size == 0 => reply.size(v.len() as u32),
+        Ok(v) if v.len() <= size as usize => reply.data(&v),
+        Ok(_) => reply.error(Errno::ERANGE),
+        Err(e) => reply.error(errno(e)),
+    }
+}
+
+/// Whether the caller's primary or supplementary groups include `gid`.
+fn in_group(req: &Request, gid: u32) -> bool {
+    if req.gid() == gid {
+        return true;
+    }
+    let status = std::fs::read_to_string(format!("/proc/{}/status", req.pid())).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Groups:"))
+        .is_some_and(|g| g.split_whitespace().any(|x| x.parse() == Ok(gid)))
+}
+
+fn node(req: &Request, mode: u32, umask: u32, rdev: u32) -> NewNode {
+    NewNode {
+        kind: kind_of_mode(mode),
+        perm: mode & !umask & 0o7777,
+        uid: req.uid(),
+        gid: req.gid(),
+        rdev,
+    }
+}
+
+impl Filesystem for StoreFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        tune(config);
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        if let Err(e) = self.store.flush_all(true) {
+            eprintln!("onecopy: final commit failed: {e}");
+        }
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        if name.len() > 255 {
+            return reply.error(Errno::ENAMETOOLONG);
+        }
+        entry(reply, self.store.lookup(parent.0, name.as_bytes()))
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.store.getattr(ino.0) {
+            Ok(a) => reply.attr(&TTL, &fattr(&a)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        // chmod by a non-root caller outside the file's group drops setgid
+        // (what the VFS does for local filesystems).
+        let mode = mode.map(|m| match self.store.getattr(ino.0) {
+            Ok(a) if req.uid() != 0 && m & 0o2000 != 0 && !in_group(req, a.gid) => m & !0o2000,
+            _ => m,
+        });
+        let set = SetAttr {
+            perm: mode,
+            uid,
+            gid,
+            size,
+            atime_ns: atime.map(tor),
+            mtime_ns: mtime.map(tor),
+            ctime_ns: ctime.map(ns),
+        };
+        match self.store.setattr(ino.0, set) {
+            Ok(a) => reply.attr(&TTL, &fattr(&a)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.store.readlink(ino.0) {
+            Ok(t) => reply.data(&t),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let n = node(req, mode, umask, rdev);
+        entry(reply, self.store.mknod(parent.0, name.as_bytes(), n))
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let n = node(req, mode | libc::S_IFDIR, umask, 0);
+        entry(reply, self.store.mknod(parent.0, name.as_bytes(), n))
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        empty(reply, self.store.unlink(parent.0, name.as_bytes()))
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        empty(reply, self.store.rmdir(parent.0, name.as_bytes()))
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let t = target.as_os_str().as_bytes();
+        entry(
+            reply,
+            self.store
+                .symlink(parent.0, name.as_bytes(), t, req.uid(), req.gid()),
+        )
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: fuser::RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        if flags.contains(fuser::RenameFlags::RENAME_WHITEOUT) {
+            return reply.error(Errno::EINVAL);
+        }
+        let f = RenameFlags {
+            noreplace: flags.contains(fuser::RenameFlags::RENAME_NOREPLACE),
+            exchange: flags.contains(fuser::RenameFlags::RENAME_EXCHANGE),
+        };
+        let r = self.store.rename(
+            parent.0,
+            name.as_bytes(),
+            newparent.0,
+            newname.as_bytes(),
+            f,
+        );
+        empty(reply, r)
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        entry(
+            reply,
+            self.store.link(ino.0, newparent.0, newname.as_bytes()),
+        )
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.store.open_file(ino.0) {
+            Ok(_) => reply.opened(FileHandle(0), FopenFlags::empty()),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let n = node(req, mode, umask, 0);
+        let r = self
+            .store
+            .mknod(parent.0, name.as_bytes(), n)
+            .and_then(|a| self.store.open_file(a.ino));
+        match r {
+            Ok(a) => reply.created(
+                &TTL,
+                &fattr(&a),
+                Generation(0),
+                FileHandle(0),
+                FopenFlags::empty(),
+            ),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        match self.store.read(ino.0, offset, size as usize) {
+            Ok(d) => reply.data(&d),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        match self.store.write(ino.0, offset, data) {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lo: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok()
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        empty(reply, self.store.release_file(ino.0))
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        empty(reply, self.store.fsync(ino.0))
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        match self.store.readdir(ino.0, offset as i64, 256) {
+            Ok(entries) => {
+                for e in entries {
+                    let name = OsStr::from_bytes(&e.name);
+                    if reply.add(INodeNo(e.ino), e.next as u64, file_type(e.kind), name) {
+                        break;
+                    }
+                }
+                reply.ok()
+            }
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        empty(reply, self.store.fallocate(ino.0, offset, length, mode))
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        empty(reply, self.store.commit(true))
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        match self.store.statfs() {
+            Ok(s) => reply.statfs(
+                s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, 255, s.bsize,
+            ),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let (create, replace) = (
+            flags & libc::XATTR_CREATE != 0,
+            flags & libc::XATTR_REPLACE != 0,
+        );
+        empty(
+            reply,
+            self.store
+                .setxattr(ino.0, name.as_bytes(), value, create, replace),
+        )
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        xattr_reply(reply, size, self.store.getxattr(ino.0, name.as_bytes()))
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let r = self.store.listxattr(ino.0).map(|names| {
+            names
+                .into_iter()
+                .flat_map(|mut n| {
+                    n.push(0);
+                    n
+                })
+                .collect()
+        });
+        xattr_reply(reply, size, r)
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        empty(reply, self.store.removexattr(ino.0, name.as_bytes()))
+    }
+}

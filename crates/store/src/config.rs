@@ -1,0 +1,176 @@
+//! The store's settings, fixed at `init` and kept in `store.json`.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Result, StoreError};
+
+/// Store format this code writes and reads.
+pub const FORMAT: u64 = 1;
+/// Magic string in `store.json`.
+pub const MAGIC: &str = "onecopy-store";
+
+/// How files are cut into chunks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Chunking {
+    /// Chunks of `size` bytes aligned in the file (the last one shorter).
+    Fixed { size: u32 },
+    /// FastCDC 2020 with these minimum / average / maximum sizes.
+    Cdc { min: u32, avg: u32, max: u32 },
+}
+
+impl Default for Chunking {
+    fn default() -> Self {
+        Chunking::Fixed { size: 64 * 1024 }
+    }
+}
+
+/// Parses a size such as `4096`, `64K`, `1M`.
+pub fn parse_size(s: &str) -> Result<u32> {
+    let bad = || StoreError::BadOption(format!("'{s}' is not a size (e.g. 4096, 64K, 1M)"));
+    let (num, mul) = match s.as_bytes().last() {
+        Some(b'k' | b'K') => (&s[..s.len() - 1], 1024),
+        Some(b'm' | b'M') => (&s[..s.len() - 1], 1024 * 1024),
+        _ => (s, 1),
+    };
+    let n: u64 = num.parse().map_err(|_| bad())?;
+    u32::try_from(n * mul).map_err(|_| bad())
+}
+
+impl std::str::FromStr for Chunking {
+    type Err = StoreError;
+    /// `fixed:SIZE` or `cdc:MIN/AVG/MAX`.
+    fn from_str(s: &str) -> Result<Self> {
+        let c = if let Some(size) = s.strip_prefix("fixed:") {
+            Chunking::Fixed {
+                size: parse_size(size)?,
+            }
+        } else if let Some(spec) = s.strip_prefix("cdc:") {
+            let parts: Vec<&str> = spec.split('/').collect();
+            let [min, avg, max] = parts[..] else {
+                return Err(StoreError::BadOption(format!(
+                    "'{s}': expected cdc:MIN/AVG/MAX"
+                )));
+            };
+            Chunking::Cdc {
+                min: parse_size(min)?,
+                avg: parse_size(avg)?,
+                max: parse_size(max)?,
+            }
+        } else {
+            return Err(StoreError::BadOption(format!(
+                "'{s}': expected fixed:SIZE or cdc:MIN/AVG/MAX"
+            )));
+        };
+        c.validate()?;
+        Ok(c)
+    }
+}
+
+impl Chunking {
+    /// Largest chunk this chunking produces.
+    pub fn max_chunk(&self) -> u32 {
+        match *self {
+            Chunking::Fixed { size } => size,
+            Chunking::Cdc { max, .. } => max,
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        let ok = match *self {
+            Chunking::Fixed { size } => (4096..=4 << 20).contains(&size) && size.is_power_of_two(),
+            Chunking::Cdc { min, avg, max } => {
+                (fastcdc::v2020::MINIMUM_MIN..=fastcdc::v2020::MINIMUM_MAX).contains(&min)
+                    && (fastcdc::v2020::AVERAGE_MIN..=fastcdc::v2020::AVERAGE_MAX).contains(&avg)
+                    && (fastcdc::v2020::MAXIMUM_MIN..=4 << 20).contains(&max)
+                    && min <= avg
+                    && avg <= max
+            }
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(StoreError::BadOption(format!(
+                "chunking {self:?}: fixed sizes are powers of two from 4K to 4M; \
+                 cdc needs MIN <= AVG <= MAX within FastCDC's bounds (MAX <= 4M)"
+            )))
+        }
+    }
+}
+
+/// Compression of stored chunks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compress {
+    Zstd,
+    /// The default: it gives up on incompressible data at memory speed,
+    /// where zstd costs the first write most of its throughput.
+    #[default]
+    Lz4,
+    None,
+}
+
+impl std::str::FromStr for Compress {
+    type Err = StoreError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "zstd" => Ok(Compress::Zstd),
+            "lz4" => Ok(Compress::Lz4),
+            "none" => Ok(Compress::None),
+            _ => Err(StoreError::BadOption(format!(
+                "'{s}': expected zstd, lz4 or none"
+            ))),
+        }
+    }
+}
+
+/// Contents of `store.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoreConfig {
+    pub magic: String,
+    pub format: u64,
+    pub chunking: Chunking,
+    pub compress: Compress,
+    /// Compare bytes on a fingerprint hit.
+    pub verify: bool,
+    /// Target size of a container file.
+    pub container_size: u64,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            magic: MAGIC.into(),
+            format: FORMAT,
+            chunking: Chunking::default(),
+            compress: Compress::default(),
+            verify: false,
+            container_size: 4 << 20,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_chunking() {
+        assert_eq!(
+            "fixed:64K".parse::<Chunking>().unwrap(),
+            Chunking::Fixed { size: 65536 }
+        );
+        assert_eq!(
+            "cdc:16K/64K/256K".parse::<Chunking>().unwrap(),
+            Chunking::Cdc {
+                min: 16384,
+                avg: 65536,
+                max: 262144
+            }
+        );
+        assert!("fixed:1000".parse::<Chunking>().is_err());
+        assert!("cdc:64K/16K/256K".parse::<Chunking>().is_err());
+        assert!("rabin:1".parse::<Chunking>().is_err());
+        assert!("zip".parse::<Compress>().is_err());
+    }
+}

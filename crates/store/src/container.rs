@@ -1,0 +1,302 @@
+//! Chunk containers: append-only, write-once files of chunk records, behind
+//! the [`ContainerStore`] trait so that another backend (an object store)
+//! can hold them. The record format is in ARCHITECTURE.md.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use crate::config::Compress;
+use crate::error::{Result, StoreError};
+
+/// Magic at the start of every container.
+pub const CONTAINER_MAGIC: &[u8; 8] = b"OCCONT01";
+/// Bytes before the first record.
+pub const CONTAINER_HEADER: u64 = 16;
+/// Bytes of a record header.
+pub const RECORD_HEADER: usize = 48;
+
+/// A chunk's identity: BLAKE3-256 of its raw bytes.
+pub type Hash = [u8; 32];
+
+/// How a payload is encoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Codec {
+    Raw = 0,
+    Zstd = 1,
+    Lz4 = 2,
+}
+
+/// A record ready to append: header and payload in one buffer.
+pub struct Encoded {
+    pub bytes: Vec<u8>,
+    pub raw_len: u32,
+}
+
+/// Compresses `raw` (kept raw when that does not shrink it) and frames it.
+pub fn encode(hash: &Hash, raw: &[u8], compress: Compress) -> Encoded {
+    let packed = match compress {
+        Compress::Zstd => zstd::bulk::compress(raw, 1).ok().map(|p| (Codec::Zstd, p)),
+        Compress::Lz4 => Some((Codec::Lz4, lz4_flex::block::compress(raw))),
+        Compress::None => None,
+    };
+    let (codec, payload): (Codec, &[u8]) = match &packed {
+        Some((c, p)) if p.len() < raw.len() => (*c, p),
+        _ => (Codec::Raw, raw),
+    };
+    let mut bytes = Vec::with_capacity(RECORD_HEADER + payload.len());
+    bytes.extend_from_slice(hash);
+    bytes.extend_from_slice(&(raw.len() as u32).to_le_bytes());
+    bytes.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    bytes.extend_from_slice(&[codec as u8, 0, 0, 0]);
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&bytes);
+    crc.update(payload);
+    bytes.extend_from_slice(&crc.finalize().to_le_bytes());
+    bytes.extend_from_slice(payload);
+    Encoded {
+        bytes,
+        raw_len: raw.len() as u32,
+    }
+}
+
+/// Checks and decodes one record (header and payload). Any mismatch is an
+/// error: a damaged chunk never decodes to wrong bytes.
+pub fn decode(rec: &[u8], container: u64, offset: u64) -> Result<(Hash, Vec<u8>)> {
+    let damaged = |why: &str| StoreError::Damaged {
+        container,
+        offset,
+        why: why.to_string(),
+    };
+    if rec.len() < RECORD_HEADER {
+        return Err(damaged("short record"));
+    }
+    let u32_at = |i: usize| u32::from_le_bytes(rec[i..i + 4].try_into().unwrap());
+    let (raw_len, stored_len) = (u32_at(32) as usize, u32_at(36) as usize);
+    if rec.len() != RECORD_HEADER + stored_len {
+        return Err(damaged("length mismatch"));
+    }
+    let payload = &rec[RECORD_HEADER..];
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&rec[..44]);
+    crc.update(payload);
+    if crc.finalize() != u32_at(44) {
+        return Err(damaged("checksum mismatch"));
+    }
+    let raw = match rec[40] {
+        0 => payload.to_vec(),
+        1 => zstd::bulk::decompress(payload, raw_len).map_err(|_| damaged("zstd"))?,
+        2 => lz4_flex::block::decompress(payload, raw_len).map_err(|_| damaged("lz4"))?,
+        _ => return Err(damaged("unknown codec")),
+    };
+    if raw.len() != raw_len {
+        return Err(damaged("decoded length"));
+    }
+    Ok((rec[..32].try_into().unwrap(), raw))
+}
+
+/// Where container files live. Containers are never overwritten: a store
+/// appends to one open container, seals it, and deletes whole containers.
+pub trait ContainerStore: Send + Sync {
+    /// Creates container `id` with its header; fails if it exists.
+    fn create(&self, id: u64) -> Result<()>;
+    /// Appends bytes at the end of container `id`.
+    fn append(&self, id: u64, bytes: &[u8]) -> Result<()>;
+    /// Reads `len` bytes at `offset`.
+    fn read(&self, id: u64, offset: u64, len: usize) -> Result<Vec<u8>>;
+    /// Makes everything appended to `id` durable.
+    fn sync(&self, id: u64) -> Result<()>;
+    /// Current length of container `id` (None if it does not exist).
+    fn len(&self, id: u64) -> Result<Option<u64>>;
+    /// Deletes a whole container.
+    fn delete(&self, id: u64) -> Result<()>;
+    /// Ids of all containers.
+    fn list(&self) -> Result<Vec<u64>>;
+}
+
+/// Containers as files under a local directory.
+pub struct LocalDir {
+    root: PathBuf,
+    open: Mutex<HashMap<u64, Arc<File>>>,
+}
+
+impl LocalDir {
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        LocalDir {
+            root: root.into(),
+            open: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn path(&self, id: u64) -> PathBuf {
+        self.root
+            .join(format!("{:02x}", id & 0xff))
+            .join(format!("{id:016x}.occ"))
+    }
+
+    fn file(&self, id: u64) -> Result<Arc<File>> {
+        let mut open = self.open.lock().unwrap();
+        if let Some(f) = open.get(&id) {
+            return Ok(f.clone());
+        }
+        if open.len() > 256 {
+            open.clear();
+        }
+        let path = self.path(id);
+        let f = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .open(&path)
+            .map_err(StoreError::io(&path))?;
+        let f = Arc::new(f);
+        open.insert(id, f.clone());
+        Ok(f)
+    }
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(StoreError::io(dir))
+}
+
+impl ContainerStore for LocalDir {
+    fn create(&self, id: u64) -> Result<()> {
+        let path = self.path(id);
+        let dir = path.parent().unwrap();
+        std::fs::create_dir_all(dir).map_err(StoreError::io(dir))?;
+        let mut f = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(StoreError::io(&path))?;
+        let mut header = CONTAINER_MAGIC.to_vec();
+        header.extend_from_slice(&id.to_le_bytes());
+        f.write_all(&header).map_err(StoreError::io(&path))?;
+        sync_dir(dir)?;
+        self.open.lock().unwrap().insert(id, Arc::new(f));
+        Ok(())
+    }
+
+    fn append(&self, id: u64, bytes: &[u8]) -> Result<()> {
+        let f = self.file(id)?;
+        (&*f)
+            .write_all(bytes)
+            .map_err(StoreError::io(self.path(id)))
+    }
+
+    fn read(&self, id: u64, offset: u64, len: usize) -> Result<Vec<u8>> {
+        let f = self.file(id)?;
+        let mut buf = vec![0; len];
+        f.read_exact_at(&mut buf, offset).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                StoreError::Damaged {
+                    container: id,
+                    offset,
+                    why: "container shorter than the record".into(),
+                }
+            } else {
+                StoreError::io(self.path(id))(e)
+            }
+        })?;
+        Ok(buf)
+    }
+
+    fn sync(&self, id: u64) -> Result<()> {
+        self.file(id)?
+            .sync_data()
+            .map_err(StoreError::io(self.path(id)))
+    }
+
+    fn len(&self, id: u64) -> Result<Option<u64>> {
+        match std::fs::metadata(self.path(id)) {
+            Ok(m) => Ok(Some(m.len())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(StoreError::io(self.path(id))(e)),
+        }
+    }
+
+    fn delete(&self, id: u64) -> Result<()> {
+        self.open.lock().unwrap().remove(&id);
+        let path = self.path(id);
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(StoreError::io(path)(e)),
+            _ => Ok(()),
+        }
+    }
+
+    fn list(&self) -> Result<Vec<u64>> {
+        let mut ids = Vec::new();
+        let Ok(dirs) = std::fs::read_dir(&self.root) else {
+            return Ok(ids);
+        };
+        for d in dirs.flatten() {
+            for f in std::fs::read_dir(d.path()).into_iter().flatten().flatten() {
+                let name = f.file_name();
+                let name = name.to_string_lossy();
+                if let Some(hex) = name.strip_suffix(".occ") {
+                    if let Ok(id) = u64::from_str_radix(hex, 16) {
+                        ids.push(id);
+                    }
+                }
+            }
+        }
+        ids.sort_unstable();
+        Ok(ids)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_and_detect_damage() {
+        for compress in [Compress::Zstd, Compress::Lz4, Compress::None] {
+            for raw in [
+                vec![7u8; 5000],
+                (0..5000u32).map(|i| ((i * 7919) >> 3) as u8).collect(),
+            ] {
+                let hash = *blake3::hash(&raw).as_bytes();
+                let enc = encode(&hash, &raw, compress);
+                let (h, back) = decode(&enc.bytes, 1, 16).unwrap();
+                assert_eq!((h, &back), (hash, &raw));
+                for i in [0, 33, 40, 47, enc.bytes.len() - 1] {
+                    let mut bad = enc.bytes.clone();
+                    bad[i] ^= 0x10;
+                    assert!(decode(&bad, 1, 16).is_err(), "flip at {i} undetected");
+                }
+                assert!(decode(&enc.bytes[..enc.bytes.len() - 1], 1, 16).is_err());
+            }
+        }
+    }
+
+    #[test]
+    fn incompressible_is_stored_raw() {
+        let raw: Vec<u8> = (0..4096)
+            .map(|i| blake3::hash(&[i as u8, (i >> 8) as u8]).as_bytes()[0])
+            .collect();
+        let enc = encode(&[0; 32], &raw, Compress::Zstd);
+        assert_eq!(enc.bytes[40], Codec::Raw as u8);
+    }
+
+    #[test]
+    fn local_dir_appends_reads_lists_deletes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalDir::new(dir.path());
+        store.create(5).unwrap();
+        assert!(store.create(5).is_err(), "a container is never recreated");
+        store.append(5, b"hello").unwrap();
+        store.sync(5).unwrap();
+        assert_eq!(store.read(5, CONTAINER_HEADER, 5).unwrap(), b"hello");
+        assert_eq!(store.len(5).unwrap(), Some(CONTAINER_HEADER + 5));
+        assert!(store.read(5, CONTAINER_HEADER, 6).is_err());
+        assert_eq!(store.list().unwrap(), vec![5]);
+        store.delete(5).unwrap();
+        assert_eq!(store.list().unwrap(), Vec::<u64>::new());
+    }
+}

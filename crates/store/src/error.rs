@@ -1,0 +1,98 @@
+//! Typed errors of the store. Each carries what it is about (a path, an
+//! inode, a container) so the message alone says where it happened.
+
+use std::path::PathBuf;
+
+/// Every error the store can return.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("metadata database: {0}")]
+    Db(#[from] rusqlite::Error),
+    #[error("{path}: not an onecopy store ({why})")]
+    NotAStore { path: PathBuf, why: String },
+    #[error(
+        "{path}: store format {found} is not supported (this onecopy reads format {supported})"
+    )]
+    Version {
+        path: PathBuf,
+        found: u64,
+        supported: u64,
+    },
+    #[error("{path}: a store already exists here")]
+    Exists { path: PathBuf },
+    #[error("{path}: the store is in use by another process (mounted?)")]
+    Locked { path: PathBuf },
+    #[error("container {container} offset {offset}: damaged chunk ({why})")]
+    Damaged {
+        container: u64,
+        offset: u64,
+        why: String,
+    },
+    #[error("invalid option: {0}")]
+    BadOption(String),
+    #[error("no such file or directory")]
+    NotFound,
+    #[error("file exists")]
+    AlreadyExists,
+    #[error("not a directory")]
+    NotDir,
+    #[error("is a directory")]
+    IsDir,
+    #[error("directory not empty")]
+    NotEmpty,
+    #[error("invalid argument")]
+    Invalid,
+    #[error("no such attribute")]
+    NoAttr,
+    #[error("operation not supported")]
+    NotSupported,
+    #[error("file name too long")]
+    NameTooLong,
+    #[error("file too large")]
+    TooBig,
+    #[error("no space left on device")]
+    NoSpace,
+}
+
+impl StoreError {
+    /// The errno a file-system call reports for this error.
+    pub fn errno(&self) -> i32 {
+        match self {
+            StoreError::NotFound => libc::ENOENT,
+            StoreError::AlreadyExists => libc::EEXIST,
+            StoreError::NotDir => libc::ENOTDIR,
+            StoreError::IsDir => libc::EISDIR,
+            StoreError::NotEmpty => libc::ENOTEMPTY,
+            StoreError::Invalid | StoreError::BadOption(_) => libc::EINVAL,
+            StoreError::NoAttr => libc::ENODATA,
+            StoreError::TooBig => libc::EFBIG,
+            StoreError::NameTooLong => libc::ENAMETOOLONG,
+            StoreError::NotSupported => libc::EOPNOTSUPP,
+            StoreError::NoSpace => libc::ENOSPC,
+            StoreError::Io { source, .. } => match source.raw_os_error() {
+                Some(libc::ENOSPC) => libc::ENOSPC,
+                Some(libc::EDQUOT) => libc::EDQUOT,
+                _ => libc::EIO,
+            },
+            StoreError::Db(rusqlite::Error::SqliteFailure(e, _))
+                if e.code == rusqlite::ErrorCode::DiskFull =>
+            {
+                libc::ENOSPC
+            }
+            _ => libc::EIO,
+        }
+    }
+
+    pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> StoreError {
+        let path = path.into();
+        move |source| StoreError::Io { path, source }
+    }
+}
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;

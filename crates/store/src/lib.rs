@@ -1,0 +1,25 @@
+//! `onecopy-store`: the inline dedupe store. Files are cut into chunks
+//! (fixed or FastCDC), each chunk is identified by its BLAKE3-256 and kept
+//! once in append-only containers; metadata (namespace, file maps,
+//! reference counts) lives in SQLite. The file-system adapter
+//! (`onecopy-fuse`) calls [`Store`]; formats and the crash model are in
+//! ARCHITECTURE.md.
+
+pub mod config;
+pub mod container;
+mod data;
+pub mod error;
+mod maint;
+pub mod meta;
+mod ns;
+mod store;
+
+pub use config::{Chunking, Compress, StoreConfig};
+pub use error::{Result, StoreError};
+pub use maint::{FsckReport, GcReport, ScrubReport, StatFs, Stats};
+pub use meta::{ChunkIndex, ChunkLoc};
+pub use ns::{Attr, DirEntry, Kind, NewNode, RenameFlags, SetAttr};
+pub use store::{Store, WriteCounters};
+
+#[cfg(test)]
+mod tests;

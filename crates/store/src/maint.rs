@@ -1,0 +1,371 @@
+//! Maintenance: statistics, statfs, garbage collection and compaction,
+//! consistency check (fsck) and scrub.
+
+use rusqlite::params;
+use serde::Serialize;
+
+use crate::container::{self, CONTAINER_HEADER};
+use crate::error::{Result, StoreError};
+use crate::meta::ChunkLoc;
+use crate::store::Store;
+
+/// What `store stats` reports.
+#[derive(Debug, Clone, Serialize)]
+pub struct Stats {
+    pub files: u64,
+    pub directories: u64,
+    /// Sum of file sizes.
+    pub logical_bytes: u64,
+    /// Bytes of file data held in chunks (logical minus holes).
+    pub referenced_bytes: u64,
+    /// Bytes of distinct referenced chunks, before compression.
+    pub unique_bytes: u64,
+    /// Bytes of those chunks as stored (compressed, with record headers).
+    pub stored_bytes: u64,
+    /// Bytes of all container files (includes garbage until `gc`).
+    pub container_bytes: u64,
+    pub containers: u64,
+    pub chunks: u64,
+    pub unreferenced_chunks: u64,
+    /// referenced / unique.
+    pub dedupe_ratio: f64,
+    /// unique / stored.
+    pub compression_ratio: f64,
+    /// Fingerprint index entries (one per stored chunk).
+    pub index_entries: u64,
+    /// RAM the index holds per entry (SQLite keeps it on disk: page cache only).
+    pub index_ram_bytes_per_entry: f64,
+    /// Bytes written as new chunks, found duplicate, and kept as holes.
+    pub written_new_bytes: u64,
+    pub written_duplicate_bytes: u64,
+    pub written_zero_bytes: u64,
+}
+
+/// What `statfs` reports: the backing filesystem's space.
+#[derive(Debug, Clone, Copy)]
+pub struct StatFs {
+    pub blocks: u64,
+    pub bfree: u64,
+    pub bavail: u64,
+    pub files: u64,
+    pub ffree: u64,
+    pub bsize: u32,
+}
+
+/// What `gc` did.
+#[derive(Debug, Clone, Default, Serialize, serde::Deserialize)]
+pub struct GcReport {
+    pub chunks_dropped: u64,
+    pub containers_deleted: u64,
+    pub containers_compacted: u64,
+    pub bytes_freed: u64,
+}
+
+/// What `fsck` found (and, with repair, fixed).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct FsckReport {
+    pub problems: Vec<String>,
+    pub repaired: u64,
+}
+
+/// What `scrub` found.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ScrubReport {
+    pub chunks_checked: u64,
+    pub bytes_checked: u64,
+    pub damaged: Vec<String>,
+}
+
+fn compute_stats(db: &rusqlite::Connection, c: &crate::store::WriteCounters) -> Result<Stats> {
+    let q = |sql: &str| -> Result<u64> {
+        Ok(db
+            .query_row(sql, [], |r| r.get::<_, Option<i64>>(0))?
+            .unwrap_or(0) as u64)
+    };
+    let referenced = q("SELECT SUM(len) FROM extents")?;
+    let unique = q("SELECT SUM(raw_len) FROM chunks WHERE refs > 0")?;
+    let stored = q("SELECT SUM(stored_len) FROM chunks WHERE refs > 0")?;
+    let chunks = q("SELECT COUNT(*) FROM chunks")?;
+    let ratio = |a: u64, b: u64| if b == 0 { 1.0 } else { a as f64 / b as f64 };
+    Ok(Stats {
+        files: q("SELECT COUNT(*) FROM inodes WHERE kind = 1")?,
+        directories: q("SELECT COUNT(*) FROM inodes WHERE kind = 2")?,
+        logical_bytes: q("SELECT SUM(size) FROM inodes WHERE kind = 1")?,
+        referenced_bytes: referenced,
+        unique_bytes: unique,
+        stored_bytes: stored,
+        container_bytes: q("SELECT SUM(length) FROM containers")?,
+        containers: q("SELECT COUNT(*) FROM containers")?,
+        chunks,
+        unreferenced_chunks: q("SELECT COUNT(*) FROM chunks WHERE refs <= 0")?,
+        dedupe_ratio: ratio(referenced, unique),
+        compression_ratio: ratio(unique, stored),
+        index_entries: chunks,
+        index_ram_bytes_per_entry: 0.0,
+        written_new_bytes: c.new_bytes,
+        written_duplicate_bytes: c.dup_bytes,
+        written_zero_bytes: c.zero_bytes,
+    })
+}
+
+/// Containers whose live fraction is below this are compacted.
+const COMPACT_BELOW: f64 = 0.5;
+
+impl Store {
+    /// Space and dedupe statistics.
+    pub fn stats(&self) -> Result<Stats> {
+        let g = self.lock();
+        compute_stats(&g.db, &g.counters)
+    }
+
+    /// Statistics of a store that may be mounted by another process, as of
+    /// its last commit (at most a second old while mounted).
+    pub fn stats_readonly(dir: &std::path::Path) -> Result<Stats> {
+        Store::read_config(dir)?;
+        let db = rusqlite::Connection::open_with_flags(
+            dir.join("meta.sqlite"),
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+        )?;
+        let counters = crate::store::load_counters(&db)?;
+        compute_stats(&db, &counters)
+    }
+
+    /// Free space of the filesystem holding the store.
+    pub fn statfs(&self) -> Result<StatFs> {
+        let s = rustix::fs::statvfs(&self.dir).map_err(|e| StoreError::Io {
+            path: self.dir.clone(),
+            source: e.into(),
+        })?;
+        let scale = |n: u64| n.saturating_mul(s.f_frsize) / 4096;
+        Ok(StatFs {
+            blocks: scale(s.f_blocks),
+            bfree: scale(s.f_bfree),
+            bavail: scale(s.f_bavail),
+            files: s.f_files,
+            ffree: s.f_ffree,
+            bsize: 4096,
+        })
+    }
+
+    /// Drops index entries of chunks nobody references (their bytes are
+    /// reclaimed by the next `gc`).
+    pub fn prune(&self) -> Result<u64> {
+        let mut g = self.lock();
+        let n = g.db.execute("DELETE FROM chunks WHERE refs <= 0", [])? as u64;
+        self.commit_locked(&mut g, true)?;
+        Ok(n)
+    }
+
+    /// Reclaims unreferenced chunks: containers with nothing live are
+    /// deleted, containers less than half live are compacted into new
+    /// ones. Works one container at a time, so writers wait at most for one.
+    pub fn gc(&self) -> Result<GcReport> {
+        self.flush_all(true)?;
+        let mut rep = GcReport {
+            chunks_dropped: self.prune()?,
+            ..GcReport::default()
+        };
+        let sealed: Vec<(u64, u64, u64)> = {
+            let g = self.lock();
+            let mut st = g.db.prepare(
+                "SELECT k.id, k.length, COALESCE(SUM(c.stored_len), 0) FROM containers k
+                 LEFT JOIN chunks c ON c.container = k.id WHERE k.sealed = 1 GROUP BY k.id",
+            )?;
+            let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+            rows.collect::<rusqlite::Result<_>>()?
+        };
+        for (id, length, live) in sealed {
+            let payload = length.saturating_sub(CONTAINER_HEADER).max(1);
+            if live > 0 && live as f64 / payload as f64 >= COMPACT_BELOW {
+                continue;
+            }
+            self.compact(id)?;
+            rep.bytes_freed += length.saturating_sub(live);
+            if live == 0 {
+                rep.containers_deleted += 1;
+            } else {
+                rep.containers_compacted += 1;
+            }
+        }
+        rep.containers_deleted += self.delete_stray_containers()?;
+        Ok(rep)
+    }
+
+    /// Copies the live chunks of container `id` to the open container,
+    /// commits the new locations durably, then deletes the old file.
+    fn compact(&self, id: u64) -> Result<()> {
+        let live: Vec<(u64, ChunkLoc)> = {
+            let g = self.lock();
+            let mut st = g.db.prepare(
+                "SELECT id, container, offset, stored_len, raw_len FROM chunks
+                 WHERE container = ?1 ORDER BY offset",
+            )?;
+            let rows = st.query_map([id], |r| {
+                Ok((
+                    r.get(0)?,
+                    ChunkLoc {
+                        container: r.get(1)?,
+                        offset: r.get(2)?,
+                        stored_len: r.get(3)?,
+                        raw_len: r.get(4)?,
+                    },
+                ))
+            })?;
+            rows.collect::<rusqlite::Result<_>>()?
+        };
+        // Reading (and checking) the live chunks needs no lock: only gc
+        // moves chunks, and the container is sealed.
+        let mut copies = Vec::with_capacity(live.len());
+        for (chunk, loc) in live {
+            let raw = self.read_loc(loc)?;
+            copies.push((chunk, *blake3::hash(&raw).as_bytes(), raw));
+        }
+        {
+            let mut g = self.lock();
+            for (chunk, hash, raw) in &copies {
+                let new = self.append_record(&mut g, hash, raw)?;
+                g.db.execute(
+                    "UPDATE chunks SET container = ?2, offset = ?3, stored_len = ?4 WHERE id = ?1",
+                    params![chunk, new.container, new.offset, new.stored_len],
+                )?;
+            }
+            g.db.execute("DELETE FROM containers WHERE id = ?1", [id])?;
+        }
+        self.commit(true)?;
+        self.containers.delete(id)
+    }
+
+    /// Deletes container files the database does not know (left by a crash
+    /// between creating a container and committing it).
+    fn delete_stray_containers(&self) -> Result<u64> {
+        let g = self.lock();
+        let mut n = 0;
+        for id in self.containers.list()? {
+            let known: i64 =
+                g.db.query_row("SELECT COUNT(*) FROM containers WHERE id = ?1", [id], |r| {
+                    r.get(0)
+                })?;
+            if known == 0 && id != g.writer.id {
+                self.containers.delete(id)?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Reads every referenced chunk and checks its checksum and BLAKE3.
+    pub fn scrub(&self) -> Result<ScrubReport> {
+        let chunks: Vec<(u64, Vec<u8>, ChunkLoc)> = {
+            let g = self.lock();
+            let mut st = g.db.prepare(
+                "SELECT id, hash, container, offset, stored_len, raw_len FROM chunks
+                 ORDER BY container, offset",
+            )?;
+            let rows = st.query_map([], |r| {
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    ChunkLoc {
+                        container: r.get(2)?,
+                        offset: r.get(3)?,
+                        stored_len: r.get(4)?,
+                        raw_len: r.get(5)?,
+                    },
+                ))
+            })?;
+            rows.collect::<rusqlite::Result<_>>()?
+        };
+        let mut rep = ScrubReport::default();
+        for (id, hash, loc) in chunks {
+            rep.chunks_checked += 1;
+            match self.read_loc(loc) {
+                Ok(raw) if blake3::hash(&raw).as_bytes()[..] == hash[..] => {
+                    rep.bytes_checked += raw.len() as u64
+                }
+                Ok(_) => rep.damaged.push(format!("chunk {id}: BLAKE3 mismatch")),
+                Err(e) => rep.damaged.push(format!("chunk {id}: {e}")),
+            }
+        }
+        Ok(rep)
+    }
+
+    /// Checks the metadata's invariants; with `repair`, fixes what can be
+    /// fixed without inventing data.
+    pub fn fsck(&self, repair: bool) -> Result<FsckReport> {
+        self.flush_all(false)?;
+        let mut g = self.lock();
+        let mut rep = FsckReport::default();
+        let checks: &[(&str, &str, Option<&str>)] = &[
+            (
+                "reference count differs from the file maps",
+                "SELECT c.id, c.refs, (SELECT COUNT(*) FROM extents e WHERE e.chunk = c.id) n
+                 FROM chunks c WHERE c.refs != n",
+                Some("UPDATE chunks SET refs = (SELECT COUNT(*) FROM extents e WHERE e.chunk = chunks.id)"),
+            ),
+            (
+                "extent points at a missing chunk",
+                "SELECT e.ino, e.off, e.chunk FROM extents e LEFT JOIN chunks c ON c.id = e.chunk
+                 WHERE c.id IS NULL",
+                None,
+            ),
+            (
+                "chunk beyond its container's committed length",
+                "SELECT c.id, c.container, c.offset FROM chunks c LEFT JOIN containers k
+                 ON k.id = c.container WHERE k.id IS NULL OR c.offset + c.stored_len > k.length",
+                None,
+            ),
+            (
+                "directory entry points at a missing inode",
+                "SELECT d.parent, d.ino, 0 FROM dirents d LEFT JOIN inodes i ON i.ino = d.ino
+                 WHERE i.ino IS NULL",
+                Some("DELETE FROM dirents WHERE ino NOT IN (SELECT ino FROM inodes)"),
+            ),
+            (
+                "link count differs from the directory entries",
+                "SELECT i.ino, i.nlink, (SELECT COUNT(*) FROM dirents d WHERE d.ino = i.ino) n
+                 FROM inodes i WHERE i.kind != 2 AND i.nlink != n",
+                Some("UPDATE inodes SET nlink = (SELECT COUNT(*) FROM dirents d WHERE d.ino = inodes.ino)
+                      WHERE kind != 2"),
+            ),
+            (
+                "extent past the end of its file",
+                "SELECT e.ino, e.off, e.len FROM extents e JOIN inodes i ON i.ino = e.ino
+                 WHERE e.off + e.len > i.size",
+                None,
+            ),
+        ];
+        for (what, sql, fix) in checks {
+            let found: Vec<(i64, i64, i64)> = {
+                let mut st = g.db.prepare(sql)?;
+                let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+                rows.collect::<rusqlite::Result<_>>()?
+            };
+            for (a, b, c) in &found {
+                rep.problems.push(format!("{what} ({a}, {b}, {c})"));
+            }
+            if let (true, Some(fix), false) = (repair, fix, found.is_empty()) {
+                g.db.execute(fix, [])?;
+                rep.repaired += found.len() as u64;
+            }
+        }
+        for (id, length) in {
+            let mut st = g.db.prepare("SELECT id, length FROM containers")?;
+            let rows = st.query_map([], |r| Ok((r.get::<_, u64>(0)?, r.get::<_, u64>(1)?)))?;
+            rows.collect::<rusqlite::Result<Vec<_>>>()?
+        } {
+            match self.containers.len(id)? {
+                None => rep.problems.push(format!("container {id} is missing")),
+                Some(l) if l < length => rep.problems.push(format!(
+                    "container {id} is shorter ({l}) than committed ({length})"
+                )),
+                _ => {}
+            }
+        }
+        if repair {
+            self.remove_orphans_locked(&mut g)?;
+            self.commit_locked(&mut g, true)?;
+        }
+        let _ = container::RECORD_HEADER;
+        Ok(rep)
+    }
+}

@@ -1,0 +1,194 @@
+//! The metadata database (SQLite through rusqlite): schema, versioning, and
+//! the [`ChunkIndex`] the store reaches its fingerprint table through.
+
+use rusqlite::{params, Connection, OptionalExtension};
+
+use crate::container::Hash;
+use crate::error::{Result, StoreError};
+
+/// `PRAGMA user_version` of `meta.sqlite`.
+pub const META_VERSION: u64 = 1;
+
+const SCHEMA: &str = "
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE inodes (
+    ino INTEGER PRIMARY KEY AUTOINCREMENT, kind INTEGER NOT NULL, perm INTEGER NOT NULL,
+    uid INTEGER NOT NULL, gid INTEGER NOT NULL, nlink INTEGER NOT NULL, size INTEGER NOT NULL,
+    atime_ns INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, ctime_ns INTEGER NOT NULL,
+    rdev INTEGER NOT NULL, target BLOB);
+CREATE TABLE dirents (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, parent INTEGER NOT NULL, name BLOB NOT NULL,
+    ino INTEGER NOT NULL, UNIQUE (parent, name));
+CREATE INDEX dirents_ino ON dirents (ino);
+CREATE TABLE xattrs (ino INTEGER NOT NULL, name BLOB NOT NULL, value BLOB NOT NULL,
+    PRIMARY KEY (ino, name)) WITHOUT ROWID;
+CREATE TABLE extents (ino INTEGER NOT NULL, off INTEGER NOT NULL, len INTEGER NOT NULL,
+    chunk INTEGER NOT NULL, PRIMARY KEY (ino, off)) WITHOUT ROWID;
+CREATE INDEX extents_chunk ON extents (chunk);
+CREATE TABLE chunks (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, hash BLOB NOT NULL UNIQUE, container INTEGER NOT NULL,
+    offset INTEGER NOT NULL, stored_len INTEGER NOT NULL, raw_len INTEGER NOT NULL,
+    refs INTEGER NOT NULL);
+CREATE INDEX chunks_container ON chunks (container);
+CREATE TABLE containers (id INTEGER PRIMARY KEY, length INTEGER NOT NULL, sealed INTEGER NOT NULL);
+";
+
+/// Opens (or, with `create`, creates) the metadata database.
+pub fn open_db(path: &std::path::Path, create: bool) -> Result<Connection> {
+    if !create && !path.exists() {
+        return Err(StoreError::NotAStore {
+            path: path.into(),
+            why: "no meta.sqlite".into(),
+        });
+    }
+    let conn = Connection::open(path)?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    conn.pragma_update(None, "cache_size", -65536)?;
+    conn.pragma_update(None, "foreign_keys", "OFF")?;
+    if create {
+        conn.execute_batch(SCHEMA)?;
+        conn.execute(
+            "INSERT INTO meta VALUES ('magic', 'onecopy-store'), ('format', ?1)",
+            [META_VERSION.to_string()],
+        )?;
+        conn.pragma_update(None, "user_version", META_VERSION)?;
+    } else {
+        let v: u64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+        if v != META_VERSION {
+            return Err(StoreError::Version {
+                path: path.into(),
+                found: v,
+                supported: META_VERSION,
+            });
+        }
+    }
+    Ok(conn)
+}
+
+/// Where a chunk's record sits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkLoc {
+    pub container: u64,
+    pub offset: u64,
+    /// Record length: header plus stored payload.
+    pub stored_len: u32,
+    pub raw_len: u32,
+}
+
+/// Opaque chunk number that file maps refer to.
+pub type ChunkId = u64;
+
+/// The fingerprint table as the store uses it. `SqlIndex` implements it
+/// over the metadata database; the persistent index of `onecopy-index`
+/// can implement the same calls.
+pub trait ChunkIndex {
+    /// The chunk with this fingerprint, if stored.
+    fn lookup(&self, hash: &Hash) -> Result<Option<(ChunkId, ChunkLoc)>>;
+    /// Records a new chunk with one reference.
+    fn insert(&self, hash: &Hash, loc: ChunkLoc) -> Result<ChunkId>;
+    /// Adds `n` references.
+    fn incref(&self, id: ChunkId, n: u64) -> Result<()>;
+    /// Drops `n` references; returns how many remain.
+    fn decref(&self, id: ChunkId, n: u64) -> Result<u64>;
+    /// Where chunk `id` is.
+    fn location(&self, id: ChunkId) -> Result<ChunkLoc>;
+}
+
+/// [`ChunkIndex`] over the `chunks` table.
+pub struct SqlIndex<'a>(pub &'a Connection);
+
+fn loc_of(r: &rusqlite::Row, at: usize) -> rusqlite::Result<ChunkLoc> {
+    Ok(ChunkLoc {
+        container: r.get(at)?,
+        offset: r.get(at + 1)?,
+        stored_len: r.get(at + 2)?,
+        raw_len: r.get(at + 3)?,
+    })
+}
+
+impl ChunkIndex for SqlIndex<'_> {
+    fn lookup(&self, hash: &Hash) -> Result<Option<(ChunkId, ChunkLoc)>> {
+        let mut st = self.0.prepare_cached(
+            "SELECT id, container, offset, stored_len, raw_len FROM chunks WHERE hash = ?1",
+        )?;
+        Ok(st
+            .query_row([&hash[..]], |r| Ok((r.get(0)?, loc_of(r, 1)?)))
+            .optional()?)
+    }
+
+    fn insert(&self, hash: &Hash, loc: ChunkLoc) -> Result<ChunkId> {
+        let mut st = self.0.prepare_cached(
+            "INSERT INTO chunks (hash, container, offset, stored_len, raw_len, refs)
+             VALUES (?1, ?2, ?3, ?4, ?5, 1)",
+        )?;
+        st.execute(params![
+            &hash[..],
+            loc.container,
+            loc.offset,
+            loc.stored_len,
+            loc.raw_len
+        ])?;
+        Ok(self.0.last_insert_rowid() as u64)
+    }
+
+    fn incref(&self, id: ChunkId, n: u64) -> Result<()> {
+        let mut st = self
+            .0
+            .prepare_cached("UPDATE chunks SET refs = refs + ?2 WHERE id = ?1")?;
+        st.execute(params![id, n])?;
+        Ok(())
+    }
+
+    fn decref(&self, id: ChunkId, n: u64) -> Result<u64> {
+        let mut st = self.0.prepare_cached(
+            "UPDATE chunks SET refs = MAX(refs - ?2, 0) WHERE id = ?1 RETURNING refs",
+        )?;
+        Ok(st
+            .query_row(params![id, n], |r| r.get(0))
+            .optional()?
+            .unwrap_or(0))
+    }
+
+    fn location(&self, id: ChunkId) -> Result<ChunkLoc> {
+        let mut st = self.0.prepare_cached(
+            "SELECT container, offset, stored_len, raw_len FROM chunks WHERE id = ?1",
+        )?;
+        st.query_row([id], |r| loc_of(r, 0))
+            .optional()?
+            .ok_or(StoreError::Damaged {
+                container: 0,
+                offset: 0,
+                why: format!("chunk {id} missing from the index"),
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn index_counts_references() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = open_db(&dir.path().join("m.sqlite"), true).unwrap();
+        let idx = SqlIndex(&db);
+        let h = [3u8; 32];
+        assert!(idx.lookup(&h).unwrap().is_none());
+        let loc = ChunkLoc {
+            container: 1,
+            offset: 16,
+            stored_len: 100,
+            raw_len: 200,
+        };
+        let id = idx.insert(&h, loc).unwrap();
+        assert_eq!(idx.lookup(&h).unwrap(), Some((id, loc)));
+        idx.incref(id, 2).unwrap();
+        assert_eq!(idx.decref(id, 1).unwrap(), 2);
+        assert_eq!(idx.decref(id, 5).unwrap(), 0);
+        assert_eq!(idx.location(id).unwrap(), loc);
+        drop(db);
+        assert!(open_db(&dir.path().join("m.sqlite"), false).is_ok());
+        assert!(open_db(&dir.path().join("none.sqlite"), false).is_err());
+    }
+}

@@ -1,0 +1,655 @@
+//! The namespace: inodes, directories, links, symlinks, attributes and
+//! extended attributes, all in the metadata database.
+
+use rusqlite::{params, OptionalExtension, Row};
+
+use crate::error::{Result, StoreError};
+use crate::store::{time_now, Inner, Store};
+
+/// Kinds of inodes, with their numbers in the `inodes` table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    File = 1,
+    Dir = 2,
+    Symlink = 3,
+    Fifo = 4,
+    Socket = 5,
+    Char = 6,
+    Block = 7,
+}
+
+impl Kind {
+    fn from_i64(v: i64) -> Kind {
+        match v {
+            2 => Kind::Dir,
+            3 => Kind::Symlink,
+            4 => Kind::Fifo,
+            5 => Kind::Socket,
+            6 => Kind::Char,
+            7 => Kind::Block,
+            _ => Kind::File,
+        }
+    }
+}
+
+/// An inode's attributes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attr {
+    pub ino: u64,
+    pub kind: Kind,
+    /// Permission bits including setuid/setgid/sticky (mode & 0o7777).
+    pub perm: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub nlink: u32,
+    pub size: u64,
+    pub atime_ns: i64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+    pub rdev: u32,
+}
+
+/// Changes asked by `setattr`; `None` leaves a field alone.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SetAttr {
+    pub perm: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime_ns: Option<i64>,
+    pub mtime_ns: Option<i64>,
+    pub ctime_ns: Option<i64>,
+}
+
+/// Who creates an inode, and how.
+#[derive(Debug, Clone, Copy)]
+pub struct NewNode {
+    pub kind: Kind,
+    pub perm: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u32,
+}
+
+/// One directory entry as `readdir` returns it.
+#[derive(Debug, Clone)]
+pub struct DirEntry {
+    pub ino: u64,
+    pub kind: Kind,
+    pub name: Vec<u8>,
+    /// Cookie to continue after this entry.
+    pub next: i64,
+}
+
+/// Flags of `rename`.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RenameFlags {
+    pub noreplace: bool,
+    pub exchange: bool,
+}
+
+const ATTR_COLS: &str =
+    "ino, kind, perm, uid, gid, nlink, size, atime_ns, mtime_ns, ctime_ns, rdev";
+
+fn attr_of(r: &Row) -> rusqlite::Result<Attr> {
+    Ok(Attr {
+        ino: r.get(0)?,
+        kind: Kind::from_i64(r.get(1)?),
+        perm: r.get(2)?,
+        uid: r.get(3)?,
+        gid: r.get(4)?,
+        nlink: r.get(5)?,
+        size: r.get(6)?,
+        atime_ns: r.get(7)?,
+        mtime_ns: r.get(8)?,
+        ctime_ns: r.get(9)?,
+        rdev: r.get(10)?,
+    })
+}
+
+/// The permission bits a POSIX access ACL (xattr form) implies, and
+/// whether it has no entries beyond owner, group and other.
+pub(crate) fn acl_mode(v: &[u8]) -> Option<(u32, bool)> {
+    if v.len() < 4 || !(v.len() - 4).is_multiple_of(8) || v[..4] != [2, 0, 0, 0] {
+        return None;
+    }
+    let (mut user, mut group, mut mask, mut other, mut minimal) = (0, 0, None, 0, true);
+    for e in v[4..].chunks(8) {
+        let tag = u16::from_le_bytes([e[0], e[1]]);
+        let perm = u16::from_le_bytes([e[2], e[3]]) as u32 & 7;
+        match tag {
+            0x01 => user = perm,
+            0x04 => group = perm,
+            0x10 => mask = Some(perm),
+            0x20 => other = perm,
+            0x02 | 0x08 => minimal = false,
+            _ => return None,
+        }
+    }
+    let group = mask.unwrap_or(group);
+    Some((user << 6 | group << 3 | other, minimal && mask.is_none()))
+}
+
+fn check_name(name: &[u8]) -> Result<()> {
+    if name.len() > 255 {
+        return Err(StoreError::NameTooLong);
+    }
+    Ok(())
+}
+
+impl Inner {
+    pub(crate) fn attr(&self, ino: u64) -> Result<Attr> {
+        let mut st = self
+            .db
+            .prepare_cached(&format!("SELECT {ATTR_COLS} FROM inodes WHERE ino = ?1"))?;
+        st.query_row([ino], attr_of)
+            .optional()?
+            .ok_or(StoreError::NotFound)
+    }
+
+    pub(crate) fn child(&self, parent: u64, name: &[u8]) -> Result<Option<u64>> {
+        let mut st = self
+            .db
+            .prepare_cached("SELECT ino FROM dirents WHERE parent = ?1 AND name = ?2")?;
+        Ok(st
+            .query_row(params![parent, name], |r| r.get(0))
+            .optional()?)
+    }
+
+    fn dir_attr(&self, ino: u64) -> Result<Attr> {
+        let a = self.attr(ino)?;
+        if a.kind != Kind::Dir {
+            return Err(StoreError::NotDir);
+        }
+        Ok(a)
+    }
+
+    pub(crate) fn touch(&self, ino: u64, mtime: bool) -> Result<()> {
+        let t = time_now();
+        let sql = if mtime {
+            "UPDATE inodes SET mtime_ns = ?2, ctime_ns = ?2 WHERE ino = ?1"
+        } else {
+            "UPDATE inodes SET ctime_ns = ?2 WHERE ino = ?1"
+        };
+        self.db.prepare_cached(sql)?.execute(params![ino, t])?;
+        Ok(())
+    }
+
+    fn add_nlink(&self, ino: u64, delta: i64) -> Result<()> {
+        self.db
+            .prepare_cached("UPDATE inodes SET nlink = nlink + ?2 WHERE ino = ?1")?
+            .execute(params![ino, delta])?;
+        Ok(())
+    }
+
+    fn add_dirent(&self, parent: u64, name: &[u8], ino: u64) -> Result<()> {
+        check_name(name)?;
+        self.db
+            .prepare_cached("INSERT INTO dirents (parent, name, ino) VALUES (?1, ?2, ?3)")?
+            .execute(params![parent, name, ino])?;
+        Ok(())
+    }
+
+    fn del_dirent(&self, parent: u64, name: &[u8]) -> Result<()> {
+        self.db
+            .prepare_cached("DELETE FROM dirents WHERE parent = ?1 AND name = ?2")?
+            .execute(params![parent, name])?;
+        Ok(())
+    }
+
+    fn is_empty_dir(&self, ino: u64) -> Result<bool> {
+        let mut st = self
+            .db
+            .prepare_cached("SELECT 1 FROM dirents WHERE parent = ?1 LIMIT 1")?;
+        Ok(st.query_row([ino], |_| Ok(())).optional()?.is_none())
+    }
+
+    fn parent_of(&self, dir: u64) -> Result<u64> {
+        if dir == 1 {
+            return Ok(1);
+        }
+        let mut st = self
+            .db
+            .prepare_cached("SELECT parent FROM dirents WHERE ino = ?1 LIMIT 1")?;
+        Ok(st.query_row([dir], |r| r.get(0)).optional()?.unwrap_or(1))
+    }
+}
+
+impl Store {
+    /// The inode named `name` in directory `parent`.
+    pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr> {
+        let g = self.lock();
+        g.dir_attr(parent)?;
+        let ino = g.child(parent, name)?.ok_or(StoreError::NotFound)?;
+        self.attr_with_dirty(&g, ino)
+    }
+
+    /// An inode's attributes.
+    pub fn getattr(&self, ino: u64) -> Result<Attr> {
+        let g = self.lock();
+        self.attr_with_dirty(&g, ino)
+    }
+
+    pub(crate) fn attr_with_dirty(&self, g: &Inner, ino: u64) -> Result<Attr> {
+        g.attr(ino)
+    }
+
+    /// Creates a node (file, directory, device, fifo, socket).
+    pub fn mknod(&self, parent: u64, name: &[u8], node: NewNode) -> Result<Attr> {
+        let g = self.lock();
+        self.create_locked(&g, parent, name, node, None)
+    }
+
+    /// Creates a symbolic link to `target`.
+    pub fn symlink(
+        &self,
+        parent: u64,
+        name: &[u8],
+        target: &[u8],
+        uid: u32,
+        gid: u32,
+    ) -> Result<Attr> {
+        let g = self.lock();
+        let node = NewNode {
+            kind: Kind::Symlink,
+            perm: 0o777,
+            uid,
+            gid,
+            rdev: 0,
+        };
+        self.create_locked(&g, parent, name, node, Some(target))
+    }
+
+    fn create_locked(
+        &self,
+        g: &Inner,
+        parent: u64,
+        name: &[u8],
+        node: NewNode,
+        target: Option<&[u8]>,
+    ) -> Result<Attr> {
+        let pa = g.dir_attr(parent)?;
+        check_name(name)?;
+        if g.child(parent, name)?.is_some() {
+            return Err(StoreError::AlreadyExists);
+        }
+        let mut perm = node.perm & 0o7777;
+        let mut gid = node.gid;
+        if pa.perm & 0o2000 != 0 {
+            gid = pa.gid;
+            if node.kind == Kind::Dir {
+                perm |= 0o2000;
+            }
+        }
+        let t = time_now();
+        let is_dir = node.kind == Kind::Dir;
+        let size = target.map_or(0, |t| t.len() as u64);
+        g.db.prepare_cached(
+            "INSERT INTO inodes (kind, perm, uid, gid, nlink, size, atime_ns, mtime_ns, ctime_ns,
+             rdev, target) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, ?7, ?8, ?9)",
+        )?
+        .execute(params![
+            node.kind as i64,
+            perm,
+            node.uid,
+            gid,
+            if is_dir { 2 } else { 1 },
+            size,
+            t,
+            node.rdev,
+            target
+        ])?;
+        let ino = g.db.last_insert_rowid() as u64;
+        g.add_dirent(parent, name, ino)?;
+        if is_dir {
+            g.add_nlink(parent, 1)?;
+        }
+        g.touch(parent, true)?;
+        g.attr(ino)
+    }
+
+    /// The target of a symbolic link.
+    pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
+        let g = self.lock();
+        let mut st =
+            g.db.prepare_cached("SELECT kind, target FROM inodes WHERE ino = ?1")?;
+        let (kind, target): (i64, Option<Vec<u8>>) = st
+            .query_row([ino], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?
+            .ok_or(StoreError::NotFound)?;
+        match (Kind::from_i64(kind), target) {
+            (Kind::Symlink, Some(t)) => Ok(t),
+            _ => Err(StoreError::Invalid),
+        }
+    }
+
+    /// Removes a non-directory name.
+    pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<()> {
+        let mut g = self.lock();
+        g.dir_attr(parent)?;
+        let ino = g.child(parent, name)?.ok_or(StoreError::NotFound)?;
+        if g.attr(ino)?.kind == Kind::Dir {
+            return Err(StoreError::IsDir);
+        }
+        g.del_dirent(parent, name)?;
+        g.touch(parent, true)?;
+        self.drop_link(&mut g, ino)
+    }
+
+    /// Removes an empty directory.
+    pub fn rmdir(&self, parent: u64, name: &[u8]) -> Result<()> {
+        let mut g = self.lock();
+        g.dir_attr(parent)?;
+        let ino = g.child(parent, name)?.ok_or(StoreError::NotFound)?;
+        g.dir_attr(ino)?;
+        if !g.is_empty_dir(ino)? {
+            return Err(StoreError::NotEmpty);
+        }
+        g.del_dirent(parent, name)?;
+        g.add_nlink(parent, -1)?;
+        g.touch(parent, true)?;
+        g.db.execute("UPDATE inodes SET nlink = 0 WHERE ino = ?1", [ino])?;
+        self.maybe_delete(&mut g, ino)
+    }
+
+    /// One name less for `ino`; deletes it when no name and no open file
+    /// is left.
+    fn drop_link(&self, g: &mut Inner, ino: u64) -> Result<()> {
+        g.add_nlink(ino, -1)?;
+        g.touch(ino, false)?;
+        self.maybe_delete(g, ino)
+    }
+
+    pub(crate) fn maybe_delete(&self, g: &mut Inner, ino: u64) -> Result<()> {
+        let a = g.attr(ino)?;
+        if a.nlink > 0 || g.open_count.get(&ino).copied().unwrap_or(0) > 0 {
+            return Ok(());
+        }
+        g.dirty.remove(&ino);
+        let refs: Vec<(u64, u64)> = {
+            let mut st = g.db.prepare_cached(
+                "SELECT chunk, COUNT(*) FROM extents WHERE ino = ?1 GROUP BY chunk",
+            )?;
+            let rows = st.query_map([ino], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            rows.collect::<rusqlite::Result<_>>()?
+        };
+        self.release_chunks(g, &refs)?;
+        for sql in [
+            "DELETE FROM extents WHERE ino = ?1",
+            "DELETE FROM xattrs WHERE ino = ?1",
+            "DELETE FROM inodes WHERE ino = ?1",
+        ] {
+            g.db.prepare_cached(sql)?.execute([ino])?;
+        }
+        Ok(())
+    }
+
+    /// Deletes inodes left with no name (unlinked while open before a
+    /// crash or unmount).
+    pub(crate) fn remove_orphans(&self) -> Result<()> {
+        let mut g = self.lock();
+        self.remove_orphans_locked(&mut g)?;
+        self.commit_locked(&mut g, false)
+    }
+
+    pub(crate) fn remove_orphans_locked(&self, g: &mut Inner) -> Result<()> {
+        let orphans: Vec<u64> = {
+            let mut st = g.db.prepare("SELECT ino FROM inodes WHERE nlink <= 0")?;
+            let rows = st.query_map([], |r| r.get(0))?;
+            rows.collect::<rusqlite::Result<_>>()?
+        };
+        for ino in orphans {
+            self.maybe_delete(g, ino)?;
+        }
+        Ok(())
+    }
+
+    /// A new name for an existing non-directory inode.
+    pub fn link(&self, ino: u64, parent: u64, name: &[u8]) -> Result<Attr> {
+        let g = self.lock();
+        g.dir_attr(parent)?;
+        if g.attr(ino)?.kind == Kind::Dir {
+            return Err(StoreError::IsDir);
+        }
+        if g.child(parent, name)?.is_some() {
+            return Err(StoreError::AlreadyExists);
+        }
+        g.add_dirent(parent, name, ino)?;
+        g.add_nlink(ino, 1)?;
+        g.touch(ino, false)?;
+        g.touch(parent, true)?;
+        self.attr_with_dirty(&g, ino)
+    }
+
+    /// Renames `parent/name` to `newparent/newname`.
+    pub fn rename(
+        &self,
+        parent: u64,
+        name: &[u8],
+        newparent: u64,
+        newname: &[u8],
+        flags: RenameFlags,
+    ) -> Result<()> {
+        let mut g = self.lock();
+        g.dir_attr(parent)?;
+        g.dir_attr(newparent)?;
+        let src = g.child(parent, name)?.ok_or(StoreError::NotFound)?;
+        let sa = g.attr(src)?;
+        check_name(newname)?;
+        let dst = g.child(newparent, newname)?;
+        if sa.kind == Kind::Dir && self.is_ancestor(&g, src, newparent)? {
+            return Err(StoreError::Invalid);
+        }
+        if flags.exchange {
+            let dst = dst.ok_or(StoreError::NotFound)?;
+            let da = g.attr(dst)?;
+            if da.kind == Kind::Dir && self.is_ancestor(&g, dst, parent)? {
+                return Err(StoreError::Invalid);
+            }
+            let set = "UPDATE dirents SET ino = ?3 WHERE parent = ?1 AND name = ?2";
+            g.db.execute(set, params![parent, name, dst])?;
+            g.db.execute(set, params![newparent, newname, src])?;
+            if parent != newparent {
+                let d = (sa.kind == Kind::Dir) as i64 - (da.kind == Kind::Dir) as i64;
+                g.add_nlink(parent, -d)?;
+                g.add_nlink(newparent, d)?;
+            }
+            for ino in [src, dst] {
+                g.touch(ino, false)?;
+            }
+            g.touch(parent, true)?;
+            g.touch(newparent, true)?;
+            return Ok(());
+        }
+        if let Some(dst) = dst {
+            if dst == src {
+                return Ok(());
+            }
+            if flags.noreplace {
+                return Err(StoreError::AlreadyExists);
+            }
+            let da = g.attr(dst)?;
+            match (sa.kind == Kind::Dir, da.kind == Kind::Dir) {
+                (true, false) => return Err(StoreError::NotDir),
+                (false, true) => return Err(StoreError::IsDir),
+                (true, true) if !g.is_empty_dir(dst)? => return Err(StoreError::NotEmpty),
+                _ => {}
+            }
+            g.del_dirent(newparent, newname)?;
+            if da.kind == Kind::Dir {
+                g.add_nlink(newparent, -1)?;
+                g.db.execute("UPDATE inodes SET nlink = 0 WHERE ino = ?1", [dst])?;
+                self.maybe_delete(&mut g, dst)?;
+            } else {
+                self.drop_link(&mut g, dst)?;
+            }
+        }
+        g.db.execute(
+            "UPDATE dirents SET parent = ?3, name = ?4 WHERE parent = ?1 AND name = ?2",
+            params![parent, name, newparent, newname],
+        )?;
+        if sa.kind == Kind::Dir && parent != newparent {
+            g.add_nlink(parent, -1)?;
+            g.add_nlink(newparent, 1)?;
+        }
+        g.touch(src, false)?;
+        g.touch(parent, true)?;
+        g.touch(newparent, true)?;
+        Ok(())
+    }
+
+    /// Whether `dir` is `node` or below it.
+    fn is_ancestor(&self, g: &Inner, node: u64, mut dir: u64) -> Result<bool> {
+        loop {
+            if dir == node {
+                return Ok(true);
+            }
+            if dir == 1 {
+                return Ok(false);
+            }
+            dir = g.parent_of(dir)?;
+        }
+    }
+
+    /// Entries of a directory after cookie `offset` ("." and ".." first).
+    pub fn readdir(&self, ino: u64, offset: i64, max: usize) -> Result<Vec<DirEntry>> {
+        let g = self.lock();
+        g.dir_attr(ino)?;
+        let mut out = Vec::new();
+        if offset < 1 {
+            out.push(DirEntry {
+                ino,
+                kind: Kind::Dir,
+                name: b".".to_vec(),
+                next: 1,
+            });
+        }
+        if offset < 2 {
+            out.push(DirEntry {
+                ino: g.parent_of(ino)?,
+                kind: Kind::Dir,
+                name: b"..".to_vec(),
+                next: 2,
+            });
+        }
+        let mut st = g.db.prepare_cached(
+            "SELECT d.id, d.ino, i.kind, d.name FROM dirents d JOIN inodes i ON i.ino = d.ino
+             WHERE d.parent = ?1 AND d.id > ?2 ORDER BY d.id LIMIT ?3",
+        )?;
+        let rows = st.query_map(params![ino, (offset - 2).max(0), max as i64], |r| {
+            Ok(DirEntry {
+                next: r.get::<_, i64>(0)? + 2,
+                ino: r.get(1)?,
+                kind: Kind::from_i64(r.get(2)?),
+                name: r.get(3)?,
+            })
+        })?;
+        for e in rows {
+            out.push(e?);
+        }
+        Ok(out)
+    }
+
+    /// Changes attributes; a size change truncates or extends the file.
+    pub fn setattr(&self, ino: u64, set: SetAttr) -> Result<Attr> {
+        let mut g = self.lock();
+        let a = g.attr(ino)?;
+        if let Some(size) = set.size {
+            if a.kind == Kind::Dir {
+                return Err(StoreError::IsDir);
+            }
+            self.truncate_locked(&mut g, ino, size)?;
+        }
+        let t = time_now();
+        let perm = set.perm.map_or(a.perm, |p| p & 0o7777);
+        g.db.prepare_cached(
+            "UPDATE inodes SET perm = ?2, uid = ?3, gid = ?4, atime_ns = ?5, mtime_ns = ?6,
+             ctime_ns = ?7 WHERE ino = ?1",
+        )?
+        .execute(params![
+            ino,
+            perm,
+            set.uid.unwrap_or(a.uid),
+            set.gid.unwrap_or(a.gid),
+            set.atime_ns.unwrap_or(a.atime_ns),
+            set.mtime_ns
+                .unwrap_or(if set.size.is_some() { t } else { a.mtime_ns }),
+            set.ctime_ns.unwrap_or(t),
+        ])?;
+        self.attr_with_dirty(&g, ino)
+    }
+
+    /// Sets an extended attribute (`create`: must not exist; `replace`:
+    /// must exist).
+    pub fn setxattr(
+        &self,
+        ino: u64,
+        name: &[u8],
+        value: &[u8],
+        create: bool,
+        replace: bool,
+    ) -> Result<()> {
+        let g = self.lock();
+        let a = g.attr(ino)?;
+        if name == b"system.posix_acl_access" {
+            let (perm, minimal) = acl_mode(value).ok_or(StoreError::Invalid)?;
+            g.db.prepare_cached("UPDATE inodes SET perm = ?2 WHERE ino = ?1")?
+                .execute(params![ino, (a.perm & 0o7000) | perm])?;
+            if minimal {
+                // An ACL that says no more than the mode is the mode.
+                g.db.prepare_cached("DELETE FROM xattrs WHERE ino = ?1 AND name = ?2")?
+                    .execute(params![ino, name])?;
+                return g.touch(ino, false);
+            }
+        }
+        let exists =
+            g.db.prepare_cached("SELECT 1 FROM xattrs WHERE ino = ?1 AND name = ?2")?
+                .query_row(params![ino, name], |_| Ok(()))
+                .optional()?
+                .is_some();
+        if create && exists {
+            return Err(StoreError::AlreadyExists);
+        }
+        if replace && !exists {
+            return Err(StoreError::NoAttr);
+        }
+        g.db.prepare_cached(
+            "INSERT OR REPLACE INTO xattrs (ino, name, value) VALUES (?1, ?2, ?3)",
+        )?
+        .execute(params![ino, name, value])?;
+        g.touch(ino, false)
+    }
+
+    /// The value of an extended attribute.
+    pub fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
+        let g = self.lock();
+        g.attr(ino)?;
+        let v =
+            g.db.prepare_cached("SELECT value FROM xattrs WHERE ino = ?1 AND name = ?2")?
+                .query_row(params![ino, name], |r| r.get(0))
+                .optional()?;
+        v.ok_or(StoreError::NoAttr)
+    }
+
+    /// Names of all extended attributes.
+    pub fn listxattr(&self, ino: u64) -> Result<Vec<Vec<u8>>> {
+        let g = self.lock();
+        g.attr(ino)?;
+        let mut st =
+            g.db.prepare_cached("SELECT name FROM xattrs WHERE ino = ?1 ORDER BY name")?;
+        let rows = st.query_map([ino], |r| r.get(0))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// Removes an extended attribute.
+    pub fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
+        let g = self.lock();
+        let n =
+            g.db.prepare_cached("DELETE FROM xattrs WHERE ino = ?1 AND name = ?2")?
+                .execute(params![ino, name])?;
+        if n == 0 {
+            return Err(StoreError::NoAttr);
+        }
+        g.touch(ino, false)
+    }
+}

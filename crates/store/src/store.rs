@@ -1,0 +1,407 @@
+//! The store: opening (with replay), the group commit, and the chunk layer
+//! (put with dedupe, get with checks) shared by file data and maintenance.
+
+use std::collections::{BTreeSet, HashMap};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use rusqlite::{params, Connection, OptionalExtension};
+
+use crate::config::{StoreConfig, FORMAT, MAGIC};
+use crate::container::{self, ContainerStore, Hash, LocalDir, CONTAINER_HEADER};
+use crate::data::DirtyFile;
+use crate::error::{Result, StoreError};
+use crate::meta::{open_db, ChunkId, ChunkIndex, ChunkLoc, SqlIndex};
+
+/// Counters of what writes did since the store was opened (kept in `meta`
+/// across mounts by the commit).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct WriteCounters {
+    /// Bytes of chunks stored for the first time (before compression).
+    pub new_bytes: u64,
+    /// Bytes of chunks found already stored.
+    pub dup_bytes: u64,
+    /// Bytes of all-zero chunks kept as holes.
+    pub zero_bytes: u64,
+}
+
+/// Everything behind the store's lock.
+pub(crate) struct Inner {
+    pub db: Connection,
+    pub dirty: HashMap<u64, DirtyFile>,
+    pub open_count: HashMap<u64, u32>,
+    pub writer: Writer,
+    pub counters: WriteCounters,
+}
+
+/// The open container chunks are appended to.
+pub(crate) struct Writer {
+    pub id: u64,
+    pub len: u64,
+    /// Containers appended to since the last commit.
+    pub unsynced: BTreeSet<u64>,
+}
+
+/// An open store. All calls are thread-safe.
+pub struct Store {
+    pub(crate) dir: PathBuf,
+    pub(crate) cfg: StoreConfig,
+    pub(crate) containers: Arc<dyn ContainerStore>,
+    pub(crate) inner: Mutex<Inner>,
+    _lock: File,
+}
+
+fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}
+
+pub(crate) fn time_now() -> i64 {
+    now_ns()
+}
+
+fn lock_dir(dir: &Path) -> Result<File> {
+    let path = dir.join("lock");
+    let f = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(StoreError::io(&path))?;
+    rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+        .map_err(|_| StoreError::Locked { path: dir.into() })?;
+    Ok(f)
+}
+
+impl Store {
+    /// Creates a new, empty store in `dir` (which may exist but must not
+    /// hold a store).
+    pub fn init(dir: &Path, cfg: &StoreConfig) -> Result<()> {
+        std::fs::create_dir_all(dir).map_err(StoreError::io(dir))?;
+        let cfg_path = dir.join("store.json");
+        if cfg_path.exists() || dir.join("meta.sqlite").exists() {
+            return Err(StoreError::Exists { path: dir.into() });
+        }
+        let _lock = lock_dir(dir)?;
+        let db = open_db(&dir.join("meta.sqlite"), true)?;
+        let t = now_ns();
+        db.execute(
+            "INSERT INTO inodes (ino, kind, perm, uid, gid, nlink, size, atime_ns, mtime_ns,
+             ctime_ns, rdev) VALUES (1, 2, 493, 0, 0, 2, 0, ?1, ?1, ?1, 0)",
+            [t],
+        )?;
+        drop(db);
+        let json = serde_json::to_vec_pretty(cfg).expect("config serializes");
+        std::fs::write(&cfg_path, json).map_err(StoreError::io(&cfg_path))?;
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(StoreError::io(dir))?;
+        Ok(())
+    }
+
+    /// Reads `store.json` without opening the store.
+    pub fn read_config(dir: &Path) -> Result<StoreConfig> {
+        let path = dir.join("store.json");
+        let bytes = std::fs::read(&path).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                StoreError::NotAStore {
+                    path: dir.into(),
+                    why: "no store.json; create one with `onecopy store init`".into(),
+                }
+            } else {
+                StoreError::io(&path)(e)
+            }
+        })?;
+        let cfg: StoreConfig =
+            serde_json::from_slice(&bytes).map_err(|e| StoreError::NotAStore {
+                path: path.clone(),
+                why: e.to_string(),
+            })?;
+        if cfg.magic != MAGIC {
+            return Err(StoreError::NotAStore {
+                path,
+                why: "wrong magic".into(),
+            });
+        }
+        if cfg.format != FORMAT {
+            return Err(StoreError::Version {
+                path,
+                found: cfg.format,
+                supported: FORMAT,
+            });
+        }
+        Ok(cfg)
+    }
+
+    /// Opens the store in `dir`, taking its lock and replaying the state a
+    /// crash may have left (see the crash model in ARCHITECTURE.md).
+    pub fn open(dir: &Path) -> Result<Store> {
+        let cfg = Self::read_config(dir)?;
+        let lock = lock_dir(dir)?;
+        let db = open_db(&dir.join("meta.sqlite"), false)?;
+        let containers: Arc<dyn ContainerStore> = Arc::new(LocalDir::new(dir.join("containers")));
+        let writer = replay(&db, &*containers)?;
+        let counters = load_counters(&db)?;
+        db.execute_batch("BEGIN")?;
+        let store = Store {
+            dir: dir.into(),
+            cfg,
+            containers,
+            inner: Mutex::new(Inner {
+                db,
+                dirty: HashMap::new(),
+                open_count: HashMap::new(),
+                writer,
+                counters,
+            }),
+            _lock: lock,
+        };
+        store.remove_orphans()?;
+        Ok(store)
+    }
+
+    /// The store's settings.
+    pub fn config(&self) -> &StoreConfig {
+        &self.cfg
+    }
+
+    /// The store's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Commits all metadata changes. Containers written since the last
+    /// commit are made durable first (most of that outside the lock, so
+    /// writers do not wait for the disk); with `durable` the commit itself
+    /// is too (synchronous=FULL), as `fsync` requires.
+    pub fn commit(&self, durable: bool) -> Result<()> {
+        let pending: Vec<u64> = self.lock().writer.unsynced.iter().copied().collect();
+        for id in pending {
+            self.containers.sync(id)?;
+        }
+        let mut g = self.lock();
+        self.commit_locked(&mut g, durable)
+    }
+
+    /// Writes every buffered file and commits (as on unmount).
+    pub fn flush_all(&self, durable: bool) -> Result<()> {
+        let inos: Vec<u64> = self.lock().dirty.keys().copied().collect();
+        for ino in inos {
+            let mut g = self.lock();
+            self.flush_file_locked(&mut g, ino)?;
+        }
+        self.commit(durable)
+    }
+
+    pub(crate) fn commit_locked(&self, g: &mut Inner, durable: bool) -> Result<()> {
+        for id in std::mem::take(&mut g.writer.unsynced) {
+            self.containers.sync(id)?;
+        }
+        let (id, len) = (g.writer.id, g.writer.len);
+        g.db.execute(
+            "UPDATE containers SET length = ?2 WHERE id = ?1",
+            params![id, len],
+        )?;
+        save_counters(&g.db, &g.counters)?;
+        g.db.execute_batch("COMMIT")?;
+        if durable {
+            // The safety level can only change between transactions: a
+            // small FULL transaction syncs the WAL, and with it every
+            // frame committed before.
+            g.db.pragma_update(None, "synchronous", "FULL")?;
+            let r =
+                g.db.execute_batch("BEGIN")
+                    .and_then(|_| save_counters(&g.db, &g.counters).map_err(to_sql))
+                    .and_then(|_| g.db.execute_batch("COMMIT"));
+            g.db.pragma_update(None, "synchronous", "NORMAL")?;
+            r?;
+        }
+        g.db.execute_batch("BEGIN")?;
+        Ok(())
+    }
+
+    /// Stores `data` (not all zero) once: returns the chunk it is now a
+    /// reference to, a new one or an existing one.
+    pub(crate) fn put_chunk(&self, g: &mut Inner, data: &[u8]) -> Result<ChunkId> {
+        let hash: Hash = *blake3::hash(data).as_bytes();
+        if let Some((id, loc)) = SqlIndex(&g.db).lookup(&hash)? {
+            let same = !self.cfg.verify || self.verify_hit(id, loc, data)?;
+            if same {
+                SqlIndex(&g.db).incref(id, 1)?;
+                g.counters.dup_bytes += data.len() as u64;
+                return Ok(id);
+            }
+            // The stored copy is damaged: write a healthy one and point the
+            // index at it (its references stay).
+            let loc = self.append_record(g, &hash, data)?;
+            g.db.execute(
+                "UPDATE chunks SET container = ?2, offset = ?3, stored_len = ?4, refs = refs + 1
+                 WHERE id = ?1",
+                params![id, loc.container, loc.offset, loc.stored_len],
+            )?;
+            return Ok(id);
+        }
+        let loc = self.append_record(g, &hash, data)?;
+        g.counters.new_bytes += data.len() as u64;
+        SqlIndex(&g.db).insert(&hash, loc)
+    }
+
+    /// `Ok(true)` when the stored chunk equals `data`, `Ok(false)` when it
+    /// is damaged; a different chunk under the same BLAKE3 is an error.
+    fn verify_hit(&self, id: ChunkId, loc: ChunkLoc, data: &[u8]) -> Result<bool> {
+        match self.read_loc(loc) {
+            Ok(stored) if stored == data => Ok(true),
+            Ok(_) => Err(StoreError::Damaged {
+                container: loc.container,
+                offset: loc.offset,
+                why: format!("chunk {id}: different bytes under the same BLAKE3-256"),
+            }),
+            Err(StoreError::Damaged { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Appends a record to the open container, starting a new container
+    /// when this one is full.
+    pub(crate) fn append_record(
+        &self,
+        g: &mut Inner,
+        hash: &Hash,
+        data: &[u8],
+    ) -> Result<ChunkLoc> {
+        let enc = container::encode(hash, data, self.cfg.compress);
+        let w = &mut g.writer;
+        if w.len > CONTAINER_HEADER && w.len + enc.bytes.len() as u64 > self.cfg.container_size {
+            g.db.execute(
+                "UPDATE containers SET length = ?2, sealed = 1 WHERE id = ?1",
+                params![w.id, w.len],
+            )?;
+            *w = new_container(&g.db, &*self.containers, std::mem::take(&mut w.unsynced))?;
+        }
+        let w = &mut g.writer;
+        self.containers.append(w.id, &enc.bytes)?;
+        let loc = ChunkLoc {
+            container: w.id,
+            offset: w.len,
+            stored_len: enc.bytes.len() as u32,
+            raw_len: enc.raw_len,
+        };
+        w.len += enc.bytes.len() as u64;
+        w.unsynced.insert(w.id);
+        Ok(loc)
+    }
+
+    /// Reads and checks one chunk.
+    pub(crate) fn read_loc(&self, loc: ChunkLoc) -> Result<Vec<u8>> {
+        let rec = self
+            .containers
+            .read(loc.container, loc.offset, loc.stored_len as usize)?;
+        let (_, raw) = container::decode(&rec, loc.container, loc.offset)?;
+        if raw.len() != loc.raw_len as usize {
+            return Err(StoreError::Damaged {
+                container: loc.container,
+                offset: loc.offset,
+                why: "length differs from the index".into(),
+            });
+        }
+        Ok(raw)
+    }
+
+    /// Drops `n` references to each chunk.
+    pub(crate) fn release_chunks(&self, g: &Inner, chunks: &[(ChunkId, u64)]) -> Result<()> {
+        let idx = SqlIndex(&g.db);
+        for &(id, n) in chunks {
+            idx.decref(id, n)?;
+        }
+        Ok(())
+    }
+}
+
+/// Starts a new container after the highest id known.
+fn new_container(
+    db: &Connection,
+    cs: &dyn ContainerStore,
+    unsynced: BTreeSet<u64>,
+) -> Result<Writer> {
+    let max_db: u64 = db.query_row("SELECT COALESCE(MAX(id), 0) FROM containers", [], |r| {
+        r.get(0)
+    })?;
+    let max_fs = cs.list()?.last().copied().unwrap_or(0);
+    let id = max_db.max(max_fs) + 1;
+    cs.create(id)?;
+    db.execute(
+        "INSERT INTO containers (id, length, sealed) VALUES (?1, ?2, 0)",
+        params![id, CONTAINER_HEADER],
+    )?;
+    let mut unsynced = unsynced;
+    unsynced.insert(id);
+    Ok(Writer {
+        id,
+        len: CONTAINER_HEADER,
+        unsynced,
+    })
+}
+
+/// Crash recovery: the open container is continued only if its file ends
+/// exactly at its committed length; otherwise it is sealed there (the tail
+/// is garbage nobody references) and a new one is started.
+fn replay(db: &Connection, cs: &dyn ContainerStore) -> Result<Writer> {
+    let open: Option<(u64, u64)> = db
+        .query_row(
+            "SELECT id, length FROM containers WHERE sealed = 0 ORDER BY id DESC LIMIT 1",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?;
+    if let Some((id, len)) = open {
+        if cs.len(id)? == Some(len) {
+            return Ok(Writer {
+                id,
+                len,
+                unsynced: BTreeSet::new(),
+            });
+        }
+        db.execute("UPDATE containers SET sealed = 1 WHERE id = ?1", [id])?;
+    }
+    new_container(db, cs, BTreeSet::new())
+}
+
+fn to_sql(e: StoreError) -> rusqlite::Error {
+    match e {
+        StoreError::Db(e) => e,
+        e => rusqlite::Error::ToSqlConversionFailure(Box::new(e)),
+    }
+}
+
+pub(crate) fn load_counters(db: &Connection) -> Result<WriteCounters> {
+    let get = |k: &str| -> Result<u64> {
+        let v: Option<String> = db
+            .query_row("SELECT value FROM meta WHERE key = ?1", [k], |r| r.get(0))
+            .optional()?;
+        Ok(v.and_then(|v| v.parse().ok()).unwrap_or(0))
+    };
+    Ok(WriteCounters {
+        new_bytes: get("new_bytes")?,
+        dup_bytes: get("dup_bytes")?,
+        zero_bytes: get("zero_bytes")?,
+    })
+}
+
+fn save_counters(db: &Connection, c: &WriteCounters) -> Result<()> {
+    let mut st = db.prepare_cached("INSERT OR REPLACE INTO meta (key, value) VALUES (?1, ?2)")?;
+    for (k, v) in [
+        ("new_bytes", c.new_bytes),
+        ("dup_bytes", c.dup_bytes),
+        ("zero_bytes", c.zero_bytes),
+    ] {
+        st.execute(params![k, v.to_string()])?;
+    }
+    Ok(())
+}

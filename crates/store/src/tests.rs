@@ -1,0 +1,278 @@
+//! Engine tests on a real directory: data round trips, dedupe, holes,
+//! truncation, namespace, reopen, damage, gc and fsck.
+
+use super::*;
+
+fn node(kind: Kind) -> NewNode {
+    NewNode {
+        kind,
+        perm: 0o644,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+    }
+}
+
+fn new_store(chunking: &str, compress: &str) -> (tempfile::TempDir, Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = StoreConfig {
+        chunking: chunking.parse().unwrap(),
+        compress: compress.parse().unwrap(),
+        verify: true,
+        container_size: 1 << 20,
+        ..StoreConfig::default()
+    };
+    Store::init(dir.path(), &cfg).unwrap();
+    let s = Store::open(dir.path()).unwrap();
+    (dir, s)
+}
+
+fn pseudo(len: usize, seed: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len + 32);
+    let mut i = 0u64;
+    while out.len() < len {
+        out.extend_from_slice(
+            blake3::hash(&[seed.to_le_bytes(), i.to_le_bytes()].concat()).as_bytes(),
+        );
+        i += 1;
+    }
+    out.truncate(len);
+    out
+}
+
+fn file(s: &Store, name: &str, data: &[u8]) -> u64 {
+    let a = s.mknod(1, name.as_bytes(), node(Kind::File)).unwrap();
+    s.open_file(a.ino).unwrap();
+    for (i, piece) in data.chunks(100_000).enumerate() {
+        s.write(a.ino, (i * 100_000) as u64, piece).unwrap();
+    }
+    s.release_file(a.ino).unwrap();
+    a.ino
+}
+
+fn read_all(s: &Store, ino: u64) -> Vec<u8> {
+    let size = s.getattr(ino).unwrap().size;
+    s.read(ino, 0, size as usize).unwrap()
+}
+
+#[test]
+fn round_trip_and_dedupe_in_every_mode() {
+    for chunking in ["fixed:4K", "fixed:64K", "cdc:2K/8K/32K"] {
+        for compress in ["zstd", "lz4", "none"] {
+            let (_d, s) = new_store(chunking, compress);
+            let data = pseudo(1_000_003, 1);
+            let a = file(&s, "a", &data);
+            let b = file(&s, "b", &data);
+            assert_eq!(read_all(&s, a), data, "{chunking} {compress}");
+            assert_eq!(read_all(&s, b), data);
+            assert_eq!(s.read(a, 999_990, 100).unwrap(), &data[999_990..]);
+            let st = s.stats().unwrap();
+            assert!((st.dedupe_ratio - 2.0).abs() < 0.01, "{chunking}: {st:?}");
+            assert!(s.fsck(false).unwrap().problems.is_empty());
+        }
+    }
+}
+
+#[test]
+fn zero_chunks_are_holes_and_random_writes_work() {
+    let (_d, s) = new_store("fixed:4K", "zstd");
+    let a = s.mknod(1, b"f", node(Kind::File)).unwrap().ino;
+    s.write(a, 10 << 20, b"tail").unwrap();
+    s.write(a, 4096 * 3, &[0u8; 4096]).unwrap();
+    s.write(a, 5, b"head").unwrap();
+    s.flush_file(a).unwrap();
+    let mut want = vec![0u8; (10 << 20) + 4];
+    want[5..9].copy_from_slice(b"head");
+    want[10 << 20..].copy_from_slice(b"tail");
+    assert_eq!(read_all(&s, a), want);
+    let st = s.stats().unwrap();
+    assert_eq!(
+        st.chunks, 2,
+        "only the two non-zero chunks are stored: {st:?}"
+    );
+    s.write(a, 4094, b"XYZW").unwrap();
+    want[4094..4098].copy_from_slice(b"XYZW");
+    assert_eq!(read_all(&s, a), want, "read sees the buffer");
+    s.flush_file(a).unwrap();
+    assert_eq!(read_all(&s, a), want, "and the chunks after a flush");
+}
+
+#[test]
+fn cdc_insert_keeps_most_chunks() {
+    let (_d, s) = new_store("cdc:2K/8K/32K", "none");
+    let data = pseudo(2 << 20, 2);
+    file(&s, "v1", &data);
+    let mut v2 = data[..1000].to_vec();
+    v2.extend_from_slice(b"inserted bytes");
+    v2.extend_from_slice(&data[1000..]);
+    let b = file(&s, "v2", &v2);
+    assert_eq!(read_all(&s, b), v2);
+    let st = s.stats().unwrap();
+    assert!(
+        st.unique_bytes < (data.len() as u64) * 11 / 10,
+        "an insert shifts data, CDC still finds it: {st:?}"
+    );
+}
+
+#[test]
+fn truncate_shrinks_and_extends_with_zeros() {
+    for chunking in ["fixed:4K", "cdc:2K/8K/32K"] {
+        let (_d, s) = new_store(chunking, "zstd");
+        let data = pseudo(100_000, 3);
+        let a = file(&s, "a", &data);
+        let set = |size| SetAttr {
+            size: Some(size),
+            ..SetAttr::default()
+        };
+        s.setattr(a, set(50_001)).unwrap();
+        s.setattr(a, set(80_000)).unwrap();
+        let mut want = data[..50_001].to_vec();
+        want.resize(80_000, 0);
+        assert_eq!(read_all(&s, a), want, "{chunking}");
+        assert!(s.fsck(false).unwrap().problems.is_empty());
+    }
+}
+
+#[test]
+fn namespace_links_renames_and_reference_counts() {
+    let (_d, s) = new_store("fixed:4K", "zstd");
+    let data = pseudo(50_000, 4);
+    let a = file(&s, "a", &data);
+    let dir = s.mknod(1, b"d", node(Kind::Dir)).unwrap().ino;
+    assert_eq!(s.getattr(1).unwrap().nlink, 3);
+    s.link(a, dir, b"hard").unwrap();
+    assert_eq!(s.getattr(a).unwrap().nlink, 2);
+    s.rename(1, b"a", dir, b"moved", RenameFlags::default())
+        .unwrap();
+    assert!(s.lookup(1, b"a").is_err());
+    assert_eq!(s.lookup(dir, b"moved").unwrap().ino, a);
+    assert_eq!(s.rmdir(1, b"d").unwrap_err().errno(), libc::ENOTEMPTY);
+    let names: Vec<_> = s
+        .readdir(dir, 0, 100)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert_eq!(
+        names,
+        vec![
+            b".".to_vec(),
+            b"..".to_vec(),
+            b"moved".to_vec(),
+            b"hard".to_vec()
+        ]
+    );
+    s.symlink(dir, b"ln", b"moved", 0, 0).unwrap();
+    assert_eq!(
+        s.readlink(s.lookup(dir, b"ln").unwrap().ino).unwrap(),
+        b"moved"
+    );
+    s.setxattr(a, b"user.k", b"v", true, false).unwrap();
+    assert_eq!(s.getxattr(a, b"user.k").unwrap(), b"v");
+    assert_eq!(s.listxattr(a).unwrap(), vec![b"user.k".to_vec()]);
+    s.unlink(dir, b"hard").unwrap();
+    s.open_file(a).unwrap();
+    s.unlink(dir, b"moved").unwrap();
+    assert_eq!(
+        read_all(&s, a),
+        data,
+        "an unlinked open file is still readable"
+    );
+    s.release_file(a).unwrap();
+    assert!(s.getattr(a).is_err());
+    let st = s.stats().unwrap();
+    assert_eq!((st.unique_bytes, st.unreferenced_chunks > 0), (0, true));
+    let gc = s.gc().unwrap();
+    assert!(gc.chunks_dropped > 0, "{gc:?}");
+    assert!(s.fsck(false).unwrap().problems.is_empty());
+}
+
+#[test]
+fn reopen_keeps_committed_data_and_drops_uncommitted() {
+    let (d, s) = new_store("fixed:4K", "zstd");
+    let data = pseudo(300_000, 5);
+    let a = file(&s, "kept", &data);
+    s.fsync(a).unwrap();
+    let b = file(&s, "lost", &data[..1000]);
+    let _ = b;
+    // A crash: what is on disk now, without the final commit, is what the
+    // next open sees.
+    let crashed = tempfile::tempdir().unwrap();
+    copy_tree(d.path(), crashed.path());
+    drop(s);
+    let s = Store::open(crashed.path()).unwrap();
+    assert_eq!(read_all(&s, s.lookup(1, b"kept").unwrap().ino), data);
+    assert!(s.lookup(1, b"lost").is_err());
+    assert!(s.fsck(false).unwrap().problems.is_empty());
+    let c = file(&s, "after", &data);
+    assert_eq!(read_all(&s, c), data);
+}
+
+fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let dst = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            std::fs::create_dir_all(&dst).unwrap();
+            copy_tree(&e.path(), &dst);
+        } else {
+            std::fs::copy(e.path(), dst).unwrap();
+        }
+    }
+}
+
+#[test]
+fn damaged_chunk_is_an_error_never_wrong_data() {
+    let (d, s) = new_store("fixed:4K", "none");
+    let data = pseudo(40_000, 6);
+    let a = file(&s, "a", &data);
+    s.commit(true).unwrap();
+    drop(s);
+    let cont = std::fs::read_dir(d.path().join("containers/01"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let mut bytes = std::fs::read(&cont).unwrap();
+    bytes[16 + 48 + 100] ^= 1;
+    std::fs::write(&cont, bytes).unwrap();
+    let s = Store::open(d.path()).unwrap();
+    let err = s.read(a, 0, 4096).unwrap_err();
+    assert_eq!(err.errno(), libc::EIO, "{err}");
+    assert_eq!(s.read(a, 8192, 4096).unwrap(), &data[8192..12288]);
+    assert_eq!(s.scrub().unwrap().damaged.len(), 1);
+    // With --verify, writing the same bytes again heals the chunk.
+    file(&s, "again", &data);
+    assert_eq!(read_all(&s, a), data);
+}
+
+#[test]
+fn gc_compacts_half_empty_containers() {
+    let (_d, s) = new_store("fixed:64K", "none");
+    let keep = file(&s, "keep", &pseudo(1 << 20, 7));
+    let drop_me = file(&s, "drop", &pseudo(3 << 20, 8));
+    let _ = drop_me;
+    s.unlink(1, b"drop").unwrap();
+    let before = s.stats().unwrap().container_bytes;
+    let gc = s.gc().unwrap();
+    let after = s.stats().unwrap().container_bytes;
+    assert!(after < before, "{gc:?}: {before} -> {after}");
+    assert_eq!(read_all(&s, keep), pseudo(1 << 20, 7));
+    assert!(s.fsck(false).unwrap().problems.is_empty());
+    assert!(s.scrub().unwrap().damaged.is_empty());
+}
+
+#[test]
+fn minimal_acl_sets_the_mode() {
+    let (_d, s) = new_store("fixed:4K", "none");
+    let a = s.mknod(1, b"f", node(Kind::File)).unwrap().ino;
+    let acl = b"\x02\0\0\0\x01\0\x07\0\xff\xff\xff\xff\x04\0\x05\0\xff\xff\xff\xff\x20\0\x05\0\xff\xff\xff\xff";
+    s.setxattr(a, b"system.posix_acl_access", acl, false, false)
+        .unwrap();
+    assert_eq!(s.getattr(a).unwrap().perm, 0o755);
+    assert!(s.listxattr(a).unwrap().is_empty());
+    assert!(s
+        .setxattr(a, b"system.posix_acl_access", b"junk", false, false)
+        .is_err());
+}

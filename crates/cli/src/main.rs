@@ -5,6 +5,7 @@ mod args;
 mod catalog_cmd;
 mod dedupe_cmd;
 mod output;
+mod progress;
 
 use std::process::ExitCode;
 

@@ -23,6 +23,9 @@ pub enum Command {
     Dedupe(DedupeArgs),
     /// Inspect or prune the catalogs that make later runs incremental.
     Catalog(CatalogArgs),
+    /// Write man pages or shell completions into DIR (for packagers).
+    #[command(hide = true)]
+    Generate(crate::generate_cmd::GenerateArgs),
 }
 
 #[derive(Debug, Args)]

@@ -4,6 +4,7 @@
 mod args;
 mod catalog_cmd;
 mod dedupe_cmd;
+mod generate_cmd;
 mod output;
 mod progress;
 
@@ -54,6 +55,10 @@ fn main() -> ExitCode {
                 exit::FATAL
             }
         },
+        args::Command::Generate(a) => generate_cmd::run(a).unwrap_or_else(|e| {
+            eprintln!("onecopy: {e:#}");
+            exit::FATAL
+        }),
     };
     ExitCode::from(code)
 }

@@ -131,7 +131,9 @@ impl Ui {
         Ui {
             quiet,
             verbose,
-            bars: Bars::new(!quiet && std::io::stderr().is_terminal()),
+            // Bars whenever stderr is a terminal (also with --json, whose report
+            // goes to stdout); never on a pipe or file.
+            bars: Bars::new(std::io::stderr().is_terminal()),
         }
     }
 

@@ -23,6 +23,9 @@ pub enum Command {
     Dedupe(DedupeArgs),
     /// Inspect or prune the catalogs that make later runs incremental.
     Catalog(CatalogArgs),
+    /// duperemove's command line (-r -d -h -q -b --hashfile --fdupes ...),
+    /// run as `onecopy dedupe`; see the README for the differences.
+    Duperemove(crate::duperemove_cmd::DuperemoveArgs),
     /// Write man pages or shell completions into DIR (for packagers).
     #[command(hide = true)]
     Generate(crate::generate_cmd::GenerateArgs),

@@ -4,6 +4,7 @@
 mod args;
 mod catalog_cmd;
 mod dedupe_cmd;
+mod duperemove_cmd;
 mod generate_cmd;
 mod output;
 mod progress;
@@ -55,6 +56,10 @@ fn main() -> ExitCode {
                 exit::FATAL
             }
         },
+        args::Command::Duperemove(a) => duperemove_cmd::run(a).unwrap_or_else(|e| {
+            eprintln!("onecopy: {e:#}");
+            exit::FATAL
+        }),
         args::Command::Generate(a) => generate_cmd::run(a).unwrap_or_else(|e| {
             eprintln!("onecopy: {e:#}");
             exit::FATAL

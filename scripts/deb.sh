@@ -54,7 +54,7 @@ done
 
 # A dedupe with the installed binary on a fresh loop btrfs.
 truncate -s 512M "$scratch/fs.img"
-mkfs.btrfs -q "$scratch/fs.img"
+mkfs.btrfs -q "$scratch/fs.img" >/dev/null 2>&1
 loopdev=$(losetup --find --show "$scratch/fs.img")
 mkdir "$scratch/mnt"
 mount "$loopdev" "$scratch/mnt"

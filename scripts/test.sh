@@ -38,3 +38,7 @@ rustup component add rustfmt clippy >/dev/null 2>&1 || true
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked
+
+# The .deb: built from the binary the tests above built (no release build),
+# installed with dpkg -i, checked, removed. Installs cargo-deb if missing.
+./scripts/deb.sh

@@ -23,6 +23,9 @@ pub enum Command {
     Dedupe(DedupeArgs),
     /// Inspect or prune the catalogs that make later runs incremental.
     Catalog(CatalogArgs),
+    /// Keep PATHs deduped: dedupe new and changed files seconds after
+    /// their last write, until SIGTERM.
+    Watch(crate::watch_cmd::WatchArgs),
     /// duperemove's command line (-r -d -h -q -b --hashfile --fdupes ...),
     /// run as `onecopy dedupe`; see the README for the differences.
     Duperemove(crate::duperemove_cmd::DuperemoveArgs),

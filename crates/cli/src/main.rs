@@ -8,6 +8,7 @@ mod duperemove_cmd;
 mod generate_cmd;
 mod output;
 mod progress;
+mod watch_cmd;
 
 use std::process::ExitCode;
 
@@ -58,6 +59,10 @@ fn main() -> ExitCode {
         },
         args::Command::Duperemove(a) => duperemove_cmd::run(a).unwrap_or_else(|e| {
             eprintln!("onecopy: {e:#}");
+            exit::FATAL
+        }),
+        args::Command::Watch(a) => watch_cmd::run(a).unwrap_or_else(|e| {
+            eprintln!("onecopy watch: {e:#}");
             exit::FATAL
         }),
         args::Command::Generate(a) => generate_cmd::run(a).unwrap_or_else(|e| {

@@ -79,7 +79,7 @@ pub fn run(a: WatchArgs) -> anyhow::Result<u8> {
     let source = if a.poll {
         None
     } else {
-        match ChangeSource::fanotify(&roots) {
+        match ChangeSource::fanotify(&roots, &[onecopy_scan::TMP_DIR_PREFIX]) {
             Ok(s) => Some(s),
             Err(e) => {
                 eprintln!("onecopy watch: {e}; looking every {}s instead", a.interval);
@@ -92,6 +92,7 @@ pub fn run(a: WatchArgs) -> anyhow::Result<u8> {
         roots,
         stop,
         debounce: Debounce::new(secs(a.settle), secs(a.max_delay)),
+        generations: Vec::new(),
     };
     w.note(&format!(
         "watching {} path(s) with {}",
@@ -123,6 +124,9 @@ struct Watcher<'a> {
     roots: Vec<PathBuf>,
     stop: Arc<AtomicBool>,
     debounce: Debounce,
+    /// btrfs generations of the roots' filesystems when the last pass
+    /// started (None where unknown: not btrfs, or an old kernel).
+    generations: Vec<Option<u64>>,
 }
 
 impl Watcher<'_> {
@@ -152,8 +156,10 @@ impl Watcher<'_> {
                 None => {
                     std::thread::sleep(TICK);
                     if Instant::now() >= next_look {
-                        self.debounce
-                            .touch(None, Instant::now() - secs(self.a.settle));
+                        if self.changed_since_last_pass() {
+                            let settled = Instant::now() - secs(self.a.settle);
+                            self.debounce.touch(None, settled);
+                        }
                         next_look = Instant::now() + secs(self.a.interval);
                     }
                 }
@@ -165,6 +171,22 @@ impl Watcher<'_> {
         }
         self.note("stopped");
         Ok(exit::OK)
+    }
+
+    /// Whether a periodic look must walk: false only when every root is
+    /// on btrfs and no filesystem generation moved since the last pass
+    /// began (one ioctl per root instead of a walk).
+    fn changed_since_last_pass(&self) -> bool {
+        let t = Instant::now();
+        let now = generations(&self.roots);
+        let same = now.iter().all(Option::is_some) && now == self.generations;
+        if same {
+            self.note(&format!(
+                "nothing committed since the last pass (btrfs generation checked in {:.0?}): no walk",
+                t.elapsed()
+            ));
+        }
+        !same
     }
 
     fn load_ok(&self) -> bool {
@@ -182,6 +204,7 @@ impl Watcher<'_> {
             return Ok(());
         }
         let started = Instant::now();
+        self.generations = generations(&self.roots);
         let child = self.spawn_dedupe(&roots)?;
         let Some(out) = self.wait_child(child)? else {
             return Ok(());
@@ -248,6 +271,17 @@ impl Watcher<'_> {
         let out = reader.join().unwrap_or_default();
         Ok((!signalled).then_some(out))
     }
+}
+
+/// The btrfs generation of each root's filesystem, where known.
+fn generations(roots: &[PathBuf]) -> Vec<Option<u64>> {
+    roots
+        .iter()
+        .map(|r| {
+            let f = std::fs::File::open(r).ok()?;
+            onecopy_ioctl::btrfs::fs_generation(std::os::fd::AsFd::as_fd(&f)).ok()
+        })
+        .collect()
 }
 
 /// The 1-minute load average from /proc/loadavg.

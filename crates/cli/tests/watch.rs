@@ -120,9 +120,53 @@ fn watch_mode(extra: &[&str]) {
         sums.values().all(|s| *s == want),
         "contents changed: {sums:?}"
     );
+    if extra.is_empty() {
+        // Deduping must not wake the watcher up: no pass follows.
+        let passes = w.log().matches(" file(s), shared ").count();
+        std::thread::sleep(Duration::from_secs(3));
+        assert_eq!(
+            w.log().matches(" file(s), shared ").count(),
+            passes,
+            "{}",
+            w.log()
+        );
+    }
     let log = w.log();
     assert_eq!(w.term(), 0, "exit code after SIGTERM; log:\n{log}");
     eprintln!("{log}");
+}
+
+/// A look over an unchanged btrfs is one ioctl, not a walk.
+#[test]
+fn periodic_look_over_an_unchanged_btrfs_does_not_walk() {
+    let fs = new_fs(FsKind::Btrfs, 1 << 30);
+    let scratch = tempfile::tempdir().unwrap();
+    let root = fs.path().join("w");
+    std::fs::create_dir(&root).unwrap();
+    write_random(&root.join("unique"), 4 * MIB, 9).unwrap();
+    fs.sync();
+    let w = Watch::start(&root, scratch.path(), &["--poll", "--interval", "1"]);
+    w.wait_log("no walk", 2);
+    let log = w.log();
+    assert_eq!(w.term(), 0);
+    eprintln!("{log}");
+}
+
+#[test]
+fn btrfs_generation_moves_only_with_changes() {
+    use std::os::fd::AsFd;
+    let fs = new_fs(FsKind::Btrfs, 1 << 30);
+    let gen = || {
+        let f = std::fs::File::open(fs.path()).unwrap();
+        onecopy_ioctl::btrfs::fs_generation(f.as_fd()).unwrap()
+    };
+    fs.sync();
+    let g0 = gen();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(gen(), g0, "generation moved on an idle filesystem");
+    write_random(&fs.path().join("f"), MIB, 1).unwrap();
+    fs.sync();
+    assert!(gen() > g0, "generation did not move after a write and sync");
 }
 
 #[test]

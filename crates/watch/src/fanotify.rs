@@ -46,11 +46,15 @@ pub enum Change {
 pub struct ChangeSource {
     fan: Fanotify,
     roots: Vec<PathBuf>,
+    ignore: Vec<String>,
 }
 
 impl ChangeSource {
-    /// Watches the filesystems holding `roots` (canonical paths).
-    pub fn fanotify(roots: &[PathBuf]) -> Result<ChangeSource, WatchError> {
+    /// Watches the filesystems holding `roots` (canonical paths). Files in
+    /// a directory whose name starts with one of `ignore` (onecopy's own
+    /// temporary directories) are not reported: deduping must not wake
+    /// the watcher up again.
+    pub fn fanotify(roots: &[PathBuf], ignore: &[&str]) -> Result<ChangeSource, WatchError> {
         let fan = Fanotify::init(
             InitFlags::FAN_CLASS_NOTIF | InitFlags::FAN_CLOEXEC | InitFlags::FAN_NONBLOCK,
             EventFFlags::O_RDONLY | EventFFlags::O_LARGEFILE | EventFFlags::O_CLOEXEC,
@@ -75,6 +79,7 @@ impl ChangeSource {
         Ok(ChangeSource {
             fan,
             roots: roots.to_vec(),
+            ignore: ignore.iter().map(|s| s.to_string()).collect(),
         })
     }
 
@@ -104,7 +109,7 @@ impl ChangeSource {
             };
             let link = format!("/proc/self/fd/{}", fd.as_raw_fd());
             if let Ok(p) = std::fs::read_link(link) {
-                if under(&p, &self.roots) {
+                if under(&p, &self.roots) && !ignored(&p, &self.ignore) {
                     out.push(Change::Written(p));
                 }
             }
@@ -113,11 +118,19 @@ impl ChangeSource {
     }
 }
 
-/// Whether `p` is one of `roots` or below one (a deleted file's link ends
-/// in " (deleted)" and is below nothing that still exists; it is dropped
-/// by the walk anyway).
+/// Whether `p` is one of `roots` or below one.
 fn under(p: &Path, roots: &[PathBuf]) -> bool {
     roots.iter().any(|r| p.starts_with(r))
+}
+
+/// A deleted file (its link ends in " (deleted)"), or one inside a
+/// directory named with an ignored prefix.
+fn ignored(p: &Path, prefixes: &[String]) -> bool {
+    p.as_os_str().as_encoded_bytes().ends_with(b" (deleted)")
+        || p.components().any(|c| {
+            let c = c.as_os_str().to_string_lossy();
+            prefixes.iter().any(|x| c.starts_with(x.as_str()))
+        })
 }
 
 #[cfg(test)]
@@ -131,5 +144,14 @@ mod tests {
         assert!(under(Path::new("/data"), &roots));
         assert!(!under(Path::new("/srv/ab"), &roots));
         assert!(!under(Path::new("/var/cache/onecopy/c.db"), &roots));
+    }
+
+    #[test]
+    fn own_temporary_files_and_deleted_ones_are_ignored() {
+        let x = vec![".onecopy-tmp.".to_string()];
+        assert!(ignored(Path::new("/d/.onecopy-tmp.42/lock"), &x));
+        assert!(ignored(Path::new("/d/f (deleted)"), &x));
+        assert!(!ignored(Path::new("/d/onecopy-tmp/f"), &x));
+        assert!(!ignored(Path::new("/d/f"), &x));
     }
 }

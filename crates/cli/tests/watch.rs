@@ -134,6 +134,15 @@ fn watch_mode(extra: &[&str]) {
     let log = w.log();
     assert_eq!(w.term(), 0, "exit code after SIGTERM; log:\n{log}");
     eprintln!("{log}");
+
+    // Written while stopped: the first pass after a restart shares it.
+    let later = root.join("later");
+    copy_no_reflink(&orig, &later).unwrap();
+    let w = Watch::start(&root, scratch.path(), extra);
+    fs.sync();
+    assert!(is_fully_shared(&orig, &later), "not caught up after a restart");
+    eprintln!("after the restart:\n{}", w.log());
+    assert_eq!(w.term(), 0);
 }
 
 /// A look over an unchanged btrfs is one ioctl, not a walk.

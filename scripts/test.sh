@@ -14,7 +14,7 @@ fi
 need_pkgs=()
 for pair in mkfs.btrfs:btrfs-progs mkfs.xfs:xfsprogs mkfs.ext4:e2fsprogs chattr:e2fsprogs \
             losetup:mount fusermount3:fuse3 xfs_io:xfsprogs tmux:tmux \
-            systemd-analyze:systemd jdupes:jdupes; do
+            systemd-analyze:systemd jdupes:jdupes python3:python3; do
     command -v "${pair%%:*}" >/dev/null 2>&1 || need_pkgs+=("${pair#*:}")
 done
 if [ ${#need_pkgs[@]} -gt 0 ]; then

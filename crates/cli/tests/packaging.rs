@@ -57,3 +57,29 @@ fn dedupe_unit_runs_idle_on_the_escaped_path() {
         assert!(unit.lines().any(|l| l == line), "missing {line:?}");
     }
 }
+
+/// bench/charts.py turns a results file into SVG charts with one bar per
+/// tool that ran, and names the tools that did not.
+#[test]
+fn bench_charts_render() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = tempfile::tempdir().unwrap();
+    let st = Command::new("python3")
+        .arg(repo.join("bench/charts.py"))
+        .arg(repo.join("bench/testdata/sample-result.json"))
+        .arg("--out")
+        .arg(out.path())
+        .status()
+        .expect("python3");
+    assert!(st.success());
+    let wall = std::fs::read_to_string(out.path().join("wall.svg")).unwrap();
+    assert!(wall.starts_with("<svg") && wall.trim_end().ends_with("</svg>"));
+    for t in ["onecopy: 3.1 s", "duperemove: 9.5 s", "find-stat: 0.2 s"] {
+        assert!(wall.contains(t), "no bar {t:?}");
+    }
+    assert!(wall.contains("not shown: fclones"), "missing tool not named");
+    let freed = std::fs::read_to_string(out.path().join("freed.svg")).unwrap();
+    assert!(freed.contains("onecopy: 512.0 MiB"), "{freed}");
+    let rerun = std::fs::read_to_string(out.path().join("rerun.svg")).unwrap();
+    assert!(rerun.contains("onecopy: 0.3 s"));
+}

@@ -28,6 +28,15 @@ pub enum Command {
     /// Mount a store as a filesystem (FUSE); unmount with `fusermount3 -u`
     /// or `umount`.
     Mount(crate::mount_cmd::MountArgs),
+    /// Keep PATHs deduped: dedupe new and changed files seconds after
+    /// their last write, until SIGTERM.
+    Watch(crate::watch_cmd::WatchArgs),
+    /// duperemove's command line (-r -d -h -q -b --hashfile --fdupes ...),
+    /// run as `onecopy dedupe`; see the README for the differences.
+    Duperemove(crate::duperemove_cmd::DuperemoveArgs),
+    /// Write man pages or shell completions into DIR (for packagers).
+    #[command(hide = true)]
+    Generate(crate::generate_cmd::GenerateArgs),
 }
 
 #[derive(Debug, Args)]

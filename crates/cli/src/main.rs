@@ -5,8 +5,12 @@ mod args;
 mod catalog_cmd;
 mod dedupe_cmd;
 mod mount_cmd;
-mod output;
 mod store_cmd;
+mod duperemove_cmd;
+mod generate_cmd;
+mod output;
+mod progress;
+mod watch_cmd;
 
 use std::process::ExitCode;
 
@@ -57,6 +61,18 @@ fn main() -> ExitCode {
         },
         args::Command::Store(a) => return store_cmd::run(a),
         args::Command::Mount(a) => return mount_cmd::run(a),
+        args::Command::Duperemove(a) => duperemove_cmd::run(a).unwrap_or_else(|e| {
+            eprintln!("onecopy: {e:#}");
+            exit::FATAL
+        }),
+        args::Command::Watch(a) => watch_cmd::run(a).unwrap_or_else(|e| {
+            eprintln!("onecopy watch: {e:#}");
+            exit::FATAL
+        }),
+        args::Command::Generate(a) => generate_cmd::run(a).unwrap_or_else(|e| {
+            eprintln!("onecopy: {e:#}");
+            exit::FATAL
+        }),
     };
     ExitCode::from(code)
 }

@@ -4,15 +4,15 @@ use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
-use indicatif::{HumanBytes, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::HumanBytes;
 use onecopy_dedupe::{DestSkip, ExecProgress, ExecReport, ExecStats};
 use onecopy_plan::PlanStats;
 use onecopy_scan::{Progress, ScanError, SkipReason};
 use serde::Serialize;
 
 use crate::args::DedupeArgs;
+use crate::progress::{Bars, Live};
 
 #[derive(Debug, Serialize)]
 pub struct ErrorRecord {
@@ -123,98 +123,62 @@ impl Report {
 pub struct Ui {
     quiet: bool,
     verbose: bool,
-    tty: bool,
+    bars: Bars,
 }
 
-type Bar = Option<(
-    ProgressBar,
-    std::thread::JoinHandle<()>,
-    Arc<std::sync::atomic::AtomicBool>,
-)>;
+pub type Bar = Option<Live>;
+
+const BYTES_TEMPLATE: &str =
+    "{prefix}: [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta} {msg}";
 
 impl Ui {
     pub fn new(quiet: bool, verbose: bool) -> Ui {
         Ui {
             quiet,
             verbose,
-            tty: std::io::stderr().is_terminal(),
+            // Bars whenever stderr is a terminal (also with --json, whose report
+            // goes to stdout); never on a pipe or file.
+            bars: Bars::new(std::io::stderr().is_terminal()),
         }
-    }
-
-    fn start(&self, pb: ProgressBar, tick: impl Fn(&ProgressBar) + Send + 'static) -> Bar {
-        if !self.tty {
-            return None;
-        }
-        pb.set_draw_target(ProgressDrawTarget::stderr_with_hz(8));
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (p2, s2) = (pb.clone(), stop.clone());
-        let h = std::thread::spawn(move || {
-            while !s2.load(Ordering::Relaxed) {
-                tick(&p2);
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            tick(&p2);
-        });
-        Some((pb, h, stop))
     }
 
     pub fn spinner(&self, what: &'static str, p: &Arc<Progress>) -> Bar {
-        let pb = ProgressBar::new_spinner();
-        pb.set_style(ProgressStyle::with_template("{spinner} {prefix}: {msg}").unwrap());
-        pb.set_prefix(what);
         let p = p.clone();
-        self.start(pb, move |pb| {
-            pb.set_message(format!(
-                "{} files, {}",
-                p.files_found.load(Ordering::Relaxed),
-                HumanBytes(p.bytes_found.load(Ordering::Relaxed))
-            ));
-            pb.tick();
-        })
+        self.bars
+            .show(None, "{spinner} {prefix}: {msg}", what, move |pb| {
+                pb.set_message(format!(
+                    "{} files, {}",
+                    p.files_found.load(Ordering::Relaxed),
+                    HumanBytes(p.bytes_found.load(Ordering::Relaxed))
+                ));
+            })
     }
 
     pub fn bytes_bar(&self, what: &'static str, total: u64, p: &Arc<Progress>) -> Bar {
-        let pb = ProgressBar::new(total);
-        pb.set_style(
-            ProgressStyle::with_template(
-                "{prefix}: [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta} {msg}",
-            )
-            .unwrap()
-            .progress_chars("=> "),
-        );
-        pb.set_prefix(what);
         let p = p.clone();
-        self.start(pb, move |pb| {
-            pb.set_position(p.bytes_done.load(Ordering::Relaxed));
-            pb.set_message(format!("{} files", p.files_done.load(Ordering::Relaxed)));
-        })
+        self.bars
+            .show(Some(total), BYTES_TEMPLATE, what, move |pb| {
+                pb.set_position(p.bytes_done.load(Ordering::Relaxed));
+                pb.set_message(format!("{} files", p.files_done.load(Ordering::Relaxed)));
+            })
     }
 
     pub fn dedupe_bar(&self, dry: bool, total: u64, p: &Arc<ExecProgress>) -> Bar {
-        let pb = ProgressBar::new(total);
-        pb.set_style(
-            ProgressStyle::with_template("{prefix}: [{bar:30}] {bytes}/{total_bytes} {msg}")
-                .unwrap()
-                .progress_chars("=> "),
-        );
-        pb.set_prefix(if dry { "planning" } else { "sharing" });
         let p = p.clone();
-        self.start(pb, move |pb| {
-            pb.set_position(p.bytes_done.load(Ordering::Relaxed));
-            pb.set_message(format!("{} ops", p.ops_done.load(Ordering::Relaxed)));
-        })
+        let what = if dry { "planning" } else { "sharing" };
+        self.bars
+            .show(Some(total), BYTES_TEMPLATE, what, move |pb| {
+                pb.set_position(p.bytes_done.load(Ordering::Relaxed));
+                pb.set_message(format!("{} ops", p.ops_done.load(Ordering::Relaxed)));
+            })
     }
 
     pub fn finish(&self, bar: Bar) {
-        if let Some((pb, h, stop)) = bar {
-            stop.store(true, Ordering::Relaxed);
-            let _ = h.join();
-            pb.finish_and_clear();
-        }
+        self.bars.finish(bar);
     }
 
     pub fn warn(&self, msg: &str) {
-        eprintln!("onecopy: warning: {msg}");
+        self.bars.eprintln(&format!("onecopy: warning: {msg}"));
     }
 
     pub fn summary(&self, r: &Report) {

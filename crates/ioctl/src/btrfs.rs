@@ -408,12 +408,6 @@ mod tests {
     }
 }
 
-/// `_IOWR(0x94, 59, struct btrfs_ioctl_logical_ino_args)` (56 bytes).
-const BTRFS_IOC_LOGICAL_INO_V2: libc::c_ulong = 0xC038_943B;
-const LOGICAL_INO_ARGS: usize = 56;
-/// `BTRFS_LOGICAL_INO_ARGS_IGNORE_OFFSET`: every reference to the extent,
-/// not only those to the byte at `logical`.
-const LOGICAL_INO_IGNORE_OFFSET: u64 = 1;
 /// `struct btrfs_data_container` header.
 const CONTAINER_HEADER: usize = 16;
 

@@ -262,6 +262,14 @@ impl Catalog {
                 }
                 e => sq(e),
             })?;
+        if fresh {
+            // The id goes into the main file's header first (rollback
+            // journal, committed), before WAL mode sends everything else to
+            // the `-wal`: a run killed at any later point leaves a file
+            // that is recognised as a catalog (and rebuilt), not refused.
+            conn.pragma_update(None, "application_id", APPLICATION_ID)
+                .map_err(sq)?;
+        }
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(sq)?;
         conn.pragma_update(None, "cache_size", -65536).map_err(sq)?;
@@ -714,6 +722,18 @@ mod tests {
         ));
         let (_c, why) = Catalog::open_or_rebuild(&p, 65536).unwrap();
         assert!(matches!(why, Some(CatalogError::Version { .. })));
+    }
+
+    #[test]
+    fn a_new_catalog_is_recognised_before_any_checkpoint() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("c.sqlite");
+        let c = Catalog::open(&p, 65536).unwrap();
+        // Still open: the tables live in the WAL, the header in the file.
+        let head = std::fs::read(&p).unwrap();
+        assert_eq!(head[68..72], APPLICATION_ID.to_be_bytes());
+        assert_eq!(identify(&p).unwrap(), Existing::Catalog);
+        drop(c);
     }
 
     #[test]

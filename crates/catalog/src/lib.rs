@@ -262,6 +262,14 @@ impl Catalog {
                 }
                 e => sq(e),
             })?;
+        if fresh {
+            // The id goes into the main file's header first (rollback
+            // journal, committed), before WAL mode sends everything else to
+            // the `-wal`: a run killed at any later point leaves a file
+            // that is recognised as a catalog (and rebuilt), not refused.
+            conn.pragma_update(None, "application_id", APPLICATION_ID)
+                .map_err(sq)?;
+        }
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(sq)?;
         conn.pragma_update(None, "cache_size", -65536).map_err(sq)?;
@@ -352,27 +360,49 @@ impl Catalog {
         Catalog::open(path, bs)
     }
 
-    /// Opens the catalog, and if it is damaged, foreign or of another
-    /// format, sets it aside as `<path>.broken` and creates a new one.
-    /// Returns the reason it was rebuilt, if it was.
+    /// Opens the catalog at a path the user named, and if it is a damaged
+    /// catalog or one of another format, sets it aside as `<path>.broken`
+    /// and creates a new one. An existing file that is not a catalog is
+    /// refused ([`CatalogError::NotACatalog`]) and left untouched. Returns
+    /// the reason it was rebuilt, if it was.
     pub fn open_or_rebuild(
         path: &Path,
         block_size: u64,
     ) -> Result<(Catalog, Option<CatalogError>), CatalogError> {
+        Self::rebuild_if(path, block_size, false)
+    }
+
+    /// The same at onecopy's own default path (its cache directory, its
+    /// `fs-<id>.sqlite` name): whatever is there was a catalog
+    /// once, so unreadable content is set aside and rebuilt too.
+    pub fn open_or_rebuild_own(
+        path: &Path,
+        block_size: u64,
+    ) -> Result<(Catalog, Option<CatalogError>), CatalogError> {
+        Self::rebuild_if(path, block_size, true)
+    }
+
+    fn rebuild_if(
+        path: &Path,
+        block_size: u64,
+        own: bool,
+    ) -> Result<(Catalog, Option<CatalogError>), CatalogError> {
         match Catalog::open(path, block_size).and_then(|c| c.load_all().map(|_| c)) {
             Ok(c) => Ok((c, None)),
-            Err(e @ (CatalogError::Io { .. } | CatalogError::NotACatalog { .. })) => Err(e),
+            Err(e @ CatalogError::Io { .. }) => Err(e),
+            Err(e @ CatalogError::NotACatalog { .. }) if !own => Err(e),
             Err(why) => {
-                Self::set_aside(path)?;
+                Self::set_aside(path, own)?;
                 let c = Catalog::open(path, block_size)?;
                 Ok((c, Some(why)))
             }
         }
     }
 
-    fn set_aside(path: &Path) -> Result<(), CatalogError> {
-        // Only ever a catalog (checked again: this renames a user's path).
-        if identify(path).ok() != Some(Existing::Catalog) {
+    fn set_aside(path: &Path, own: bool) -> Result<(), CatalogError> {
+        // A user-named path only ever if it is a catalog (checked again:
+        // this renames a user's file).
+        if !own && identify(path).ok() != Some(Existing::Catalog) {
             return Err(CatalogError::NotACatalog {
                 path: path.to_path_buf(),
             });
@@ -655,6 +685,14 @@ mod tests {
             Err(CatalogError::NotACatalog { .. })
         ));
         assert_eq!(std::fs::read(&p).unwrap(), text);
+        // At onecopy's own default path, whatever is there is rebuilt.
+        let (c, why) = Catalog::open_or_rebuild_own(&p, 65536).unwrap();
+        assert!(matches!(why, Some(CatalogError::NotACatalog { .. })));
+        drop(c);
+        assert_eq!(
+            std::fs::read(d.path().join("c.sqlite.broken")).unwrap(),
+            text
+        );
         std::fs::remove_file(&p).unwrap();
         // A catalog damaged past its header is set aside and rebuilt.
         let c = Catalog::open(&p, 65536).unwrap();
@@ -684,6 +722,18 @@ mod tests {
         ));
         let (_c, why) = Catalog::open_or_rebuild(&p, 65536).unwrap();
         assert!(matches!(why, Some(CatalogError::Version { .. })));
+    }
+
+    #[test]
+    fn a_new_catalog_is_recognised_before_any_checkpoint() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("c.sqlite");
+        let c = Catalog::open(&p, 65536).unwrap();
+        // Still open: the tables live in the WAL, the header in the file.
+        let head = std::fs::read(&p).unwrap();
+        assert_eq!(head[68..72], APPLICATION_ID.to_be_bytes());
+        assert_eq!(identify(&p).unwrap(), Existing::Catalog);
+        drop(c);
     }
 
     #[test]

@@ -179,7 +179,12 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
             continue;
         }
         let path = catalog_path(&a, &run.key);
-        match Catalog::open_or_rebuild(&path, a.block_size) {
+        let opened = if a.hashfile.is_some() {
+            Catalog::open_or_rebuild(&path, a.block_size)
+        } else {
+            Catalog::open_or_rebuild_own(&path, a.block_size)
+        };
+        match opened {
             Ok((cat, why)) => {
                 if let Some(why) = why {
                     ui.warn(&format!("{why}; the catalog was set aside and is rebuilt"));

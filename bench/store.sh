@@ -10,6 +10,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SIZE=${1:-2G}
+# Sections to run (default all): fio small versions gc
+SECTIONS=${SECTIONS:-fio small versions gc}
+want() { [[ " $SECTIONS " == *" $1 "* ]]; }
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
 cargo build -q --release -p onecopy -p onecopy-workload
 cargo build -q --release -p onecopy-fuse --example nullfs
@@ -33,6 +36,7 @@ fio_seq() { # DIR RW OUT
 mount_store() { $O store init "$work/s" "$@" >/dev/null; $O mount "$work/s" "$work/mnt"; }
 umount_store() { fusermount3 -u "$work/mnt"; while pgrep -f "mount $work/s" >/dev/null; do sleep 0.2; done; }
 
+if want fio; then
 echo "## fio sequential 1 MiB, $SIZE, incompressible (MB/s)"
 fio_seq "$work/native" write "$work/n1.json"; drop
 fio --name=s --filename="$work/native/f" --size="$SIZE" --rw=read --bs=1M --ioengine=psync --output-format=json > "$work/nr.json"
@@ -52,7 +56,9 @@ echo "| 2nd write (duplicate) | - | $(mbps "$work/null1.json" write) | $(mbps "$
 echo "| cold read | $(mbps "$work/nr.json" read) | - | $(mbps "$work/sr.json" read) |"
 $O store stats "$work/s" | grep -E 'dedupe|written'
 umount_store; rm -rf "$work/s" "$work/native/f"
+fi
 
+if want small; then
 echo "## cp -a of small files (s)"
 $W small --dir "$work/tree" --files 100000 >/dev/null 2>&1 || $W small --dir "$work/tree" >/dev/null
 nfiles=$(find "$work/tree" -type f | wc -l)
@@ -60,7 +66,9 @@ drop; t0=$(date +%s.%N); cp -a "$work/tree" "$work/native/tree"; sync; t1=$(date
 mount_store; drop; t2=$(date +%s.%N); cp -a "$work/tree" "$work/mnt/tree"; sync -f "$work/mnt"; t3=$(date +%s.%N)
 umount_store; rm -rf "$work/s" "$work/native/tree" "$work/tree"
 python3 -c "import sys; a,b,c,d=map(float,sys.argv[1:5]); print(f'| {sys.argv[5]} files | native {b-a:.1f} | store {d-c:.1f} | ratio {(d-c)/(b-a):.2f} |')" $t0 $t1 $t2 $t3 $nfiles
+fi
 
+if want versions; then
 echo "## ingest of successive versions (stored MiB, seconds)"
 # Successive versions of a real tree (/usr/include + /usr/lib/python3*):
 # each version inserts a few bytes into 5% of the files (shifting what
@@ -105,7 +113,9 @@ echo "| input MiB | onecopy store | restic | borg |"
 echo "|---|---|---|---|"
 echo "| $(du -sm "$work/versions" | cut -f1) | $sstore MiB, ${ts}s | $sr MiB, ${tr}s | $sb MiB, ${tb}s |"
 rm -rf "$work/versions" "$work/restic" "$work/borg" "$work/s"
+fi
 
+if want gc; then
 echo "## fio 4 KiB O_DSYNC random writes, p99.9 completion latency (us): idle vs during online gc"
 lat() { python3 -c "import json,sys; j=json.load(open(sys.argv[1]))['jobs'][0]['write']['clat_ns']['percentile']; print(f\"{j['99.900000']/1000:.0f}\")" "$1"; }
 fio4k() { fio --name=l --filename="$work/mnt/lat" --size=256M --rw=randwrite --bs=4k --ioengine=psync \
@@ -124,3 +134,4 @@ echo "| idle p99.9 | during gc p99.9 | gc |"
 echo "|---:|---:|---|"
 echo "| $(lat "$work/idle.json") | $(lat "$work/gc.json") | $(cat "$work/gc.txt") |"
 umount_store
+fi

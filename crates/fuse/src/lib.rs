@@ -186,6 +186,13 @@ fn empty(reply: ReplyEmpty, r: Result<(), StoreError>) {
     }
 }
 
+fn data(reply: ReplyData, r: Result<Vec<u8>, StoreError>) {
+    match r {
+        Ok(d) => reply.data(&d),
+        Err(e) => reply.error(errno(e)),
+    }
+}
+
 fn xattr_reply(reply: ReplyXattr, size: u32, r: Result<Vec<u8>, StoreError>) {
     match r {
         Ok(v) if size == 0 => reply.size(v.len() as u32),
@@ -283,10 +290,7 @@ impl Filesystem for StoreFs {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.store.readlink(ino.0) {
-            Ok(t) => reply.data(&t),
-            Err(e) => reply.error(errno(e)),
-        }
+        data(reply, self.store.readlink(ino.0))
     }
 
     fn mknod(
@@ -426,10 +430,7 @@ impl Filesystem for StoreFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match self.store.read(ino.0, offset, size as usize) {
-            Ok(d) => reply.data(&d),
-            Err(e) => reply.error(errno(e)),
-        }
+        data(reply, self.store.read(ino.0, offset, size as usize))
     }
 
     fn write(

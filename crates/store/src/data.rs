@@ -232,16 +232,7 @@ impl Store {
              WHERE e.ino = ?1 AND e.off >= ?2 AND e.off < ?3 ORDER BY e.off",
         )?;
         let rows = st.query_map(params![ino, from, end], |r| {
-            Ok((
-                r.get(0)?,
-                r.get(1)?,
-                ChunkLoc {
-                    container: r.get(2)?,
-                    offset: r.get(3)?,
-                    stored_len: r.get(4)?,
-                    raw_len: r.get(5)?,
-                },
-            ))
+            Ok((r.get(0)?, r.get(1)?, crate::meta::loc_of(r, 2)?))
         })?;
         let mut out = Vec::new();
         for row in rows {

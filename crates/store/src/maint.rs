@@ -200,17 +200,7 @@ impl Store {
                 "SELECT id, container, offset, stored_len, raw_len FROM chunks
                  WHERE container = ?1 ORDER BY offset",
             )?;
-            let rows = st.query_map([id], |r| {
-                Ok((
-                    r.get(0)?,
-                    ChunkLoc {
-                        container: r.get(1)?,
-                        offset: r.get(2)?,
-                        stored_len: r.get(3)?,
-                        raw_len: r.get(4)?,
-                    },
-                ))
-            })?;
+            let rows = st.query_map([id], |r| Ok((r.get(0)?, crate::meta::loc_of(r, 1)?)))?;
             rows.collect::<rusqlite::Result<_>>()?
         };
         // Reading (and checking) the live chunks needs no lock: only gc
@@ -262,16 +252,7 @@ impl Store {
                  ORDER BY container, offset",
             )?;
             let rows = st.query_map([], |r| {
-                Ok((
-                    r.get(0)?,
-                    r.get(1)?,
-                    ChunkLoc {
-                        container: r.get(2)?,
-                        offset: r.get(3)?,
-                        stored_len: r.get(4)?,
-                        raw_len: r.get(5)?,
-                    },
-                ))
+                Ok((r.get(0)?, r.get(1)?, crate::meta::loc_of(r, 2)?))
             })?;
             rows.collect::<rusqlite::Result<_>>()?
         };

@@ -98,7 +98,9 @@ pub trait ChunkIndex {
 /// [`ChunkIndex`] over the `chunks` table.
 pub struct SqlIndex<'a>(pub &'a Connection);
 
-fn loc_of(r: &rusqlite::Row, at: usize) -> rusqlite::Result<ChunkLoc> {
+/// A `ChunkLoc` from four columns starting at `at` (container, offset,
+/// stored_len, raw_len).
+pub(crate) fn loc_of(r: &rusqlite::Row, at: usize) -> rusqlite::Result<ChunkLoc> {
     Ok(ChunkLoc {
         container: r.get(at)?,
         offset: r.get(at + 1)?,

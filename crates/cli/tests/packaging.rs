@@ -31,7 +31,7 @@ fn systemd_units_verify() {
         std::fs::write(&inst, text).unwrap();
         units.push(inst);
     }
-    assert_eq!(units.len(), 3, "{units:?}");
+    assert_eq!(units.len(), 4, "{units:?}");
     let out = Command::new("systemd-analyze")
         .args(["verify", "--man=no"])
         .args(&units)

@@ -77,7 +77,10 @@ fn bench_charts_render() {
     for t in ["onecopy: 3.1 s", "duperemove: 9.5 s", "find-stat: 0.2 s"] {
         assert!(wall.contains(t), "no bar {t:?}");
     }
-    assert!(wall.contains("not shown: fclones"), "missing tool not named");
+    assert!(
+        wall.contains("not shown: fclones"),
+        "missing tool not named"
+    );
     let freed = std::fs::read_to_string(out.path().join("freed.svg")).unwrap();
     assert!(freed.contains("onecopy: 512 MiB"), "{freed}");
     let rerun = std::fs::read_to_string(out.path().join("rerun.svg")).unwrap();

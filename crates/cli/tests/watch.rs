@@ -140,7 +140,10 @@ fn watch_mode(extra: &[&str]) {
     copy_no_reflink(&orig, &later).unwrap();
     let w = Watch::start(&root, scratch.path(), extra);
     fs.sync();
-    assert!(is_fully_shared(&orig, &later), "not caught up after a restart");
+    assert!(
+        is_fully_shared(&orig, &later),
+        "not caught up after a restart"
+    );
     eprintln!("after the restart:\n{}", w.log());
     assert_eq!(w.term(), 0);
 }

@@ -8,7 +8,7 @@ workload and filesystem the newest file wins) and writes into DIR (default
 bench/charts/):
 
   wall.svg   wall seconds of each tool's first run, per workload
-  freed.svg  bytes each tool actually freed (statvfs), per workload
+  freed.svg  MiB each tool actually freed (statvfs), per workload
   rerun.svg  wall seconds of the second run (--rerun), when present
 
 One group of bars per "workload on fs", one colour per tool; baselines
@@ -60,8 +60,12 @@ def series(results, run, field):
                 continue
             t = row["tool"]
             v = row.get(field)
-            if row.get("status") not in OK or v is None:
+            if field == "freed_mib" and row.get("freed") is not None:
+                v = round(row["freed"] / 2**20, 2)
+            if row.get("status") not in OK:
                 skipped.append(f"{t} ({label}): {row.get('status', '?')}")
+                continue
+            if v is None:  # baselines free nothing
                 continue
             vals[t] = v
             if t not in tools:
@@ -75,18 +79,10 @@ def nice_max(v):
     if v <= 0:
         return 1.0
     mag = 10 ** len(str(int(v))) / 10
-    for m in (1, 2, 2.5, 5, 10):
+    for m in (1, 2, 2.5, 4, 5, 6, 8, 10):
         if v <= m * mag:
             return m * mag
     return 10 * mag
-
-
-def human_bytes(n):
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
 
 
 def bar_chart(title, unit_fmt, groups, tools, notes):
@@ -113,7 +109,7 @@ def bar_chart(title, unit_fmt, groups, tools, notes):
             if t not in vals:
                 continue
             v = vals[t]
-            h = plot_h * max(v, 0) / vmax
+            h = max(plot_h * max(v, 0) / vmax, 1.5)  # a zero still shows
             x = x0 + t_i * bar_w
             y = top + plot_h - h
             colour = PALETTE.get(t, "#444")
@@ -148,7 +144,8 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     charts = [
         ("wall.svg", "Wall time, first run (s, lower is better)", 1, "wall", lambda v: f"{v:g} s"),
-        ("freed.svg", "Space actually freed (statvfs, higher is better)", 1, "freed", human_bytes),
+        ("freed.svg", "Space actually freed, MiB (statvfs, higher is better)", 1, "freed_mib",
+         lambda v: f"{v:g} MiB"),
         ("rerun.svg", "Wall time, rerun on the deduped tree (s)", 2, "wall", lambda v: f"{v:g} s"),
     ]
     for name, title, run, field, fmt in charts:

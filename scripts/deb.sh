@@ -48,7 +48,7 @@ onecopy --version
 for f in /usr/share/man/man1/onecopy-dedupe.1* /usr/share/bash-completion/completions/onecopy \
          /usr/share/zsh/vendor-completions/_onecopy /usr/share/fish/vendor_completions.d/onecopy.fish \
          /lib/systemd/system/onecopy-dedupe@.service /lib/systemd/system/onecopy-dedupe@.timer \
-         /lib/systemd/system/onecopy-store@.service; do
+         /lib/systemd/system/onecopy-store@.service /lib/systemd/system/onecopy-watch@.service; do
     test -e "$f" || { echo "scripts/deb.sh: the package lacks $f" >&2; exit 1; }
 done
 

@@ -4,12 +4,12 @@
 mod args;
 mod catalog_cmd;
 mod dedupe_cmd;
-mod mount_cmd;
-mod store_cmd;
 mod duperemove_cmd;
 mod generate_cmd;
+mod mount_cmd;
 mod output;
 mod progress;
+mod store_cmd;
 mod watch_cmd;
 
 use std::process::ExitCode;

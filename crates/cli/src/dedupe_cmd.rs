@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use onecopy_catalog::{Catalog, FileRecord, Known};
-use onecopy_dedupe::{ExecOptions, ExecProgress, Model, RehomeOptions};
+use onecopy_dedupe::{policy, ExecOptions, ExecProgress, Model, RehomeOptions};
 use onecopy_ioctl::fs::{fs_info, FsInfo, FsKind};
 use onecopy_plan::{PlanFile, PlanOptions};
 use onecopy_scan::{FsId, HashOptions, HashedFile, Progress, WalkOptions};
@@ -239,9 +239,6 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
     }
 
     // Match and plan, one filesystem at a time, then act, then remember.
-    let nocow = onecopy_ioctl::fs::inode_flags::NOCOW;
-    let protected =
-        onecopy_ioctl::fs::inode_flags::IMMUTABLE | onecopy_ioctl::fs::inode_flags::APPEND;
     for (&fs, run) in per_fs.iter_mut() {
         // Sources first: files outside the roots, then settled ones, so
         // that known canonical copies stay canonical.
@@ -270,15 +267,16 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
             let pfiles: Vec<PlanFile<'_>> = files
                 .iter()
                 .zip(&outside)
-                .map(|(f, &out)| PlanFile {
-                    size: f.entry.size,
-                    blocks: &f.blocks,
-                    subs: &f.subs,
-                    whole: f.whole,
-                    can_be_dest: !out
-                        && !f.entry.read_only
-                        && f.inode_flags & (protected | nocow) == 0,
-                    can_be_src: f.inode_flags & nocow == 0,
+                .map(|(f, &out)| {
+                    let roles = policy::roles(out, f.entry.read_only, f.inode_flags);
+                    PlanFile {
+                        size: f.entry.size,
+                        blocks: &f.blocks,
+                        subs: &f.subs,
+                        whole: f.whole,
+                        can_be_dest: roles.can_be_dest,
+                        can_be_src: roles.can_be_src,
+                    }
                 })
                 .collect();
             let plan = onecopy_plan::plan(
@@ -351,17 +349,11 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
             let records = files.iter().enumerate().filter_map(|(i, f)| {
                 // A dry run changes nothing, so it settles nothing that
                 // was not settled before.
-                let was = run.known.get(i).is_none_or(|k| k.settled);
-                let settled_now = !stopped && !unsettled[i] && (!a.dry_run || was);
-                let write = match run.known.get(i) {
-                    Some(k) => k.dirty || k.settled != settled_now,
-                    None => true,
-                };
-                // A file modified within a second of being read may have
-                // been read half old, half new with timestamps that do
-                // not show it ("racily clean"): never remember it.
-                let write = write && !f.racy;
-                write.then(|| FileRecord {
+                let known = run.known.get(i);
+                let was = known.is_none_or(|k| k.settled);
+                let settled_now = policy::settled_after_run(stopped, unsettled[i], a.dry_run, was);
+                let known = known.map(|k| (k.dirty, k.settled));
+                policy::record_needs_write(known, settled_now, f.racy).then(|| FileRecord {
                     fs: key.clone(),
                     subvol: f.entry.subvol,
                     ino: f.entry.ino,

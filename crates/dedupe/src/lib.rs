@@ -15,6 +15,7 @@
 //!   ([`account`]); they are never candidate bytes.
 
 pub mod account;
+pub mod policy;
 mod rehome;
 pub mod tmpdir;
 

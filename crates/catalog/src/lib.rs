@@ -56,6 +56,10 @@ use xxhash_rust::xxh3::Xxh3;
 pub const FORMAT_VERSION: i64 = 4;
 const MAGIC: &str = "onecopy-catalog";
 
+/// A catalog, its records, and why it was rebuilt if it was
+/// ([`Catalog::open_and_load`]).
+pub type Loaded = (Catalog, Vec<FileRecord>, Option<CatalogError>);
+
 /// What the catalog knows about one file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileRecord {
@@ -338,13 +342,19 @@ impl Catalog {
         path: &Path,
         block_size: u64,
     ) -> Result<(Catalog, Option<CatalogError>), CatalogError> {
-        match Catalog::open(path, block_size).and_then(|c| c.load_all().map(|_| c)) {
-            Ok(c) => Ok((c, None)),
+        Self::open_and_load(path, block_size).map(|(c, _, why)| (c, why))
+    }
+
+    /// [`Catalog::open_or_rebuild`], also returning every record: checking
+    /// the catalog reads them all, so a run loads it once, not twice.
+    pub fn open_and_load(path: &Path, block_size: u64) -> Result<Loaded, CatalogError> {
+        match Catalog::open(path, block_size).and_then(|c| c.load_all().map(|r| (c, r))) {
+            Ok((c, records)) => Ok((c, records, None)),
             Err(e @ CatalogError::Io { .. }) => Err(e),
             Err(why) => {
                 Self::set_aside(path)?;
                 let c = Catalog::open(path, block_size)?;
-                Ok((c, Some(why)))
+                Ok((c, Vec::new(), Some(why)))
             }
         }
     }
@@ -647,6 +657,20 @@ mod tests {
         ));
         let (_c, why) = Catalog::open_or_rebuild(&p, 65536).unwrap();
         assert!(matches!(why, Some(CatalogError::Version { .. })));
+    }
+
+    #[test]
+    fn open_and_load_returns_the_records_it_checked() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("c.sqlite");
+        let (mut c, recs, why) = Catalog::open_and_load(&p, 65536).unwrap();
+        assert!(recs.is_empty() && why.is_none());
+        c.commit_run(&[], vec![rec(1), rec(2)], &[]).unwrap();
+        drop(c);
+        let (c, recs, why) = Catalog::open_and_load(&p, 65536).unwrap();
+        assert!(why.is_none());
+        assert_eq!(recs, c.load_all().unwrap());
+        assert_eq!(recs.len(), 2);
     }
 
     #[test]

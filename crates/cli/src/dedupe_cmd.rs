@@ -173,13 +173,12 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
             continue;
         }
         let path = catalog_path(&a, &run.key);
-        match Catalog::open_or_rebuild(&path, a.block_size) {
-            Ok((cat, why)) => {
+        match Catalog::open_and_load(&path, a.block_size) {
+            Ok((cat, records, why)) => {
                 if let Some(why) = why {
                     ui.warn(&format!("{why}; the catalog was set aside and is rebuilt"));
                     report.catalog_rebuilt = true;
                 }
-                let records = cat.load_all().unwrap_or_default();
                 let c = onecopy_catalog::classify(
                     &run.key,
                     run.fs,

@@ -58,6 +58,10 @@ use xxhash_rust::xxh3::Xxh3;
 pub const FORMAT_VERSION: i64 = 4;
 const MAGIC: &str = "onecopy-catalog";
 
+/// A catalog, its records, and why it was rebuilt if it was
+/// ([`Catalog::open_and_load`]).
+pub type Loaded = (Catalog, Vec<FileRecord>, Option<CatalogError>);
+
 /// What the catalog knows about one file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileRecord {
@@ -369,7 +373,7 @@ impl Catalog {
         path: &Path,
         block_size: u64,
     ) -> Result<(Catalog, Option<CatalogError>), CatalogError> {
-        Self::rebuild_if(path, block_size, false)
+        Self::rebuild_if(path, block_size, false).map(|(c, _, why)| (c, why))
     }
 
     /// The same at onecopy's own default path (its cache directory, its
@@ -379,22 +383,29 @@ impl Catalog {
         path: &Path,
         block_size: u64,
     ) -> Result<(Catalog, Option<CatalogError>), CatalogError> {
+        Self::rebuild_if(path, block_size, true).map(|(c, _, why)| (c, why))
+    }
+
+    /// [`Catalog::open_or_rebuild`], also returning every record: checking
+    /// the catalog reads them all, so a run loads it once, not twice.
+    pub fn open_and_load(path: &Path, block_size: u64) -> Result<Loaded, CatalogError> {
+        Self::rebuild_if(path, block_size, false)
+    }
+
+    /// [`Catalog::open_or_rebuild_own`], also returning every record.
+    pub fn open_and_load_own(path: &Path, block_size: u64) -> Result<Loaded, CatalogError> {
         Self::rebuild_if(path, block_size, true)
     }
 
-    fn rebuild_if(
-        path: &Path,
-        block_size: u64,
-        own: bool,
-    ) -> Result<(Catalog, Option<CatalogError>), CatalogError> {
-        match Catalog::open(path, block_size).and_then(|c| c.load_all().map(|_| c)) {
-            Ok(c) => Ok((c, None)),
+    fn rebuild_if(path: &Path, block_size: u64, own: bool) -> Result<Loaded, CatalogError> {
+        match Catalog::open(path, block_size).and_then(|c| c.load_all().map(|r| (c, r))) {
+            Ok((c, records)) => Ok((c, records, None)),
             Err(e @ CatalogError::Io { .. }) => Err(e),
             Err(e @ CatalogError::NotACatalog { .. }) if !own => Err(e),
             Err(why) => {
                 Self::set_aside(path, own)?;
                 let c = Catalog::open(path, block_size)?;
-                Ok((c, Some(why)))
+                Ok((c, Vec::new(), Some(why)))
             }
         }
     }
@@ -734,6 +745,20 @@ mod tests {
         assert_eq!(head[68..72], APPLICATION_ID.to_be_bytes());
         assert_eq!(identify(&p).unwrap(), Existing::Catalog);
         drop(c);
+    }
+
+    #[test]
+    fn open_and_load_returns_the_records_it_checked() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("c.sqlite");
+        let (mut c, recs, why) = Catalog::open_and_load(&p, 65536).unwrap();
+        assert!(recs.is_empty() && why.is_none());
+        c.commit_run(&[], vec![rec(1), rec(2)], &[]).unwrap();
+        drop(c);
+        let (c, recs, why) = Catalog::open_and_load(&p, 65536).unwrap();
+        assert!(why.is_none());
+        assert_eq!(recs, c.load_all().unwrap());
+        assert_eq!(recs.len(), 2);
     }
 
     #[test]

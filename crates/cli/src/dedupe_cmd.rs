@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use onecopy_catalog::{Catalog, FileRecord, Known};
-use onecopy_dedupe::{ExecOptions, ExecProgress, Model, RehomeOptions};
+use onecopy_dedupe::{policy, ExecOptions, ExecProgress, Model, RehomeOptions};
 use onecopy_ioctl::fs::{fs_info, FsInfo, FsKind};
 use onecopy_plan::{PlanFile, PlanOptions};
 use onecopy_scan::{FsId, HashOptions, HashedFile, Progress, WalkOptions};
@@ -180,17 +180,16 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
         }
         let path = catalog_path(&a, &run.key);
         let opened = if a.hashfile.is_some() {
-            Catalog::open_or_rebuild(&path, a.block_size)
+            Catalog::open_and_load(&path, a.block_size)
         } else {
-            Catalog::open_or_rebuild_own(&path, a.block_size)
+            Catalog::open_and_load_own(&path, a.block_size)
         };
         match opened {
-            Ok((cat, why)) => {
+            Ok((cat, records, why)) => {
                 if let Some(why) = why {
                     ui.warn(&format!("{why}; the catalog was set aside and is rebuilt"));
                     report.catalog_rebuilt = true;
                 }
-                let records = cat.load_all().unwrap_or_default();
                 let c = onecopy_catalog::classify(
                     &run.key,
                     run.fs,
@@ -250,9 +249,6 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
     }
 
     // Match and plan, one filesystem at a time, then act, then remember.
-    let nocow = onecopy_ioctl::fs::inode_flags::NOCOW;
-    let protected =
-        onecopy_ioctl::fs::inode_flags::IMMUTABLE | onecopy_ioctl::fs::inode_flags::APPEND;
     for (&fs, run) in per_fs.iter_mut() {
         // Sources first: files outside the roots, then settled ones, so
         // that known canonical copies stay canonical.
@@ -282,8 +278,8 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
                 .iter()
                 .zip(&outside)
                 .map(|(f, &out)| {
-                    let mut can_be_dest =
-                        !out && !f.entry.read_only && f.inode_flags & (protected | nocow) == 0;
+                    let roles = policy::roles(out, f.entry.read_only, f.inode_flags);
+                    let mut can_be_dest = roles.can_be_dest;
                     // Readable but not this user's to change: a source only.
                     if can_be_dest && !onecopy_dedupe::access::may_dedupe_into(&f.entry.path) {
                         can_be_dest = false;
@@ -295,7 +291,7 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
                         subs: &f.subs,
                         whole: f.whole,
                         can_be_dest,
-                        can_be_src: f.inode_flags & nocow == 0,
+                        can_be_src: roles.can_be_src,
                     }
                 })
                 .collect();
@@ -357,17 +353,11 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
             let records = files.iter().enumerate().filter_map(|(i, f)| {
                 // A dry run changes nothing, so it settles nothing that
                 // was not settled before.
-                let was = run.known.get(i).is_none_or(|k| k.settled);
-                let settled_now = !stopped && !unsettled[i] && (!a.dry_run || was);
-                let write = match run.known.get(i) {
-                    Some(k) => k.dirty || k.settled != settled_now,
-                    None => true,
-                };
-                // A file modified within a second of being read may have
-                // been read half old, half new with timestamps that do
-                // not show it ("racily clean"): never remember it.
-                let write = write && !f.racy;
-                write.then(|| FileRecord {
+                let known = run.known.get(i);
+                let was = known.is_none_or(|k| k.settled);
+                let settled_now = policy::settled_after_run(stopped, unsettled[i], a.dry_run, was);
+                let known = known.map(|k| (k.dirty, k.settled));
+                policy::record_needs_write(known, settled_now, f.racy).then(|| FileRecord {
                     fs: key.clone(),
                     subvol: f.entry.subvol,
                     ino: f.entry.ino,

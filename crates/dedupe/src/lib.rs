@@ -17,6 +17,7 @@
 pub mod access;
 pub mod account;
 pub mod fdlimit;
+pub mod policy;
 mod rehome;
 pub mod tmpdir;
 
@@ -26,6 +27,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::os::fd::AsFd;
 use std::path::PathBuf;
+use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use onecopy_ioctl::dedupe::{
@@ -33,7 +35,7 @@ use onecopy_ioctl::dedupe::{
 };
 use onecopy_ioctl::fiemap::{self, Extent};
 use onecopy_ioctl::fs::inode_flags as iflags;
-use onecopy_plan::{Op, Plan};
+use onecopy_plan::{Dest, Op, Plan};
 use onecopy_scan::FileEntry;
 
 use account::FileUnits;
@@ -241,13 +243,16 @@ impl<'a> Files<'a> {
     }
 }
 
+/// (offset, physical, length) pieces of a range, see [`physical_layout`].
+type Layout = Vec<(u64, u64, u64)>;
+
 /// A range's physical layout relative to its start: (offset, physical,
 /// length) pieces, contiguous pieces merged. `None` if the range holds data
 /// the filesystem can not share (inline, unwritten, unknown).
-fn physical_layout(f: &File, off: u64, len: u64) -> std::io::Result<Option<Vec<(u64, u64, u64)>>> {
+fn physical_layout(f: &File, off: u64, len: u64) -> std::io::Result<Option<Layout>> {
     let ext: Vec<Extent> = fiemap::fiemap_range(f.as_fd(), off, len)?;
     let end = off + len;
-    let mut out: Vec<(u64, u64, u64)> = Vec::new();
+    let mut out: Layout = Vec::new();
     for e in ext {
         let s = e.logical.max(off);
         let t = e.logical_end().min(end);
@@ -416,6 +421,26 @@ fn skip_all(rep: &mut ExecReport, op: &Op, why: DestSkip) {
     }
 }
 
+/// Counts a destination range found already shared with its source
+/// (`settled`: trusted from an earlier run without asking the filesystem).
+fn already_shared(rep: &mut ExecReport, file: u32, len: u64, settled: bool) {
+    rep.stats.ranges_already_shared += 1;
+    rep.stats.ranges_settled += settled as u64;
+    rep.stats.bytes_already_shared += len;
+    skip(rep, file, DestSkip::AlreadyShared);
+}
+
+/// A destination that passed every check, with how far it has been shared.
+struct Pending {
+    file: u32,
+    offset: u64,
+    f: Rc<File>,
+    done: u64,
+    counted: bool,
+}
+
+/// Carries out one operation: checks the source, decides per destination,
+/// then shares the ranges that need it.
 fn run_op(
     op: &Op,
     files: &mut Files<'_>,
@@ -432,107 +457,26 @@ fn run_op(
         .collect();
     if trusted.iter().all(|t| *t) {
         for d in &op.dests {
-            rep.stats.ranges_already_shared += 1;
-            rep.stats.ranges_settled += 1;
-            rep.stats.bytes_already_shared += op.len;
-            skip(rep, d.file, DestSkip::AlreadyShared);
+            already_shared(rep, d.file, op.len, true);
         }
         return;
     }
-    let src = match files.get(op.src) {
-        Ok(f) => f,
-        // Deleted or renamed since it was read: a change, not an error.
-        Err(e) if e.is_not_found() => {
-            skip_all(rep, op, DestSkip::Changed);
-            return;
-        }
-        Err(e) => {
-            rep.errors.push(e);
-            skip_all(rep, op, DestSkip::Refused);
-            return;
-        }
-    };
-    let src_path = files.entries[op.src as usize].path.clone();
-    if !files.unchanged(op.src, &src) {
-        skip_all(rep, op, DestSkip::Changed);
+    let Some((src, src_layout)) = open_source(op, files, rep) else {
         return;
-    }
-    let src_layout = match physical_layout(&src, op.src_offset, op.len) {
-        Ok(Some(l)) => l,
-        Ok(None) => {
-            skip_all(rep, op, DestSkip::NotShareable);
-            return;
-        }
-        Err(source) => {
-            rep.errors.push(DedupeError::Fiemap {
-                path: src_path,
-                source,
-            });
-            skip_all(rep, op, DestSkip::Refused);
-            return;
-        }
     };
-    // Decide per destination.
-    let mut todo: Vec<(u32, u64, std::rc::Rc<File>)> = Vec::new();
+    let mut todo: Vec<Pending> = Vec::new();
     for (d, trusted) in op.dests.iter().zip(&trusted) {
         if *trusted {
-            rep.stats.ranges_already_shared += 1;
-            rep.stats.ranges_settled += 1;
-            rep.stats.bytes_already_shared += op.len;
-            skip(rep, d.file, DestSkip::AlreadyShared);
-            continue;
+            already_shared(rep, d.file, op.len, true);
+        } else if let Some(f) = check_dest(op.len, d, &src_layout, files, rep) {
+            todo.push(Pending {
+                file: d.file,
+                offset: d.offset,
+                f,
+                done: 0,
+                counted: false,
+            });
         }
-        let path = &files.entries[d.file as usize].path;
-        let f = match files.get(d.file) {
-            Ok(f) => f,
-            Err(e) if e.is_not_found() => {
-                skip(rep, d.file, DestSkip::Changed);
-                continue;
-            }
-            Err(e) => {
-                rep.errors.push(e);
-                skip(rep, d.file, DestSkip::Refused);
-                continue;
-            }
-        };
-        if !files.unchanged(d.file, &f) {
-            skip(rep, d.file, DestSkip::Changed);
-            continue;
-        }
-        let refusal = if files.entries[d.file as usize].read_only {
-            Some(DestSkip::ReadOnly)
-        } else {
-            dest_refusal(&f)
-        };
-        if let Some(why) = refusal {
-            skip(rep, d.file, why);
-            continue;
-        }
-        match physical_layout(&f, d.offset, op.len) {
-            Ok(Some(l)) if l == src_layout => {
-                // Shared by an earlier (perhaps interrupted) run: its old
-                // extents may still wait to be re-homed.
-                files.changed[d.file as usize] = true;
-                rep.stats.ranges_already_shared += 1;
-                rep.stats.bytes_already_shared += op.len;
-                skip(rep, d.file, DestSkip::AlreadyShared);
-                continue;
-            }
-            Ok(Some(_)) => {}
-            Ok(None) => {
-                skip(rep, d.file, DestSkip::NotShareable);
-                continue;
-            }
-            Err(source) => {
-                rep.errors.push(DedupeError::Fiemap {
-                    path: path.clone(),
-                    source,
-                });
-                skip(rep, d.file, DestSkip::Refused);
-                continue;
-            }
-        }
-        todo.push((d.file, d.offset, f));
     }
     if todo.is_empty() {
         return;
@@ -540,115 +484,211 @@ fn run_op(
     if opts.dry_run {
         rep.stats.bytes_would_share += op.len * todo.len() as u64;
         // Not done, so not settled.
-        for (i, _, _) in &todo {
-            rep.unsettled[*i as usize] = true;
+        for p in &todo {
+            rep.unsettled[p.file as usize] = true;
         }
         return;
     }
     files.involved[op.src as usize] = true;
     files.snapshot_before(op.src, &src);
-    for (i, _, f) in &todo {
-        files.involved[*i as usize] = true;
-        files.snapshot_before(*i, f);
+    for p in &todo {
+        files.involved[p.file as usize] = true;
+        files.snapshot_before(p.file, &p.f);
     }
-    // Each destination advances at its own pace; one call serves the
-    // destinations that have reached the same point.
-    let mut pending: Vec<(u32, u64, std::rc::Rc<File>, u64)> = todo
-        .into_iter()
-        .map(|(i, off, f)| (i, off, f, 0u64))
-        .collect();
-    let mut counted = vec![false; pending.len()];
+    share(op, &src, todo, files, progress, rep);
+}
+
+/// Opens the source of `op` and reads its layout; `None` (with every
+/// destination skipped) if it changed, vanished or cannot be shared.
+fn open_source(op: &Op, files: &mut Files<'_>, rep: &mut ExecReport) -> Option<(Rc<File>, Layout)> {
+    let src = match files.get(op.src) {
+        Ok(f) => f,
+        // Deleted or renamed since it was read: a change, not an error.
+        Err(e) if e.is_not_found() => {
+            skip_all(rep, op, DestSkip::Changed);
+            return None;
+        }
+        Err(e) => {
+            rep.errors.push(e);
+            skip_all(rep, op, DestSkip::Refused);
+            return None;
+        }
+    };
+    if !files.unchanged(op.src, &src) {
+        skip_all(rep, op, DestSkip::Changed);
+        return None;
+    }
+    match physical_layout(&src, op.src_offset, op.len) {
+        Ok(Some(l)) => Some((src, l)),
+        Ok(None) => {
+            skip_all(rep, op, DestSkip::NotShareable);
+            None
+        }
+        Err(source) => {
+            rep.errors.push(DedupeError::Fiemap {
+                path: files.entries[op.src as usize].path.clone(),
+                source,
+            });
+            skip_all(rep, op, DestSkip::Refused);
+            None
+        }
+    }
+}
+
+/// Whether destination `d` may and must be shared: unchanged, not
+/// protected or read-only, shareable, and not sharing the source's extents
+/// already. Records the reason when not.
+fn check_dest(
+    len: u64,
+    d: &Dest,
+    src_layout: &[(u64, u64, u64)],
+    files: &mut Files<'_>,
+    rep: &mut ExecReport,
+) -> Option<Rc<File>> {
+    let f = match files.get(d.file) {
+        Ok(f) => f,
+        Err(e) if e.is_not_found() => {
+            skip(rep, d.file, DestSkip::Changed);
+            return None;
+        }
+        Err(e) => {
+            rep.errors.push(e);
+            skip(rep, d.file, DestSkip::Refused);
+            return None;
+        }
+    };
+    if !files.unchanged(d.file, &f) {
+        skip(rep, d.file, DestSkip::Changed);
+        return None;
+    }
+    let refusal = if files.entries[d.file as usize].read_only {
+        Some(DestSkip::ReadOnly)
+    } else {
+        dest_refusal(&f)
+    };
+    if let Some(why) = refusal {
+        skip(rep, d.file, why);
+        return None;
+    }
+    match physical_layout(&f, d.offset, len) {
+        Ok(Some(l)) if l == src_layout => {
+            // Shared by an earlier (perhaps interrupted) run: its old
+            // extents may still wait to be re-homed.
+            files.changed[d.file as usize] = true;
+            already_shared(rep, d.file, len, false);
+            None
+        }
+        Ok(Some(_)) => Some(f),
+        Ok(None) => {
+            skip(rep, d.file, DestSkip::NotShareable);
+            None
+        }
+        Err(source) => {
+            rep.errors.push(DedupeError::Fiemap {
+                path: files.entries[d.file as usize].path.clone(),
+                source,
+            });
+            skip(rep, d.file, DestSkip::Refused);
+            None
+        }
+    }
+}
+
+/// Shares `op`'s source range into every pending destination. Each
+/// destination advances at its own pace; one call serves the destinations
+/// that have reached the same point.
+fn share(
+    op: &Op,
+    src: &File,
+    mut pending: Vec<Pending>,
+    files: &mut Files<'_>,
+    progress: &ExecProgress,
+    rep: &mut ExecReport,
+) {
     let mut ids: Vec<usize> = (0..pending.len()).collect();
     while !ids.is_empty() {
         if progress.cancel.load(Ordering::Relaxed) {
             for &k in &ids {
-                skip(rep, pending[k].0, DestSkip::Cancelled);
+                skip(rep, pending[k].file, DestSkip::Cancelled);
             }
             return;
         }
-        let done = ids.iter().map(|&k| pending[k].3).min().unwrap_or(0);
+        let done = ids.iter().map(|&k| pending[k].done).min().unwrap_or(0);
         let group: Vec<usize> = ids
             .iter()
             .copied()
-            .filter(|&k| pending[k].3 == done)
+            .filter(|&k| pending[k].done == done)
             .take(MAX_DESTS_PER_CALL)
             .collect();
         let dests: Vec<DedupeDest<'_>> = group
             .iter()
             .map(|&k| DedupeDest {
-                fd: pending[k].2.as_fd(),
-                offset: pending[k].1 + done,
+                fd: pending[k].f.as_fd(),
+                offset: pending[k].offset + done,
             })
             .collect();
         rep.stats.dedupe_ioctls += 1;
         let res = dedupe_range(src.as_fd(), op.src_offset + done, op.len - done, &dests);
         drop(dests);
-        let mut finished: Vec<usize> = Vec::new();
-        match res {
-            Err(e)
-                if e.raw_os_error() == Some(libc::EINTR)
-                    || e.raw_os_error() == Some(libc::EAGAIN) =>
-            {
-                continue
-            }
+        let statuses = match res {
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN)) => continue,
             Err(e) => {
                 let why = e
                     .raw_os_error()
                     .map(describe_errno)
                     .unwrap_or_else(|| e.to_string());
-                for &k in &group {
-                    rep.errors.push(DedupeError::Refused {
-                        src: src_path.clone(),
-                        dst: files.entries[pending[k].0 as usize].path.clone(),
-                        why: why.clone(),
-                    });
-                    skip(rep, pending[k].0, DestSkip::Refused);
-                    finished.push(k);
-                }
+                vec![Err(why); group.len()]
             }
-            Ok(statuses) => {
-                for (&k, st) in group.iter().zip(statuses) {
-                    match st {
-                        DedupeStatus::Same { bytes } if bytes > 0 => {
-                            if !counted[k] {
-                                counted[k] = true;
-                                rep.stats.ranges_deduped += 1;
-                                files.changed[pending[k].0 as usize] = true;
-                            }
-                            pending[k].3 += bytes;
-                            rep.stats.bytes_deduped += bytes;
-                            progress.bytes_done.fetch_add(bytes, Ordering::Relaxed);
-                            if pending[k].3 >= op.len {
-                                finished.push(k);
-                            }
-                        }
-                        DedupeStatus::Same { .. } => {
-                            rep.errors.push(DedupeError::Refused {
-                                src: src_path.clone(),
-                                dst: files.entries[pending[k].0 as usize].path.clone(),
-                                why: "the kernel shared no bytes".into(),
-                            });
-                            skip(rep, pending[k].0, DestSkip::Refused);
-                            finished.push(k);
-                        }
-                        DedupeStatus::Differs => {
-                            skip(rep, pending[k].0, DestSkip::DataDiffers);
-                            finished.push(k);
-                        }
-                        DedupeStatus::Error(errno) => {
-                            rep.errors.push(DedupeError::Refused {
-                                src: src_path.clone(),
-                                dst: files.entries[pending[k].0 as usize].path.clone(),
-                                why: describe_errno(errno),
-                            });
-                            skip(rep, pending[k].0, DestSkip::Refused);
-                            finished.push(k);
-                        }
-                    }
-                }
+            Ok(st) => st.into_iter().map(Ok).collect(),
+        };
+        let mut finished: Vec<usize> = Vec::new();
+        for (&k, st) in group.iter().zip(statuses) {
+            if apply_status(op, &mut pending[k], st, files, progress, rep) {
+                finished.push(k);
             }
         }
         ids.retain(|k| !finished.contains(k));
+    }
+}
+
+/// Records what the kernel said about one destination (`Err`: the whole
+/// call failed with that reason); true when the destination is finished.
+fn apply_status(
+    op: &Op,
+    p: &mut Pending,
+    st: Result<DedupeStatus, String>,
+    files: &mut Files<'_>,
+    progress: &ExecProgress,
+    rep: &mut ExecReport,
+) -> bool {
+    let refused = |rep: &mut ExecReport, why: String| {
+        rep.errors.push(DedupeError::Refused {
+            src: files.entries[op.src as usize].path.clone(),
+            dst: files.entries[p.file as usize].path.clone(),
+            why,
+        });
+        skip(rep, p.file, DestSkip::Refused);
+        true
+    };
+    match st {
+        Ok(DedupeStatus::Same { bytes }) if bytes > 0 => {
+            if !p.counted {
+                p.counted = true;
+                rep.stats.ranges_deduped += 1;
+                files.changed[p.file as usize] = true;
+            }
+            p.done += bytes;
+            rep.stats.bytes_deduped += bytes;
+            progress.bytes_done.fetch_add(bytes, Ordering::Relaxed);
+            p.done >= op.len
+        }
+        Ok(DedupeStatus::Same { .. }) => refused(rep, "the kernel shared no bytes".into()),
+        Ok(DedupeStatus::Differs) => {
+            skip(rep, p.file, DestSkip::DataDiffers);
+            true
+        }
+        Ok(DedupeStatus::Error(errno)) => refused(rep, describe_errno(errno)),
+        Err(why) => refused(rep, why),
     }
 }
 

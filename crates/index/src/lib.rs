@@ -13,36 +13,10 @@
 
 use std::collections::HashMap;
 
-use xxhash_rust::xxh3::{xxh3_128, Xxh3};
+pub mod digest;
 
-/// The digest of a window of filesystem-block ("sub-block") digests
-/// holding `len` bytes: XXH3-128 of the sub-digests (little-endian),
-/// followed by `len` when the window is not a full block (`full` false, a
-/// file's tail). Block digests are windows at aligned offsets; windows at
-/// other sub-block offsets are computed the same way to find shifted data.
-pub fn window_digest(subs: &[u64], len: u64, full: bool) -> u128 {
-    let mut buf = [0u8; 8 * 64 + 8];
-    if subs.len() <= 64 {
-        let mut n = 0;
-        for s in subs {
-            buf[n..n + 8].copy_from_slice(&s.to_le_bytes());
-            n += 8;
-        }
-        if !full {
-            buf[n..n + 8].copy_from_slice(&len.to_le_bytes());
-            n += 8;
-        }
-        return xxh3_128(&buf[..n]);
-    }
-    let mut h = Xxh3::new();
-    for s in subs {
-        h.update(&s.to_le_bytes());
-    }
-    if !full {
-        h.update(&len.to_le_bytes());
-    }
-    h.digest128()
-}
+pub use digest::{window_digest, BlockDigest, SubDigest};
+
 use std::hash::{BuildHasherDefault, Hasher};
 
 /// Where a block lives: file number and block number within the file.

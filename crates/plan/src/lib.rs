@@ -164,13 +164,7 @@ fn match_runs(
         if s.is_multiple_of(k) {
             return f.blocks.get(s / k).copied();
         }
-        let len = bs.min(f.size - s as u64 * sub);
-        let end = (s + k).min(nsub);
-        Some(onecopy_index::window_digest(
-            &f.subs[s..end],
-            len,
-            len == bs,
-        ))
+        onecopy_index::digest::window_at(f.subs, s, bs, sub, f.size)
     };
     let mut s = 0usize;
     while s < nsub {

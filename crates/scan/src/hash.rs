@@ -7,26 +7,12 @@ use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use xxhash_rust::xxh3::{xxh3_64, Xxh3};
-
 use crate::{FileEntry, Progress, ScanError, SkipReason};
 
-/// A block's fingerprint. A collision can only make a dedupe request fail
-/// (the kernel compares the bytes), never lose data.
-///
-/// Each filesystem block ("sub-block", 4 KiB on most filesystems) gets an
-/// XXH3-64 [`SubDigest`]; a block of `block_size` bytes is fingerprinted as
-/// [`window_digest`] of its sub-digests. Because a block digest is a
-/// function of sub-digests only, the digest of the `block_size` window at
-/// *any* sub-block offset of a file can be computed from its sub-digests,
-/// without reading it again: that is how data shifted by a multiple of the
-/// filesystem block is matched.
-pub type BlockDigest = u128;
-
-/// Fingerprint of one filesystem block: XXH3-64 of its bytes.
-pub type SubDigest = u64;
-
-pub use onecopy_index::window_digest;
+// The digest scheme lives in `onecopy_index::digest`; re-exported for
+// callers of the reader.
+use onecopy_index::digest::{digest_block, whole_digest};
+pub use onecopy_index::digest::{window_digest, zero_block_digest, BlockDigest, SubDigest};
 
 /// How to read and fingerprint.
 #[derive(Debug, Clone)]
@@ -80,13 +66,6 @@ fn now_ns() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as i64)
         .unwrap_or(0)
-}
-
-/// The digest of a full block of `block_size` zero bytes, on a filesystem
-/// of `sub_size`-byte blocks.
-pub fn zero_block_digest(block_size: u64, sub_size: u64) -> BlockDigest {
-    let z = xxh3_64(&vec![0u8; sub_size as usize]);
-    window_digest(&vec![z; (block_size / sub_size) as usize], block_size, true)
 }
 
 /// What [`hash_files`] produced, in the input's order.
@@ -214,13 +193,7 @@ fn hash_one(entry: &FileEntry, bs: usize, buf: &mut [u8], progress: &Progress) -
             }
         };
         for chunk in buf[..n].chunks(bs) {
-            let first = subs.len();
-            subs.extend(chunk.chunks(sub).map(xxh3_64));
-            blocks.push(window_digest(
-                &subs[first..],
-                chunk.len() as u64,
-                chunk.len() == bs,
-            ));
+            blocks.push(digest_block(chunk, bs, sub, &mut subs));
         }
         total += n as u64;
         progress.bytes_done.fetch_add(n as u64, Ordering::Relaxed);
@@ -238,12 +211,7 @@ fn hash_one(entry: &FileEntry, bs: usize, buf: &mut [u8], progress: &Progress) -
             })
         }
     }
-    let mut whole = Xxh3::new();
-    for b in &blocks {
-        whole.update(&b.to_le_bytes());
-    }
-    whole.update(&total.to_le_bytes());
-    let whole = whole.digest128();
+    let whole = whole_digest(&blocks, total);
     let racy = entry.mtime_ns.max(entry.ctime_ns) >= read_start - RACY_MARGIN_NS;
     Outcome::Done(
         HashedFile {

@@ -1,6 +1,6 @@
 //! Parallel listing of regular files under the roots.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::Metadata;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
@@ -176,6 +176,81 @@ impl DevCache {
     }
 }
 
+/// The rules both walkers apply to every entry: the parallel walker and
+/// the descriptor walker for paths beyond PATH_MAX ([`crate::longpath`]).
+struct Filters {
+    globs: GlobSet,
+    swaps: HashSet<(u64, u64)>,
+    devs: DevCache,
+    one_file_system: bool,
+    min_size: u64,
+}
+
+/// Where a root lives, for the one-file-system rule.
+#[derive(Clone, Copy)]
+struct RootInfo {
+    dev: u64,
+    fs: Option<FsId>,
+}
+
+impl Filters {
+    fn new(opts: &WalkOptions, swaps: HashSet<(u64, u64)>) -> Filters {
+        Filters {
+            globs: build_globs(&opts.excludes).unwrap_or_else(|_| GlobSet::empty()),
+            swaps,
+            devs: DevCache {
+                map: Mutex::new(HashMap::new()),
+            },
+            one_file_system: opts.one_file_system,
+            min_size: opts.min_size,
+        }
+    }
+
+    /// Whether to look at the entry `path` at all (our own temporary
+    /// directories silently not, excluded names counted as skipped).
+    fn name(&self, path: &Path) -> Result<(), Option<SkipReason>> {
+        let name = path.file_name().unwrap_or_default();
+        if name.to_string_lossy().starts_with(crate::TMP_DIR_PREFIX) {
+            return Err(None);
+        }
+        if !self.globs.is_empty()
+            && (self.globs.is_match(path) || self.globs.is_match(Path::new(name)))
+        {
+            return Err(Some(SkipReason::Excluded));
+        }
+        Ok(())
+    }
+
+    /// Whether to enter the directory `path` on device `dev`: with
+    /// `one_file_system`, only on the root's filesystem, whose btrfs
+    /// subvolumes (other device numbers, same fsid) are crossed.
+    fn dir(&self, root: RootInfo, dev: u64, path: &Path) -> Result<(), SkipReason> {
+        if !self.one_file_system || dev == root.dev {
+            return Ok(());
+        }
+        let fs = self.devs.get(dev, path).map(|d| d.fs);
+        if fs.is_none() || fs != root.fs {
+            return Err(SkipReason::OtherFilesystem);
+        }
+        Ok(())
+    }
+
+    /// Whether a regular file is a candidate; its device's facts if so.
+    fn file(&self, dev: u64, ino: u64, size: u64, path: &Path) -> Result<DevInfo, SkipReason> {
+        if self.swaps.contains(&(dev, ino)) {
+            return Err(SkipReason::SwapFile);
+        }
+        let info = self.devs.get(dev, path);
+        let Some(info) = info.filter(|d| d.supported) else {
+            return Err(SkipReason::UnsupportedFilesystem);
+        };
+        if size < self.min_size.max(info.min_size) {
+            return Err(SkipReason::TooSmall);
+        }
+        Ok(info)
+    }
+}
+
 fn build_globs(patterns: &[String]) -> Result<GlobSet, globset::Error> {
     let mut b = GlobSetBuilder::new();
     for p in patterns {
@@ -214,7 +289,7 @@ fn path_read_only(p: &Path) -> bool {
 
 /// `(dev, ino)` of the active swap files (`/proc/swaps`): the kernel
 /// refuses to share their extents (ETXTBSY), so they are left out.
-fn active_swap_files() -> std::collections::HashSet<(u64, u64)> {
+fn active_swap_files() -> HashSet<(u64, u64)> {
     let Ok(text) = std::fs::read("/proc/swaps") else {
         return Default::default();
     };
@@ -293,11 +368,7 @@ impl Drop for Sink {
 /// Lists the regular files under the roots. Per-entry problems are
 /// recorded in the output, never fatal.
 pub fn walk(opts: &WalkOptions, progress: &Progress) -> WalkOutput {
-    let globs = Arc::new(build_globs(&opts.excludes).unwrap_or_else(|_| GlobSet::empty()));
-    let swaps = Arc::new(active_swap_files());
-    let devs = Arc::new(DevCache {
-        map: Mutex::new(HashMap::new()),
-    });
+    let filters = Arc::new(Filters::new(opts, active_swap_files()));
     let mut out = Collected::default();
     for root in &opts.roots {
         let root_dev = match std::fs::symlink_metadata(root) {
@@ -310,180 +381,16 @@ pub fn walk(opts: &WalkOptions, progress: &Progress) -> WalkOutput {
                 continue;
             }
         };
-        let root_fs = devs.get(root_dev, root).map(|d| d.fs);
-        let mut builder = WalkBuilder::new(root);
-        builder
-            .standard_filters(false)
-            .hidden(false)
-            .follow_links(false)
-            .same_file_system(false)
-            .threads(opts.threads.max(1));
-        let all = Arc::new(Mutex::new(Collected::default()));
-        {
-            let globs = globs.clone();
-            let devs_f = devs.clone();
-            let one_fs = opts.one_file_system;
-            let all_f = all.clone();
-            builder.filter_entry(move |e| {
-                if e.depth() == 0 {
-                    return true;
-                }
-                if e.file_name()
-                    .to_string_lossy()
-                    .starts_with(crate::TMP_DIR_PREFIX)
-                {
-                    return false;
-                }
-                let excluded = !globs.is_empty()
-                    && (globs.is_match(e.path()) || globs.is_match(Path::new(e.file_name())));
-                if excluded {
-                    all_f.lock().unwrap().skip(SkipReason::Excluded);
-                    return false;
-                }
-                if one_fs && e.file_type().is_some_and(|t| t.is_dir()) {
-                    if let Ok(m) = e.metadata() {
-                        if m.dev() != root_dev {
-                            let fs = devs_f.get(m.dev(), e.path()).map(|d| d.fs);
-                            if fs.is_none() || fs != root_fs {
-                                all_f.lock().unwrap().skip(SkipReason::OtherFilesystem);
-                                return false;
-                            }
-                        }
-                    }
-                }
-                true
-            });
-        }
-        let min_size = opts.min_size;
-        builder.build_parallel().run(|| {
-            let all = all.clone();
-            let devs = devs.clone();
-            let swaps = swaps.clone();
-            let mut sink = Sink {
-                local: Collected::default(),
-                all,
-            };
-            Box::new(move |res| {
-                let local = &mut sink.local;
-                if progress.cancelled() {
-                    return WalkState::Quit;
-                }
-                let ent = match res {
-                    Ok(e) => e,
-                    Err(err) => {
-                        let path = error_path(&err).unwrap_or_default();
-                        let source = err
-                            .into_io_error()
-                            .unwrap_or_else(|| std::io::Error::other("walk error"));
-                        if source.raw_os_error() == Some(libc::ENAMETOOLONG)
-                            && !path.as_os_str().is_empty()
-                        {
-                            local.too_long.push(path);
-                            return WalkState::Continue;
-                        }
-                        local.errors.push(ScanError::Walk { path, source });
-                        return WalkState::Continue;
-                    }
-                };
-                let ft = ent.file_type();
-                if ft.is_some_and(|t| t.is_dir()) {
-                    return WalkState::Continue;
-                }
-                if !ft.is_some_and(|t| t.is_file()) {
-                    local.skip(SkipReason::NotRegular);
-                    return WalkState::Continue;
-                }
-                let meta = match ent.metadata() {
-                    Ok(m) => m,
-                    Err(err) => {
-                        let source = err
-                            .into_io_error()
-                            .unwrap_or_else(|| std::io::Error::other("stat failed"));
-                        // Deleted between listing and stat: nothing to do.
-                        if source.kind() == std::io::ErrorKind::NotFound {
-                            local.skip(SkipReason::Vanished);
-                            return WalkState::Continue;
-                        }
-                        local.errors.push(ScanError::Stat {
-                            path: ent.path().to_path_buf(),
-                            source,
-                        });
-                        return WalkState::Continue;
-                    }
-                };
-                let Some(dev) = devs.get(meta.dev(), ent.path()) else {
-                    local.skip(SkipReason::UnsupportedFilesystem);
-                    return WalkState::Continue;
-                };
-                if !dev.supported {
-                    local.skip(SkipReason::UnsupportedFilesystem);
-                    return WalkState::Continue;
-                }
-                if meta.size() < min_size.max(dev.min_size) {
-                    local.skip(SkipReason::TooSmall);
-                    return WalkState::Continue;
-                }
-                if swaps.contains(&(meta.dev(), meta.ino())) {
-                    local.skip(SkipReason::SwapFile);
-                    return WalkState::Continue;
-                }
-                progress.files_found.fetch_add(1, Ordering::Relaxed);
-                progress
-                    .bytes_found
-                    .fetch_add(meta.size(), Ordering::Relaxed);
-                let mut e =
-                    FileEntry::from_meta(ent.into_path(), &meta, dev.fs, dev.subvol, dev.block);
-                e.read_only = dev.read_only;
-                local.files.push(e);
-                if local.files.len() >= 4096 {
-                    sink.flush();
-                }
-                WalkState::Continue
-            })
-        });
-        // Every visitor's Sink has flushed on drop by now.
-        let mut got = std::mem::take(&mut *all.lock().unwrap());
-        // Deeper than PATH_MAX: walk those subtrees with descriptors.
+        let info = RootInfo {
+            dev: root_dev,
+            fs: filters.devs.get(root_dev, root).map(|d| d.fs),
+        };
+        let mut got = walk_root(root, info, opts.threads, &filters, progress);
         for dir in std::mem::take(&mut got.too_long) {
             if progress.cancelled() {
                 break;
             }
-            let keep_name = |p: &Path| {
-                let name = p.file_name().unwrap_or_default();
-                !(name.to_string_lossy().starts_with(crate::TMP_DIR_PREFIX)
-                    || (!globs.is_empty()
-                        && (globs.is_match(p) || globs.is_match(Path::new(name)))))
-            };
-            let one_fs = opts.one_file_system;
-            let keep_dir = |_: &Path, st: &rustix::fs::Stat| !one_fs || st.st_dev == root_dev;
-            let (found, errs) = crate::longpath::walk(&dir, &keep_dir, &keep_name);
-            for (path, source) in errs {
-                got.errors.push(ScanError::Walk { path, source });
-            }
-            for f in found {
-                let size = f.stat.st_size as u64;
-                let Some(dev) = devs.get(f.stat.st_dev, &f.path) else {
-                    *got.skipped
-                        .entry(SkipReason::UnsupportedFilesystem)
-                        .or_default() += 1;
-                    continue;
-                };
-                if !dev.supported {
-                    *got.skipped
-                        .entry(SkipReason::UnsupportedFilesystem)
-                        .or_default() += 1;
-                    continue;
-                }
-                if size < opts.min_size.max(dev.min_size) {
-                    *got.skipped.entry(SkipReason::TooSmall).or_default() += 1;
-                    continue;
-                }
-                progress.files_found.fetch_add(1, Ordering::Relaxed);
-                progress.bytes_found.fetch_add(size, Ordering::Relaxed);
-                let mut e = FileEntry::from_stat(f.path, &f.stat, dev.fs, dev.subvol, dev.block);
-                e.read_only = dev.read_only;
-                got.files.push(e);
-            }
+            walk_long(&dir, info, &filters, progress, &mut got);
         }
         out.files.append(&mut got.files);
         out.errors.append(&mut got.errors);
@@ -491,30 +398,7 @@ pub fn walk(opts: &WalkOptions, progress: &Progress) -> WalkOutput {
             *out.skipped.entry(k).or_default() += v;
         }
     }
-    // One entry per inode: further names are hardlinks.
-    out.files
-        .sort_unstable_by(|a, b| (a.dev, a.ino, &a.path).cmp(&(b.dev, b.ino, &b.path)));
-    // Of several names of one inode, keep one on a writable mount (a
-    // read-only bind mount of the same files would make it a source only).
-    let mut i = 0;
-    while i < out.files.len() {
-        let mut j = i + 1;
-        while j < out.files.len()
-            && out.files[j].dev == out.files[i].dev
-            && out.files[j].ino == out.files[i].ino
-        {
-            j += 1;
-        }
-        if j - i > 1 && path_read_only(&out.files[i].path) {
-            if let Some(k) = (i + 1..j).find(|&k| !path_read_only(&out.files[k].path)) {
-                out.files.swap(i, k);
-            }
-        }
-        i = j;
-    }
-    let before = out.files.len();
-    out.files.dedup_by(|b, a| a.dev == b.dev && a.ino == b.ino);
-    let links = (before - out.files.len()) as u64;
+    let links = one_entry_per_inode(&mut out.files);
     if links > 0 {
         *out.skipped.entry(SkipReason::Hardlink).or_default() += links;
         progress.files_found.fetch_sub(links, Ordering::Relaxed);
@@ -524,6 +408,203 @@ pub fn walk(opts: &WalkOptions, progress: &Progress) -> WalkOutput {
         skipped: out.skipped,
         errors: out.errors,
     }
+}
+
+/// Walks one root in parallel; directories beyond PATH_MAX are left in
+/// `too_long` for [`walk_long`].
+fn walk_root(
+    root: &Path,
+    info: RootInfo,
+    threads: usize,
+    filters: &Arc<Filters>,
+    progress: &Progress,
+) -> Collected {
+    let mut builder = WalkBuilder::new(root);
+    builder
+        .standard_filters(false)
+        .hidden(false)
+        .follow_links(false)
+        .same_file_system(false)
+        .threads(threads.max(1));
+    let all = Arc::new(Mutex::new(Collected::default()));
+    {
+        let filters = filters.clone();
+        let all = all.clone();
+        builder.filter_entry(move |e| e.depth() == 0 || enter_entry(e, info, &filters, &all));
+    }
+    builder.build_parallel().run(|| {
+        let filters = filters.clone();
+        let mut sink = Sink {
+            local: Collected::default(),
+            all: all.clone(),
+        };
+        Box::new(move |res| {
+            if progress.cancelled() {
+                return WalkState::Quit;
+            }
+            visit(res, &filters, progress, &mut sink.local);
+            if sink.local.files.len() >= 4096 {
+                sink.flush();
+            }
+            WalkState::Continue
+        })
+    });
+    // Every visitor's Sink has flushed on drop by now.
+    let got = std::mem::take(&mut *all.lock().unwrap());
+    got
+}
+
+/// The parallel walker's entry filter: names, then directories.
+fn enter_entry(
+    e: &ignore::DirEntry,
+    root: RootInfo,
+    filters: &Filters,
+    all: &Mutex<Collected>,
+) -> bool {
+    let verdict = filters.name(e.path()).and_then(|()| {
+        if !e.file_type().is_some_and(|t| t.is_dir()) {
+            return Ok(());
+        }
+        match e.metadata() {
+            Ok(m) => filters.dir(root, m.dev(), e.path()).map_err(Some),
+            Err(_) => Ok(()),
+        }
+    });
+    match verdict {
+        Ok(()) => true,
+        Err(Some(r)) => {
+            all.lock().unwrap().skip(r);
+            false
+        }
+        Err(None) => false,
+    }
+}
+
+/// Records one entry of the parallel walk.
+fn visit(
+    res: Result<ignore::DirEntry, ignore::Error>,
+    filters: &Filters,
+    progress: &Progress,
+    local: &mut Collected,
+) {
+    let ent = match res {
+        Ok(e) => e,
+        Err(err) => return walk_error(err, local),
+    };
+    let ft = ent.file_type();
+    if ft.is_some_and(|t| t.is_dir()) {
+        return;
+    }
+    if !ft.is_some_and(|t| t.is_file()) {
+        return local.skip(SkipReason::NotRegular);
+    }
+    let meta = match ent.metadata() {
+        Ok(m) => m,
+        Err(err) => {
+            let source = err
+                .into_io_error()
+                .unwrap_or_else(|| std::io::Error::other("stat failed"));
+            // Deleted between listing and stat: nothing to do.
+            if source.kind() == std::io::ErrorKind::NotFound {
+                return local.skip(SkipReason::Vanished);
+            }
+            let path = ent.path().to_path_buf();
+            return local.errors.push(ScanError::Stat { path, source });
+        }
+    };
+    let dev = match filters.file(meta.dev(), meta.ino(), meta.size(), ent.path()) {
+        Ok(d) => d,
+        Err(r) => return local.skip(r),
+    };
+    count_found(progress, meta.size());
+    let mut e = FileEntry::from_meta(ent.into_path(), &meta, dev.fs, dev.subvol, dev.block);
+    e.read_only = dev.read_only;
+    local.files.push(e);
+}
+
+/// Records a walk error; a path beyond PATH_MAX is kept for [`walk_long`].
+fn walk_error(err: ignore::Error, local: &mut Collected) {
+    let path = error_path(&err).unwrap_or_default();
+    let source = err
+        .into_io_error()
+        .unwrap_or_else(|| std::io::Error::other("walk error"));
+    if source.raw_os_error() == Some(libc::ENAMETOOLONG) && !path.as_os_str().is_empty() {
+        local.too_long.push(path);
+    } else {
+        local.errors.push(ScanError::Walk { path, source });
+    }
+}
+
+fn count_found(progress: &Progress, size: u64) {
+    progress.files_found.fetch_add(1, Ordering::Relaxed);
+    progress.bytes_found.fetch_add(size, Ordering::Relaxed);
+}
+
+/// Walks a directory deeper than PATH_MAX with descriptors, under the same
+/// [`Filters`] as the parallel walker.
+fn walk_long(
+    dir: &Path,
+    root: RootInfo,
+    filters: &Filters,
+    progress: &Progress,
+    got: &mut Collected,
+) {
+    let skipped = std::cell::RefCell::new(BTreeMap::<SkipReason, u64>::new());
+    let skip = |r: SkipReason| *skipped.borrow_mut().entry(r).or_default() += 1;
+    let keep_name = |p: &Path| match filters.name(p) {
+        Ok(()) => true,
+        Err(r) => {
+            r.map(skip);
+            false
+        }
+    };
+    let keep_dir =
+        |p: &Path, st: &rustix::fs::Stat| filters.dir(root, st.st_dev, p).map_err(skip).is_ok();
+    let (found, errs) = crate::longpath::walk(dir, &keep_dir, &keep_name);
+    for (path, source) in errs {
+        got.errors.push(ScanError::Walk { path, source });
+    }
+    for (r, n) in skipped.into_inner() {
+        *got.skipped.entry(r).or_default() += n;
+    }
+    for f in found {
+        let size = f.stat.st_size as u64;
+        let dev = match filters.file(f.stat.st_dev, f.stat.st_ino, size, &f.path) {
+            Ok(d) => d,
+            Err(r) => {
+                got.skip(r);
+                continue;
+            }
+        };
+        count_found(progress, size);
+        let mut e = FileEntry::from_stat(f.path, &f.stat, dev.fs, dev.subvol, dev.block);
+        e.read_only = dev.read_only;
+        got.files.push(e);
+    }
+}
+
+/// Sorts by (device, inode) and keeps one entry per inode (further names
+/// are hardlinks), preferring a name on a writable mount (a read-only bind
+/// mount of the same files would make it a source only). Returns how many
+/// names were dropped.
+fn one_entry_per_inode(files: &mut Vec<FileEntry>) -> u64 {
+    files.sort_unstable_by(|a, b| (a.dev, a.ino, &a.path).cmp(&(b.dev, b.ino, &b.path)));
+    let mut i = 0;
+    while i < files.len() {
+        let mut j = i + 1;
+        while j < files.len() && files[j].dev == files[i].dev && files[j].ino == files[i].ino {
+            j += 1;
+        }
+        if j - i > 1 && path_read_only(&files[i].path) {
+            if let Some(k) = (i + 1..j).find(|&k| !path_read_only(&files[k].path)) {
+                files.swap(i, k);
+            }
+        }
+        i = j;
+    }
+    let before = files.len();
+    files.dedup_by(|b, a| a.dev == b.dev && a.ino == b.ino);
+    (before - files.len()) as u64
 }
 
 #[cfg(test)]
@@ -536,5 +617,73 @@ mod tests {
         assert_eq!(unescape_octal(br"/a\134b"), b"/a\\b".to_vec());
         assert_eq!(unescape_octal(br"/odd\9x\7"), br"/odd\9x\7".to_vec());
         assert_eq!(unescape_octal(br"\777"), vec![255u8]);
+    }
+
+    fn opts(excludes: &[&str]) -> WalkOptions {
+        WalkOptions {
+            roots: vec![],
+            one_file_system: true,
+            excludes: excludes.iter().map(|s| s.to_string()).collect(),
+            min_size: 0,
+            threads: 1,
+        }
+    }
+
+    #[test]
+    fn filters_exclude_names_and_skip_our_temp_dirs() {
+        let f = Filters::new(&opts(&["*.iso", "/x/cache"]), HashSet::new());
+        assert_eq!(
+            f.name(Path::new("/x/a.iso")),
+            Err(Some(SkipReason::Excluded))
+        );
+        assert_eq!(
+            f.name(Path::new("/x/cache")),
+            Err(Some(SkipReason::Excluded))
+        );
+        assert_eq!(f.name(Path::new("/x/.onecopy-tmp.42")), Err(None));
+        assert_eq!(f.name(Path::new("/x/a.txt")), Ok(()));
+    }
+
+    #[test]
+    fn filters_skip_swap_files_before_anything_else() {
+        let f = Filters::new(&opts(&[]), [(7, 9)].into_iter().collect());
+        assert_eq!(
+            f.file(7, 9, 1 << 30, Path::new("/nowhere")).err(),
+            Some(SkipReason::SwapFile)
+        );
+        // The same device seen from its root is not "another filesystem".
+        let root = RootInfo {
+            dev: 7,
+            fs: Some(1),
+        };
+        assert_eq!(f.dir(root, 7, Path::new("/nowhere")), Ok(()));
+        assert_eq!(
+            f.dir(root, 8, Path::new("/nowhere")),
+            Err(SkipReason::OtherFilesystem)
+        );
+    }
+
+    /// The descriptor walker applies the same filters: excluded names and
+    /// our temporary directories are not listed from a deep tree either.
+    #[test]
+    fn long_path_walk_uses_the_shared_filters() {
+        let base = tempfile::tempdir().unwrap();
+        for d in ["keep", "skip.iso", ".onecopy-tmp.1"] {
+            std::fs::create_dir(base.path().join(d)).unwrap();
+            std::fs::write(base.path().join(d).join("f"), b"x").unwrap();
+        }
+        let f = Filters::new(&opts(&["*.iso"]), HashSet::new());
+        let m = std::fs::metadata(base.path()).unwrap();
+        let root = RootInfo {
+            dev: m.dev(),
+            fs: None,
+        };
+        let mut got = Collected::default();
+        walk_long(base.path(), root, &f, &Progress::default(), &mut got);
+        assert_eq!(got.skipped.get(&SkipReason::Excluded), Some(&1));
+        // Only keep/f reached the file rules (tmpfs or not, it was seen).
+        let seen = got.files.len() as u64 + got.skipped.values().sum::<u64>() - 1;
+        assert_eq!(seen, 1, "{:?}", got.skipped);
+        assert!(got.files.iter().all(|e| e.path.ends_with("keep/f")));
     }
 }

@@ -3,8 +3,8 @@
 //! redb 2 (one `(u64, u64) -> &[u8]` table).
 //!
 //! ```text
-//! cargo run --release -p onecopy-catalog --example backend_compare -- all
-//! cargo run --release -p onecopy-catalog --example backend_compare -- all \
+//! cargo run --release -p onecopy-bench-catalog-backends -- all
+//! cargo run --release -p onecopy-bench-catalog-backends -- all \
 //!     --n 10000 --big-n 1000 --digest-n 100000 --lookups 10000 --reps 1 --trials 3   # quick
 //! ```
 //!
@@ -25,7 +25,7 @@
 //!   instead of WITHOUT ROWID; `--redb-cache-mib` (0 = redb default, 1 GiB);
 //! - `--verbose`.
 //!
-//! Every measured phase runs in its own process (the example re-executes itself
+//! Every measured phase runs in its own process (the binary re-executes itself
 //! with an internal `child-*` subcommand), so the peak RSS (VmHWM) of a phase is
 //! that of one backend doing one thing. The parent prints markdown tables with
 //! the median of `--reps` repetitions.

@@ -1,0 +1,194 @@
+//! The digest scheme, in one place: how bytes become sub-block, block,
+//! window and whole-file digests. The reader (scan), the index and the
+//! planner all go through these functions, so a block digested while
+//! reading and a window re-derived while planning can never disagree.
+//!
+//! A collision can only make a dedupe request fail (the kernel compares the
+//! bytes), never lose data.
+//!
+//! - Each filesystem block ("sub-block", 4 KiB on most filesystems) gets an
+//!   XXH3-64 [`SubDigest`] ([`sub_digest`]).
+//! - A block of `block_size` bytes is the [`window_digest`] of its
+//!   sub-digests. Because it is a function of sub-digests only, the digest of
+//!   the block-sized window at *any* sub-block offset of a file can be
+//!   computed without reading it again ([`window_at`]): that is how data
+//!   shifted by a multiple of the filesystem block is matched.
+//! - A whole file is [`whole_digest`] of its block digests and its size.
+
+use xxhash_rust::xxh3::{xxh3_128, xxh3_64, Xxh3};
+
+/// A block's fingerprint (XXH3-128 of its sub-digests, see [`window_digest`]).
+pub type BlockDigest = u128;
+
+/// Fingerprint of one filesystem block: XXH3-64 of its bytes.
+pub type SubDigest = u64;
+
+/// The digest of one filesystem block's bytes.
+pub fn sub_digest(bytes: &[u8]) -> SubDigest {
+    xxh3_64(bytes)
+}
+
+/// The digest of a window of sub-block digests holding `len` bytes:
+/// XXH3-128 of the sub-digests (little-endian), followed by `len` when the
+/// window is not a full block (`full` false, a file's tail). Block digests
+/// are windows at aligned offsets; windows at other sub-block offsets are
+/// computed the same way to find shifted data.
+pub fn window_digest(subs: &[SubDigest], len: u64, full: bool) -> BlockDigest {
+    let mut buf = [0u8; 8 * 64 + 8];
+    if subs.len() <= 64 {
+        let mut n = 0;
+        for s in subs {
+            buf[n..n + 8].copy_from_slice(&s.to_le_bytes());
+            n += 8;
+        }
+        if !full {
+            buf[n..n + 8].copy_from_slice(&len.to_le_bytes());
+            n += 8;
+        }
+        return xxh3_128(&buf[..n]);
+    }
+    let mut h = Xxh3::new();
+    for s in subs {
+        h.update(&s.to_le_bytes());
+    }
+    if !full {
+        h.update(&len.to_le_bytes());
+    }
+    h.digest128()
+}
+
+/// Digests `chunk` (at most one block of `block_size` bytes, read at a
+/// block boundary) in `sub`-byte sub-blocks: appends its sub-digests to
+/// `subs` and returns its block digest.
+pub fn digest_block(
+    chunk: &[u8],
+    block_size: usize,
+    sub: usize,
+    subs: &mut Vec<SubDigest>,
+) -> BlockDigest {
+    let first = subs.len();
+    subs.extend(chunk.chunks(sub).map(sub_digest));
+    window_digest(
+        &subs[first..],
+        chunk.len() as u64,
+        chunk.len() == block_size,
+    )
+}
+
+/// The digest of the `block_size` window starting at sub-block `s` of a
+/// file of `size` bytes whose sub-digests (of `sub` bytes each) are `subs`;
+/// `None` past the end. Equal to the block digest when `s` is aligned.
+pub fn window_at(
+    subs: &[SubDigest],
+    s: usize,
+    block_size: u64,
+    sub: u64,
+    size: u64,
+) -> Option<BlockDigest> {
+    if s >= subs.len() {
+        return None;
+    }
+    let k = (block_size / sub) as usize;
+    let len = block_size.min(size - s as u64 * sub);
+    let end = (s + k).min(subs.len());
+    Some(window_digest(&subs[s..end], len, len == block_size))
+}
+
+/// The digest of a full block of `block_size` zero bytes, on a filesystem
+/// of `sub_size`-byte blocks.
+pub fn zero_block_digest(block_size: u64, sub_size: u64) -> BlockDigest {
+    let z = sub_digest(&vec![0u8; sub_size as usize]);
+    window_digest(&vec![z; (block_size / sub_size) as usize], block_size, true)
+}
+
+/// The digest of a whole file: of its block digests and its size.
+pub fn whole_digest(blocks: &[BlockDigest], size: u64) -> u128 {
+    let mut h = Xxh3::new();
+    for b in blocks {
+        h.update(&b.to_le_bytes());
+    }
+    h.update(&size.to_le_bytes());
+    h.digest128()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bytes(n: usize, seed: u8) -> Vec<u8> {
+        (0..n)
+            .map(|i| (i as u32).wrapping_mul(2654435761).to_le_bytes()[seed as usize % 4] ^ seed)
+            .collect()
+    }
+
+    fn digest_file(data: &[u8], bs: usize, sub: usize) -> (Vec<BlockDigest>, Vec<SubDigest>) {
+        let mut subs = Vec::new();
+        let blocks = data
+            .chunks(bs)
+            .map(|c| digest_block(c, bs, sub, &mut subs))
+            .collect();
+        (blocks, subs)
+    }
+
+    #[test]
+    fn aligned_windows_are_the_block_digests() {
+        let data = bytes(10 * 4096 + 100, 3);
+        let (blocks, subs) = digest_file(&data, 16384, 4096);
+        assert_eq!(blocks.len(), 3);
+        for (i, b) in blocks.iter().enumerate() {
+            let w = window_at(&subs, i * 4, 16384, 4096, data.len() as u64);
+            assert_eq!(w, Some(*b), "block {i}");
+        }
+        assert_eq!(window_at(&subs, subs.len(), 16384, 4096, 1), None);
+    }
+
+    #[test]
+    fn shifted_data_gives_the_same_window_digest() {
+        let data = bytes(8 * 4096, 7);
+        let mut shifted = vec![9u8; 4096];
+        shifted.extend_from_slice(&data);
+        let (blocks, _) = digest_file(&data, 16384, 4096);
+        let (_, subs) = digest_file(&shifted, 16384, 4096);
+        let w = window_at(&subs, 1, 16384, 4096, shifted.len() as u64);
+        assert_eq!(w, Some(blocks[0]));
+    }
+
+    #[test]
+    fn a_tail_differs_from_a_full_block_of_the_same_sub_digests() {
+        let s = [1u64, 2];
+        assert_ne!(
+            window_digest(&s, 8192, true),
+            window_digest(&s, 8000, false)
+        );
+        assert_ne!(
+            window_digest(&s, 8000, false),
+            window_digest(&s, 8001, false)
+        );
+    }
+
+    #[test]
+    fn long_windows_hash_the_same_bytes_as_short_ones() {
+        // More than 64 sub-digests take the streaming path.
+        let subs: Vec<u64> = (0..65).collect();
+        let mut buf = Vec::new();
+        for s in &subs {
+            buf.extend_from_slice(&s.to_le_bytes());
+        }
+        assert_eq!(window_digest(&subs, 0, true), xxh3_128(&buf));
+        buf.extend_from_slice(&7u64.to_le_bytes());
+        assert_eq!(window_digest(&subs, 7, false), xxh3_128(&buf));
+    }
+
+    #[test]
+    fn zero_block_digest_is_the_digest_of_zeros() {
+        let (blocks, _) = digest_file(&vec![0u8; 65536], 65536, 4096);
+        assert_eq!(zero_block_digest(65536, 4096), blocks[0]);
+    }
+
+    #[test]
+    fn whole_digest_depends_on_blocks_and_size() {
+        let b = [1u128, 2];
+        assert_ne!(whole_digest(&b, 10), whole_digest(&b, 11));
+        assert_ne!(whole_digest(&b, 10), whole_digest(&[2, 1], 10));
+    }
+}

@@ -31,7 +31,7 @@
 //! a `WITHOUT ROWID` key search then reads its large neighbours too
 //! (measured: 100,000 records of ~100 blocks, 100,000 point lookups in
 //! 3.77 s against 0.55-0.76 s with a rowid table). The page cache is set
-//! to 64 MiB (the comparison is `examples/backend_compare.rs`).
+//! to 64 MiB (the comparison is `bench/catalog-backends`).
 //!
 //! # Crash model
 //!

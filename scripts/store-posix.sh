@@ -7,6 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 ONECOPY=${1:-${CARGO_TARGET_DIR:-target}/debug/onecopy}
+# Absolute: the script changes directory (into the mount, then to /).
+ONECOPY=$(realpath "$ONECOPY")
 FSX_OPS=${FSX_OPS:-100000}
 export PATH="$HOME/.cargo/bin:$PATH"
 command -v pjdfstest >/dev/null || cargo install --locked pjdfstest --version 0.2.2

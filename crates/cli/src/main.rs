@@ -7,6 +7,7 @@ mod dedupe_cmd;
 mod duperemove_cmd;
 mod generate_cmd;
 mod mount_cmd;
+mod mount_helper;
 mod output;
 mod progress;
 mod store_cmd;
@@ -33,6 +34,13 @@ pub mod exit {
 }
 
 fn main() -> ExitCode {
+    let mut argv = std::env::args_os();
+    if argv
+        .next()
+        .is_some_and(|a0| mount_helper::invoked_as_helper(&a0))
+    {
+        return mount_helper::run(&argv.collect::<Vec<_>>());
+    }
     let cli = match args::Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use clap::Args;
 use onecopy_store::Store;
 
+use crate::mount_helper;
 use crate::store_cmd::{code, error_code};
 
 #[derive(Debug, Args)]
@@ -30,6 +31,14 @@ pub struct MountArgs {
     /// FUSE worker threads.
     #[arg(long, default_value_t = 4)]
     pub threads: usize,
+    /// Mount options, comma-separated: ro, nosuid, nodev, noexec, noatime,
+    /// sync, dirsync, threads=N; fstab's defaults, auto, noauto, user,
+    /// nofail, _netdev, x-*, allow_other are accepted and ignored.
+    #[arg(short = 'o', long = "options")]
+    pub options: Option<String>,
+    /// Skip unknown mount options instead of refusing them (mount -s).
+    #[arg(long, hide = true)]
+    pub sloppy: bool,
     /// Internal: print "ready" on stdout once mounted.
     #[arg(long, hide = true)]
     pub notify_ready: bool,
@@ -42,6 +51,21 @@ pub fn run(a: MountArgs) -> ExitCode {
             a.mountpoint.display()
         );
         return ExitCode::from(code::USAGE);
+    }
+    if let Err(e) = mount_helper::parse(a.options.as_deref().unwrap_or(""), a.sloppy) {
+        eprintln!("onecopy: {e}");
+        return ExitCode::from(code::USAGE);
+    }
+    if let Err(e) = Store::read_config(&a.dir) {
+        eprintln!("onecopy: {e}");
+        return ExitCode::from(error_code(&e));
+    }
+    if is_mount_point(&a.mountpoint) {
+        eprintln!(
+            "onecopy: {}: already a mount point (busy); unmount it first",
+            a.mountpoint.display()
+        );
+        return ExitCode::from(code::BUSY);
     }
     if a.foreground {
         foreground(&a)
@@ -61,8 +85,11 @@ fn foreground(a: &MountArgs) -> ExitCode {
     let pid_file = a.dir.join("mount.pid");
     let _ = std::fs::write(&pid_file, std::process::id().to_string());
     handle_signals(a.mountpoint.clone(), store.clone());
+    let opts =
+        mount_helper::parse(a.options.as_deref().unwrap_or(""), a.sloppy).expect("checked in run");
     let name = format!("onecopy:{}", a.dir.display());
-    let config = onecopy_fuse::mount_config(&name, a.threads);
+    let mut config = onecopy_fuse::mount_config(&name, opts.threads.unwrap_or(a.threads));
+    config.mount_options.extend(opts.kernel);
     let notify = a.notify_ready;
     let r = onecopy_fuse::serve_store(store, &a.mountpoint, &config, || {
         if notify {
@@ -138,6 +165,8 @@ fn daemonize(a: &MountArgs) -> ExitCode {
         .arg(&a.dir)
         .arg(&a.mountpoint)
         .args(["-f", "--notify-ready", "--threads", &a.threads.to_string()])
+        .args(a.options.iter().flat_map(|o| ["-o", o.as_str()]))
+        .args(a.sloppy.then_some("--sloppy"))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(log)
@@ -170,4 +199,42 @@ fn last_line(path: &Path) -> String {
                 .map(|l| l.trim_start_matches("onecopy: ").to_string())
         })
         .unwrap_or_else(|| "see the log".into())
+}
+
+/// True when something is already mounted on `path` (a mount over it
+/// would hide it; refused as busy).
+fn is_mount_point(path: &Path) -> bool {
+    let Ok(path) = path.canonicalize() else {
+        return false;
+    };
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    info.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .any(|m| Path::new(&unescape_mountinfo(m)) == path)
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
+fn unescape_mountinfo(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let oct = b
+            .get(i + 1..i + 4)
+            .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match oct {
+            Some(d) if b[i] == b'\\' => {
+                let v = d.iter().fold(0u32, |v, c| v * 8 + u32::from(c - b'0'));
+                out.push(v as u8);
+                i += 4;
+            }
+            _ => {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }

@@ -14,12 +14,15 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
     Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    InitFlags, KernelConfig, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyCreate, ReplyData,
+    InitFlags, KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyCreate, ReplyData,
     ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
     Request, TimeOrNow, WriteFlags,
 };
 use onecopy_store::{Attr, Kind, NewNode, RenameFlags, SetAttr, Store, StoreError};
 
+/// Kernel mount flags (`ro`, `nosuid`, ...) a caller may add to
+/// [`mount_config`]'s options.
+pub use fuser::MountOption;
 pub use null::NullFs;
 
 /// How long the kernel may cache attributes and names (only this process

@@ -119,6 +119,14 @@ fn act(action: StoreAction) -> Result<u8, StoreError> {
                 container_size: onecopy_store::config::parse_size(&container_size)? as u64,
                 ..StoreConfig::default()
             };
+            if let Some(entry) = foreign_entry(&dir) {
+                eprintln!(
+                    "onecopy: {}: directory is not empty ({} is there); a store needs a new or empty directory",
+                    dir.display(),
+                    entry
+                );
+                return Ok(code::USAGE);
+            }
             Store::init(&dir, &cfg)?;
             println!("created store {} ({chunking}, {compress})", dir.display());
             Ok(code::OK)
@@ -183,6 +191,21 @@ fn act(action: StoreAction) -> Result<u8, StoreError> {
     }
 }
 
+/// The name of an entry that makes `dir` unfit for a new store: anything
+/// but `lost+found` (a fresh filesystem's root is fine). None when `dir`
+/// does not exist, is empty, or already holds a store (init then reports
+/// that the store exists).
+fn foreign_entry(dir: &std::path::Path) -> Option<String> {
+    if dir.join("store.json").exists() || dir.join("meta.sqlite").exists() {
+        return None;
+    }
+    std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .find(|n| n != "lost+found")
+}
+
 /// Asks the mount process (DIR/mount.pid) to run gc and waits for its
 /// report; None when no mount process answers.
 fn online_gc(dir: &std::path::Path) -> Option<onecopy_store::GcReport> {
@@ -224,7 +247,10 @@ fn print_stats(s: &onecopy_store::Stats) {
         "chunks:             {} ({} unreferenced)",
         s.chunks, s.unreferenced_chunks
     );
-    println!("index entries:      {} (on disk)", s.index_entries);
+    println!(
+        "index entries:      {} ({:.1} bytes of RAM each)",
+        s.index_entries, s.index_ram_bytes_per_entry
+    );
     println!("written new:        {}", s.written_new_bytes);
     println!("written duplicate:  {}", s.written_duplicate_bytes);
     println!("written zero:       {}", s.written_zero_bytes);

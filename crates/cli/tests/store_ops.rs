@@ -1,0 +1,350 @@
+//! The store's command-line surface through real mounts (issue 10):
+//! mount(8) running the `mount.onecopy` helper (for `-t onecopy` and for an
+//! fstab line), the daemon returning only once the mount is ready and
+//! ending cleanly on `umount`, `store stats` reporting every figure, and
+//! the errors of `store`/`mount` as one-liners with their exit codes.
+//! Needs root and /dev/fuse.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use onecopy_testfs::{checksum_file, is_root, write_random};
+
+const BIN: &str = env!("CARGO_BIN_EXE_onecopy");
+const HELPER: &str = "/sbin/mount.onecopy";
+const MIB: u64 = 1 << 20;
+
+fn onecopy(args: &[&str]) -> Output {
+    Command::new(BIN).args(args).output().expect("run onecopy")
+}
+
+fn cmd(prog: &str, args: &[&str]) -> Output {
+    Command::new(prog)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{prog}: {e}"))
+}
+
+fn ok(out: &Output, what: &str) {
+    assert!(
+        out.status.success(),
+        "{what}: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Asserts the exit code and that stderr is one line containing `text`.
+fn fails(out: &Output, code: i32, text: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "stderr: {err}");
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(err.contains(text), "{err:?} lacks {text:?}");
+}
+
+fn can_fuse() -> bool {
+    if !is_root() || !Path::new("/dev/fuse").exists() {
+        eprintln!("skipped: needs root and /dev/fuse");
+        return false;
+    }
+    true
+}
+
+fn tmp() -> tempfile::TempDir {
+    std::fs::create_dir_all("/var/tmp/store-tests").unwrap();
+    tempfile::tempdir_in("/var/tmp/store-tests").unwrap()
+}
+
+fn init(store: &Path) {
+    ok(
+        &onecopy(&["store", "init", store.to_str().unwrap()]),
+        "init",
+    );
+}
+
+fn mountinfo_line(mnt: &Path) -> Option<String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let m = mnt.to_str().unwrap();
+    info.lines()
+        .find(|l| l.split(' ').nth(4) == Some(m))
+        .map(str::to_string)
+}
+
+/// Lazily detaches whatever is left mounted on the paths when dropped (a
+/// failed assertion must not leave mounts behind).
+struct Unmount(Vec<PathBuf>);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        for m in &self.0 {
+            if mountinfo_line(m).is_some() {
+                let _ = Command::new("umount").arg("-l").arg(m).status();
+            }
+        }
+    }
+}
+
+/// Puts this build's binary at /sbin/mount.onecopy (as the package's
+/// symlink does) and removes it afterwards.
+struct Helper;
+
+impl Helper {
+    fn install() -> Option<Helper> {
+        if std::fs::symlink_metadata(HELPER).is_ok() {
+            eprintln!("skipped: {HELPER} already exists");
+            return None;
+        }
+        std::os::unix::fs::symlink(BIN, HELPER).unwrap();
+        Some(Helper)
+    }
+}
+
+impl Drop for Helper {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(HELPER);
+    }
+}
+
+fn daemon_pid(store: &Path) -> i32 {
+    std::fs::read_to_string(store.join("mount.pid"))
+        .expect("the daemon writes mount.pid")
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Alive and not a zombie.
+fn running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            let state = s.rsplit(')').next().unwrap_or("").trim_start();
+            !state.starts_with('Z')
+        })
+        .unwrap_or(false)
+}
+
+/// `umount MNT`, then waits for the daemon to commit and exit; checks it
+/// removed its pid file, logged nothing while stopping and left the
+/// store fsck-clean.
+fn umount_and_check(store: &Path, mnt: &Path) {
+    let log = || std::fs::read_to_string(store.join("mount.log")).unwrap_or_default();
+    let before = log();
+    let pid = daemon_pid(store);
+    assert!(running(pid));
+    ok(&cmd("umount", &[mnt.to_str().unwrap()]), "umount");
+    let t = Instant::now();
+    while running(pid) {
+        assert!(t.elapsed() < Duration::from_secs(60), "daemon did not exit");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!store.join("mount.pid").exists(), "daemon left mount.pid");
+    assert_eq!(log(), before, "the daemon logged while stopping");
+    ok(
+        &onecopy(&["store", "fsck", store.to_str().unwrap()]),
+        "fsck",
+    );
+}
+
+#[test]
+fn mount_helper_for_mount_t_and_fstab() {
+    if !can_fuse() {
+        return;
+    }
+    let Some(_helper) = Helper::install() else {
+        return;
+    };
+    let t = tmp();
+    let (store, mnt) = (t.path().join("store"), t.path().join("mnt"));
+    std::fs::create_dir(&mnt).unwrap();
+    let _guard = Unmount(vec![mnt.clone()]);
+    init(&store);
+    let (st, mt) = (store.to_str().unwrap(), mnt.to_str().unwrap());
+
+    // mount -t onecopy: returns once the mount is ready, so the very next
+    // call sees it.
+    let out = cmd(
+        "mount",
+        &["-t", "onecopy", st, mt, "-o", "allow_other,threads=2"],
+    );
+    ok(&out, "mount -t onecopy");
+    assert!(mountinfo_line(&mnt).is_some(), "mounted when mount returns");
+    write_random(&mnt.join("f"), 3 * MIB, 7).unwrap();
+    let sum = checksum_file(&mnt.join("f")).unwrap();
+    umount_and_check(&store, &mnt);
+
+    // An fstab line (mount -T reads it instead of /etc/fstab): `mount MNT`.
+    let fstab = t.path().join("fstab");
+    std::fs::write(
+        &fstab,
+        format!("{st} {mt} onecopy defaults,allow_other,noexec,nofail 0 0\n"),
+    )
+    .unwrap();
+    let out = cmd("mount", &["-T", fstab.to_str().unwrap(), mt]);
+    ok(&out, "mount from fstab");
+    let line = mountinfo_line(&mnt).expect("mounted from fstab");
+    assert!(line.contains("noexec"), "the fstab option applies: {line}");
+    assert_eq!(
+        checksum_file(&mnt.join("f")).unwrap(),
+        sum,
+        "data survives the remount"
+    );
+    umount_and_check(&store, &mnt);
+
+    // An option the store does not know fails the mount, mounting nothing.
+    let out = cmd("mount", &["-t", "onecopy", st, mt, "-o", "bogus"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown mount option"));
+    assert!(mountinfo_line(&mnt).is_none());
+    // -f (fake) does nothing, successfully.
+    ok(
+        &cmd(HELPER, &[st, mt, "-f", "-o", "rw"]),
+        "mount.onecopy -f",
+    );
+    assert!(mountinfo_line(&mnt).is_none());
+}
+
+#[test]
+fn stats_reports_every_figure() {
+    if !can_fuse() {
+        return;
+    }
+    let t = tmp();
+    let (store, mnt) = (t.path().join("store"), t.path().join("mnt"));
+    std::fs::create_dir(&mnt).unwrap();
+    let _guard = Unmount(vec![mnt.clone()]);
+    init(&store);
+    let (st, mt) = (store.to_str().unwrap(), mnt.to_str().unwrap());
+    ok(&onecopy(&["mount", st, mt]), "mount");
+    // 4 MiB of random data (64 fixed 64 KiB chunks), then the same again.
+    write_random(&mnt.join("a"), 4 * MIB, 11).unwrap();
+    std::fs::copy(mnt.join("a"), mnt.join("b")).unwrap();
+    assert_eq!(
+        checksum_file(&mnt.join("b")).unwrap(),
+        checksum_file(&mnt.join("a")).unwrap()
+    );
+    let live = onecopy(&["store", "stats", st]);
+    ok(&live, "stats while mounted");
+    umount_and_check(&store, &mnt);
+
+    let out = onecopy(&["store", "stats", st, "--json"]);
+    ok(&out, "stats --json");
+    let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let u = |k: &str| s[k].as_u64().unwrap_or_else(|| panic!("{k} in {s}"));
+    let f = |k: &str| s[k].as_f64().unwrap_or_else(|| panic!("{k} in {s}"));
+    assert_eq!(u("logical_bytes"), 8 * MIB);
+    assert_eq!(u("chunks"), 64);
+    assert_eq!(u("index_entries"), 64);
+    assert!(f("index_ram_bytes_per_entry") >= 0.0);
+    assert!(u("stored_bytes") >= 4 * MIB, "random data does not shrink");
+    assert!(u("stored_bytes") < 5 * MIB, "the copy is stored once");
+    assert!((f("dedupe_ratio") - 2.0).abs() < 0.01, "{s}");
+    assert!((f("compression_ratio") - 1.0).abs() < 0.05, "{s}");
+    assert!(u("written_new_bytes") >= 4 * MIB, "{s}");
+    assert!(u("written_duplicate_bytes") >= 4 * MIB, "{s}");
+
+    let text = onecopy(&["store", "stats", st]);
+    ok(&text, "stats");
+    let text = String::from_utf8_lossy(&text.stdout);
+    for label in [
+        "logical bytes:",
+        "stored bytes:",
+        "dedupe ratio:",
+        "compression ratio:",
+        "chunks:",
+        "index entries:",
+        "bytes of RAM each",
+        "written new:",
+        "written duplicate:",
+    ] {
+        assert!(text.contains(label), "{label:?} missing from:\n{text}");
+    }
+}
+
+#[test]
+fn errors_are_one_liners_with_exit_codes() {
+    if !can_fuse() {
+        return;
+    }
+    let t = tmp();
+    let p = |n: &str| t.path().join(n);
+    let s = |n: &str| p(n).to_str().unwrap().to_string();
+    for d in ["mnt", "mnt2", "plain"] {
+        std::fs::create_dir(p(d)).unwrap();
+    }
+    let _guard = Unmount(vec![p("mnt"), p("mnt2")]);
+
+    // Not a store: nothing is written into the directory.
+    fails(
+        &onecopy(&["mount", &s("plain"), &s("mnt")]),
+        2,
+        "not an onecopy store",
+    );
+    assert!(std::fs::read_dir(p("plain")).unwrap().next().is_none());
+    fails(
+        &onecopy(&["store", "fsck", &s("plain")]),
+        2,
+        "not an onecopy store",
+    );
+
+    // init refuses a directory with other files in it; lost+found is fine.
+    std::fs::write(p("plain").join("data"), b"x").unwrap();
+    fails(
+        &onecopy(&["store", "init", &s("plain")]),
+        2,
+        "directory is not empty",
+    );
+    assert!(!p("plain").join("store.json").exists());
+    std::fs::create_dir_all(p("fresh").join("lost+found")).unwrap();
+    init(&p("fresh"));
+    fails(
+        &onecopy(&["store", "init", &s("fresh")]),
+        2,
+        "a store already exists",
+    );
+
+    // A store of a newer format version.
+    init(&p("newer"));
+    let cfg_path = p("newer").join("store.json");
+    let mut cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&cfg_path).unwrap()).unwrap();
+    cfg["format"] = 999.into();
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    fails(
+        &onecopy(&["mount", &s("newer"), &s("mnt")]),
+        2,
+        "store format 999 is not supported",
+    );
+    fails(
+        &onecopy(&["store", "stats", &s("newer")]),
+        2,
+        "store format 999",
+    );
+
+    // A busy mount point, and a store already mounted elsewhere.
+    ok(&onecopy(&["mount", &s("fresh"), &s("mnt")]), "mount");
+    init(&p("other"));
+    fails(
+        &onecopy(&["mount", &s("other"), &s("mnt")]),
+        3,
+        "already a mount point",
+    );
+    fails(&onecopy(&["mount", &s("fresh"), &s("mnt2")]), 3, "in use");
+    assert!(mountinfo_line(&p("mnt2")).is_none());
+    fails(
+        &onecopy(&["store", "gc", &s("nowhere")]),
+        2,
+        "not an onecopy store",
+    );
+    fails(
+        &onecopy(&["mount", &s("fresh"), &s("nowhere")]),
+        2,
+        "not a directory",
+    );
+    fails(
+        &onecopy(&["mount", &s("fresh"), &s("mnt2"), "-o", "bogus"]),
+        2,
+        "unknown mount option",
+    );
+    umount_and_check(&p("fresh"), &p("mnt"));
+}

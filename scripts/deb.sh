@@ -44,6 +44,10 @@ trap cleanup EXIT
 
 dpkg -i "$deb" >/dev/null
 test "$(command -v onecopy)" = /usr/bin/onecopy
+test "$(readlink -f /sbin/mount.onecopy)" = /usr/bin/onecopy || {
+    echo "scripts/deb.sh: /sbin/mount.onecopy is not the onecopy binary" >&2
+    exit 1
+}
 onecopy --version
 for f in /usr/share/man/man1/onecopy-dedupe.1* /usr/share/bash-completion/completions/onecopy \
          /usr/share/zsh/vendor-completions/_onecopy /usr/share/fish/vendor_completions.d/onecopy.fish \

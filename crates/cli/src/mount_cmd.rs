@@ -18,7 +18,9 @@ use crate::store_cmd::{code, error_code};
 #[derive(Debug, Args)]
 #[command(
     after_help = "Exit codes: 0 mounted (and, with -f, unmounted cleanly); 2 bad \
-arguments or not a store; 3 store in use or mount failed; 4 I/O or internal error."
+arguments or options, not a store, or a newer store format; 3 store in use, mount point \
+already mounted on, or mount failed; 4 I/O or internal error. As mount.onecopy (a \
+symlink to this binary) it takes mount(8)'s arguments: SPEC DIR [-sfnv] [-o OPTIONS]."
 )]
 pub struct MountArgs {
     /// The store (made with `onecopy store init`).

@@ -23,8 +23,9 @@ pub mod code {
 
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Exit codes: 0 done; 1 fsck/scrub found problems; 2 bad arguments or \
-not a store; 3 store in use (mounted) or mount failed; 4 I/O or internal error."
+    after_help = "Exit codes: 0 done; 1 fsck/scrub found problems; 2 bad arguments, \
+not a store, a newer store format, or init on a directory holding files; 3 store in use \
+(mounted) or mount failed; 4 I/O or internal error."
 )]
 pub struct StoreArgs {
     #[command(subcommand)]

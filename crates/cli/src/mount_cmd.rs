@@ -203,8 +203,9 @@ fn last_line(path: &Path) -> String {
         .unwrap_or_else(|| "see the log".into())
 }
 
-/// True when something is already mounted on `path` (a mount over it
-/// would hide it; refused as busy).
+/// True when a filesystem is already mounted on `path` (a mount over it
+/// would hide it; refused as busy). An autofs trigger does not count:
+/// systemd's automount (`x-systemd.automount`) mounts over it.
 fn is_mount_point(path: &Path) -> bool {
     let Ok(path) = path.canonicalize() else {
         return false;
@@ -212,9 +213,11 @@ fn is_mount_point(path: &Path) -> bool {
     let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
         return false;
     };
-    info.lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .any(|m| Path::new(&unescape_mountinfo(m)) == path)
+    info.lines().any(|l| {
+        let at = l.split(' ').nth(4).map(unescape_mountinfo);
+        let fstype = l.split(" - ").nth(1).and_then(|t| t.split(' ').next());
+        at.is_some_and(|m| Path::new(&m) == path) && fstype != Some("autofs")
+    })
 }
 
 /// mountinfo escapes space, tab, newline and backslash as `\ooo`.

@@ -197,6 +197,8 @@ fn online_gc(dir: &std::path::Path) -> Option<onecopy_store::GcReport> {
     rustix::process::kill_process(pid, rustix::process::Signal::USR1).ok()?;
     let start = std::time::Instant::now();
     while start.elapsed() < std::time::Duration::from_secs(3600) {
+        // A mount process killed during gc never writes its report.
+        let alive = rustix::process::test_kill_process(pid).is_ok();
         if let Ok(text) = std::fs::read_to_string(&report) {
             let v: serde_json::Value = serde_json::from_str(&text).ok()?;
             if let Some(e) = v.get("error") {
@@ -204,6 +206,13 @@ fn online_gc(dir: &std::path::Path) -> Option<onecopy_store::GcReport> {
                 return None;
             }
             return serde_json::from_value(v).ok();
+        }
+        if !alive {
+            eprintln!(
+                "onecopy: online gc: the mount process (pid {}) is gone",
+                pid.as_raw_nonzero()
+            );
+            return None;
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
     }

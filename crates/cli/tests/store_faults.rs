@@ -309,7 +309,11 @@ fn step(mnt: &Path, store: &Path, rec: &Mutex<Record>, rng: &mut Rng) -> std::io
             // write, overwrite or append
             let size = rec.lock().unwrap().files[&id].content.len() as u64;
             let off = if op < 15 { size } else { rng.below(size + 1) } & !7;
-            let len = (1 + rng.below(if op % 3 == 0 { 600_000 } else { 20_000 })) * 8;
+            let len = (1 + rng.below(if op.is_multiple_of(3) {
+                600_000
+            } else {
+                20_000
+            })) * 8;
             let gen = {
                 let mut r = rec.lock().unwrap();
                 r.gen += 1;

@@ -150,10 +150,16 @@ impl Store {
     /// Opens the store in `dir`, taking its lock and replaying the state a
     /// crash may have left (see the crash model in ARCHITECTURE.md).
     pub fn open(dir: &Path) -> Result<Store> {
+        Self::open_with(dir, Arc::new(LocalDir::new(dir.join("containers"))))
+    }
+
+    /// Opens the store with its containers in another [`ContainerStore`]
+    /// (an object store, or a fault-injecting backend in tests); the
+    /// metadata stays in `dir`.
+    pub fn open_with(dir: &Path, containers: Arc<dyn ContainerStore>) -> Result<Store> {
         let cfg = Self::read_config(dir)?;
         let lock = lock_dir(dir)?;
         let db = open_db(&dir.join("meta.sqlite"), false)?;
-        let containers: Arc<dyn ContainerStore> = Arc::new(LocalDir::new(dir.join("containers")));
         let writer = replay(&db, &*containers)?;
         let counters = load_counters(&db)?;
         db.execute_batch("BEGIN")?;

@@ -103,7 +103,7 @@ fn damaged_store_json_is_an_error() {
             let i = (rng % bytes.len() as u64) as usize;
             bytes[i] = (rng >> 32) as u8;
         }
-        if rng % 5 == 0 {
+        if rng.is_multiple_of(5) {
             bytes.truncate((rng >> 8) as usize % bytes.len());
         }
         std::fs::write(dir.path().join("store.json"), &bytes).unwrap();

@@ -824,3 +824,106 @@ fn store_is_private_locked_and_checks_permissions() {
     m.unmount();
     fsck_clean(&s.store);
 }
+
+// ---------------------------------------------------------------------
+// Hostile input.
+// ---------------------------------------------------------------------
+
+fn sh(script: &str) -> Output {
+    let out = Command::new("sh").args(["-c", script]).output().unwrap();
+    assert!(out.status.success(), "{script}: {out:?}");
+    out
+}
+
+/// Names with newlines, invalid UTF-8 and 255 bytes, a deep tree, a
+/// 1 TB sparse file and xattrs at the kernel's size limit all round-trip
+/// through the mount and a remount.
+#[test]
+fn hostile_names_deep_trees_huge_sparse_files_and_big_xattrs() {
+    if !can_fuse() {
+        return;
+    }
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let s = scratch(&[]);
+    let m = Mount::new(&s);
+    let long = vec![b'n'; 255];
+    let names: Vec<&[u8]> = vec![
+        b"a\nb",
+        b"\xff\xfe\x80",
+        &long,
+        b"-rf",
+        b" space ",
+        b"tab\tand\rcr",
+        b"..x",
+    ];
+    for (i, n) in names.iter().enumerate() {
+        std::fs::write(s.mnt.join(OsStr::from_bytes(n)), format!("file {i}")).unwrap();
+    }
+    let too_long = s.mnt.join(OsStr::from_bytes(&[b'n'; 256]));
+    let e = std::fs::write(&too_long, b"x").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENAMETOOLONG), "{e}");
+    let mnt = s.mnt.to_str().unwrap();
+    // A tree 2,000 levels deep (paths far beyond PATH_MAX), built and
+    // read with relative steps.
+    sh(&format!(
+        "cd {mnt} && i=0; while [ $i -lt 2000 ]; do mkdir d && cd d || exit 1; i=$((i+1)); done; echo deep > f"
+    ));
+    // A 1 TB sparse file with data at both ends.
+    let huge = s.mnt.join("huge");
+    let f = File::create(&huge).unwrap();
+    f.set_len(1 << 40).unwrap();
+    f.write_all_at(b"head", 0).unwrap();
+    f.write_all_at(b"tail", (1 << 40) - 4).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    // xattrs: the largest value the kernel passes (64 KiB), a 255-byte name.
+    let xname = format!("user.{}", "x".repeat(250));
+    sh(&format!(
+        "python3 -c \"import os; os.setxattr('{mnt}/huge', b'user.big', bytes(range(256)) * 256); \
+         os.setxattr('{mnt}/huge', b'{xname}', b'v')\""
+    ));
+    let check = |round: &str| {
+        let mut got: Vec<Vec<u8>> = std::fs::read_dir(&s.mnt)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().as_bytes().to_vec())
+            .collect();
+        got.sort();
+        let mut want: Vec<Vec<u8>> = names.iter().map(|n| n.to_vec()).collect();
+        want.extend([b"d".to_vec(), b"huge".to_vec()]);
+        want.sort();
+        assert_eq!(got, want, "{round}: names");
+        for (i, n) in names.iter().enumerate() {
+            let data = std::fs::read(s.mnt.join(OsStr::from_bytes(n))).unwrap();
+            assert_eq!(data, format!("file {i}").as_bytes(), "{round}");
+        }
+        let depth = sh(&format!(
+            "cd {mnt} && n=0; while [ -d d ]; do cd d; n=$((n+1)); done; echo $n; cat f"
+        ));
+        assert_eq!(
+            String::from_utf8_lossy(&depth.stdout),
+            "2000\ndeep\n",
+            "{round}"
+        );
+        let f = File::open(&huge).unwrap();
+        assert_eq!(f.metadata().unwrap().len(), 1 << 40);
+        let mut b = [9u8; 4];
+        for (at, want) in [(0, b"head"), ((1 << 40) - 4, b"tail"), (1 << 39, &[0u8; 4])] {
+            f.read_exact_at(&mut b, at).unwrap();
+            assert_eq!(&b, want, "{round}: huge@{at}");
+        }
+        let x = sh(&format!(
+            "python3 -c \"import os; v = os.getxattr('{mnt}/huge', b'user.big'); \
+             assert v == bytes(range(256)) * 256; print(os.getxattr('{mnt}/huge', b'{xname}'))\""
+        ));
+        assert_eq!(String::from_utf8_lossy(&x.stdout), "b'v'\n", "{round}");
+    };
+    check("mounted");
+    m.unmount();
+    fsck_clean(&s.store);
+    let st = stats(&s.store);
+    assert!(st["stored_bytes"].as_u64().unwrap() < 1 << 20, "{st}");
+    let m = Mount::new(&s);
+    check("remounted");
+    m.unmount();
+}

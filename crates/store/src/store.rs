@@ -217,7 +217,20 @@ impl Store {
         self.commit(durable)
     }
 
+    /// Commits and opens the next transaction. The store always works
+    /// inside one: a COMMIT that fails (SQLITE_FULL on a full disk) may
+    /// have rolled the transaction back (its changes are lost as in a
+    /// crash, and the caller gets the error); a new one is begun so that
+    /// service resumes once space is freed.
     pub(crate) fn commit_locked(&self, g: &mut Inner, durable: bool) -> Result<()> {
+        let r = self.commit_and_begin(g, durable);
+        if g.db.is_autocommit() {
+            g.db.execute_batch("BEGIN")?;
+        }
+        r
+    }
+
+    fn commit_and_begin(&self, g: &mut Inner, durable: bool) -> Result<()> {
         // An id leaves `unsynced` only once its sync succeeded: a failed
         // sync (ENOSPC, EIO) must fail every later commit's sync too,
         // never let it commit metadata over unsynced bytes.

@@ -713,6 +713,25 @@ fn full_backing_filesystem_gives_enospc_and_recovers() {
     for (name, data) in &kept {
         assert!(std::fs::read(s.mnt.join(name)).unwrap() == *data, "{name}");
     }
+    // gc on the full disk: it succeeds or fails with exit 4 and says so,
+    // and the mount keeps serving what was there.
+    // An unlink on the full disk may fail with ENOSPC (SQLite needs room
+    // in its WAL, there is no reserve yet); then the file is intact.
+    let first = kept.keys().next().unwrap().clone();
+    match std::fs::remove_file(s.mnt.join(&first)) {
+        Ok(()) => {
+            kept.remove(&first);
+        }
+        Err(e) => assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "unlink: {e}"),
+    }
+    let gc = onecopy(&["store", "gc", s.store.to_str().unwrap()]);
+    assert!(matches!(gc.status.code(), Some(0) | Some(4)), "{gc:?}");
+    for (name, data) in &kept {
+        assert!(
+            std::fs::read(s.mnt.join(name)).unwrap() == *data,
+            "{name} after gc on a full disk"
+        );
+    }
     // Space freed outside the store: service is normal again.
     std::fs::remove_file(&ballast).unwrap();
     let data = random_bytes(&mut rng, 3 << 20);

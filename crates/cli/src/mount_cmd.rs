@@ -138,9 +138,20 @@ fn online_gc(store: &Store) {
     };
     let path = store.dir().join("gc.json");
     let tmp = store.dir().join("gc.json.tmp");
-    if std::fs::write(&tmp, report.to_string()).is_ok() {
-        let _ = std::fs::rename(tmp, path);
+    let written =
+        std::fs::write(&tmp, report.to_string()).is_ok() && std::fs::rename(&tmp, path).is_ok();
+    if !written {
+        // The store's filesystem is full (or failing): answer where the
+        // waiting `store gc` also looks, so it does not wait forever.
+        let _ = std::fs::remove_file(&tmp);
+        let _ = std::fs::write(gc_fallback_report(std::process::id()), report.to_string());
     }
+}
+
+/// Where the mount process `pid` reports online gc when it cannot write
+/// DIR/gc.json.
+pub fn gc_fallback_report(pid: u32) -> PathBuf {
+    std::env::temp_dir().join(format!("onecopy-gc-{pid}.json"))
 }
 
 fn daemonize(a: &MountArgs) -> ExitCode {

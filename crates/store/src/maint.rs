@@ -74,6 +74,9 @@ pub struct ScrubReport {
     pub chunks_checked: u64,
     pub bytes_checked: u64,
     pub damaged: Vec<String>,
+    /// The damaged chunks' ids and what is wrong with each.
+    #[serde(skip)]
+    pub damaged_ids: Vec<(u64, String)>,
 }
 
 fn compute_stats(db: &rusqlite::Connection, c: &crate::store::WriteCounters) -> Result<Stats> {
@@ -243,6 +246,32 @@ impl Store {
         Ok(n)
     }
 
+    /// For `fsck --repair`: every file range whose chunk is damaged is a
+    /// problem it cannot repair (nothing is invented); the rest of each
+    /// file stays readable.
+    fn report_damaged_extents(&self, rep: &mut FsckReport) -> Result<()> {
+        let bad = self.scrub()?.damaged_ids;
+        let g = self.lock();
+        let mut st =
+            g.db.prepare("SELECT ino, off, len FROM extents WHERE chunk = ?1 ORDER BY ino, off")?;
+        for (id, why) in bad {
+            let rows = st.query_map([id], |r| {
+                Ok((
+                    r.get::<_, u64>(0)?,
+                    r.get::<_, u64>(1)?,
+                    r.get::<_, u64>(2)?,
+                ))
+            })?;
+            for row in rows {
+                let (ino, off, len) = row?;
+                rep.problems.push(format!(
+                    "inode {ino} offset {off} length {len}: {why}; cannot be salvaged (reads give EIO)"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Reads every referenced chunk and checks its checksum and BLAKE3.
     pub fn scrub(&self) -> Result<ScrubReport> {
         let chunks: Vec<(u64, Vec<u8>, ChunkLoc)> = {
@@ -263,8 +292,15 @@ impl Store {
                 Ok(raw) if blake3::hash(&raw).as_bytes()[..] == hash[..] => {
                     rep.bytes_checked += raw.len() as u64
                 }
-                Ok(_) => rep.damaged.push(format!("chunk {id}: BLAKE3 mismatch")),
-                Err(e) => rep.damaged.push(format!("chunk {id}: {e}")),
+                Ok(_) => {
+                    rep.damaged.push(format!("chunk {id}: BLAKE3 mismatch"));
+                    rep.damaged_ids
+                        .push((id, format!("chunk {id}: BLAKE3 mismatch")));
+                }
+                Err(e) => {
+                    rep.damaged.push(format!("chunk {id}: {e}"));
+                    rep.damaged_ids.push((id, format!("chunk {id}: {e}")));
+                }
             }
         }
         Ok(rep)
@@ -343,6 +379,9 @@ impl Store {
             }
         }
         if repair {
+            drop(g);
+            self.report_damaged_extents(&mut rep)?;
+            g = self.lock();
             self.remove_orphans_locked(&mut g)?;
             self.commit_locked(&mut g, true)?;
         }

@@ -41,6 +41,10 @@ pub(crate) struct Writer {
     pub len: u64,
     /// Containers appended to since the last commit.
     pub unsynced: BTreeSet<u64>,
+    /// An append failed (ENOSPC, EIO): the file may hold part of a record
+    /// past `len`, so nothing more is appended to it; the next record
+    /// seals it at `len` and starts a new container.
+    pub tainted: bool,
 }
 
 /// An open store. All calls are thread-safe.
@@ -79,8 +83,15 @@ fn lock_dir(dir: &Path) -> Result<File> {
 impl Store {
     /// Creates a new, empty store in `dir` (which may exist but must not
     /// hold a store).
+    /// The directory is created mode 0700: the store holds other users'
+    /// file data, readable by whoever can read its containers.
     pub fn init(dir: &Path, cfg: &StoreConfig) -> Result<()> {
-        std::fs::create_dir_all(dir).map_err(StoreError::io(dir))?;
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(StoreError::io(dir))?;
         let cfg_path = dir.join("store.json");
         if cfg_path.exists() || dir.join("meta.sqlite").exists() {
             return Err(StoreError::Exists { path: dir.into() });
@@ -139,10 +150,16 @@ impl Store {
     /// Opens the store in `dir`, taking its lock and replaying the state a
     /// crash may have left (see the crash model in ARCHITECTURE.md).
     pub fn open(dir: &Path) -> Result<Store> {
+        Self::open_with(dir, Arc::new(LocalDir::new(dir.join("containers"))))
+    }
+
+    /// Opens the store with its containers in another [`ContainerStore`]
+    /// (an object store, or a fault-injecting backend in tests); the
+    /// metadata stays in `dir`.
+    pub fn open_with(dir: &Path, containers: Arc<dyn ContainerStore>) -> Result<Store> {
         let cfg = Self::read_config(dir)?;
         let lock = lock_dir(dir)?;
         let db = open_db(&dir.join("meta.sqlite"), false)?;
-        let containers: Arc<dyn ContainerStore> = Arc::new(LocalDir::new(dir.join("containers")));
         let writer = replay(&db, &*containers)?;
         let counters = load_counters(&db)?;
         db.execute_batch("BEGIN")?;
@@ -200,9 +217,26 @@ impl Store {
         self.commit(durable)
     }
 
+    /// Commits and opens the next transaction. The store always works
+    /// inside one: a COMMIT that fails (SQLITE_FULL on a full disk) may
+    /// have rolled the transaction back (its changes are lost as in a
+    /// crash, and the caller gets the error); a new one is begun so that
+    /// service resumes once space is freed.
     pub(crate) fn commit_locked(&self, g: &mut Inner, durable: bool) -> Result<()> {
-        for id in std::mem::take(&mut g.writer.unsynced) {
+        let r = self.commit_and_begin(g, durable);
+        if g.db.is_autocommit() {
+            g.db.execute_batch("BEGIN")?;
+        }
+        r
+    }
+
+    fn commit_and_begin(&self, g: &mut Inner, durable: bool) -> Result<()> {
+        // An id leaves `unsynced` only once its sync succeeded: a failed
+        // sync (ENOSPC, EIO) must fail every later commit's sync too,
+        // never let it commit metadata over unsynced bytes.
+        while let Some(&id) = g.writer.unsynced.first() {
             self.containers.sync(id)?;
+            g.writer.unsynced.remove(&id);
         }
         let (id, len) = (g.writer.id, g.writer.len);
         g.db.execute(
@@ -278,7 +312,9 @@ impl Store {
     ) -> Result<ChunkLoc> {
         let enc = container::encode(hash, data, self.cfg.compress);
         let w = &mut g.writer;
-        if w.len > CONTAINER_HEADER && w.len + enc.bytes.len() as u64 > self.cfg.container_size {
+        let full =
+            w.len > CONTAINER_HEADER && w.len + enc.bytes.len() as u64 > self.cfg.container_size;
+        if full || w.tainted {
             g.db.execute(
                 "UPDATE containers SET length = ?2, sealed = 1 WHERE id = ?1",
                 params![w.id, w.len],
@@ -286,7 +322,10 @@ impl Store {
             *w = new_container(&g.db, &*self.containers, std::mem::take(&mut w.unsynced))?;
         }
         let w = &mut g.writer;
-        self.containers.append(w.id, &enc.bytes)?;
+        if let Err(e) = self.containers.append(w.id, &enc.bytes) {
+            w.tainted = true;
+            return Err(e);
+        }
         let loc = ChunkLoc {
             container: w.id,
             offset: w.len,
@@ -346,6 +385,7 @@ fn new_container(
         id,
         len: CONTAINER_HEADER,
         unsynced,
+        tainted: false,
     })
 }
 
@@ -366,6 +406,7 @@ fn replay(db: &Connection, cs: &dyn ContainerStore) -> Result<Writer> {
                 id,
                 len,
                 unsynced: BTreeSet::new(),
+                tainted: false,
             });
         }
         db.execute("UPDATE containers SET sealed = 1 WHERE id = ?1", [id])?;

@@ -1,0 +1,948 @@
+//! The inline store under faults (issue 11), through a real FUSE mount:
+//! kill -9 of the mount process at random points of a mixed workload,
+//! a full backing filesystem, flipped bytes in containers and metadata,
+//! permissions and the store lock. Every case checks each file against an
+//! independent record, the documented exit code or errno, that nothing
+//! panicked, and that the store is usable afterwards (fsck clean,
+//! remount). Needs root and /dev/fuse.
+//!
+//! `ONECOPY_FAULT_KILLS` sets the number of kills (CI: 30);
+//! `bench/store-faults.sh` runs many more.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use onecopy_testfs::{is_root, FsKind, LoopFs};
+
+const BIN: &str = env!("CARGO_BIN_EXE_onecopy");
+
+fn onecopy(args: &[&str]) -> Output {
+    let out = Command::new(BIN).args(args).output().expect("run onecopy");
+    no_panic(&String::from_utf8_lossy(&out.stderr), args);
+    out
+}
+
+fn no_panic(stderr: &str, what: impl std::fmt::Debug) {
+    assert!(!stderr.contains("panicked"), "{what:?} panicked: {stderr}");
+}
+
+fn can_fuse() -> bool {
+    if !is_root() || !Path::new("/dev/fuse").exists() {
+        eprintln!("skipped: needs root and /dev/fuse");
+        return false;
+    }
+    true
+}
+
+/// A small deterministic generator (xorshift64*), seeded per test so a
+/// failure can be replayed with `ONECOPY_FAULT_SEED`.
+struct Rng(u64);
+
+impl Rng {
+    fn seeded(what: &str) -> Rng {
+        let seed = std::env::var("ONECOPY_FAULT_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_nanos() as u64
+            });
+        eprintln!("{what}: ONECOPY_FAULT_SEED={seed}");
+        Rng(seed | 1)
+    }
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// A store in a scratch directory and its mount point.
+struct Scratch {
+    _tmp: tempfile::TempDir,
+    store: PathBuf,
+    mnt: PathBuf,
+}
+
+fn scratch_in(parent: &Path, init_args: &[&str]) -> Scratch {
+    let tmp = tempfile::tempdir_in(parent).unwrap();
+    let store = tmp.path().join("store");
+    let mnt = tmp.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let mut args = vec!["store", "init", store.to_str().unwrap()];
+    args.extend_from_slice(init_args);
+    let out = onecopy(&args);
+    assert!(out.status.success(), "{out:?}");
+    Scratch {
+        _tmp: tmp,
+        store,
+        mnt,
+    }
+}
+
+fn scratch(init_args: &[&str]) -> Scratch {
+    std::fs::create_dir_all("/var/tmp/store-tests").unwrap();
+    scratch_in(Path::new("/var/tmp/store-tests"), init_args)
+}
+
+fn is_mounted(mnt: &Path) -> bool {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let m = mnt.to_str().unwrap();
+    info.lines().any(|l| l.split(' ').nth(4) == Some(m))
+}
+
+/// A foreground mount process whose stderr is kept (checked for panics).
+struct Mount {
+    child: Option<Child>,
+    mnt: PathBuf,
+    stderr: PathBuf,
+}
+
+impl Mount {
+    fn new(s: &Scratch) -> Mount {
+        Self::with_args(s, &[])
+    }
+
+    fn with_args(s: &Scratch, extra: &[&str]) -> Mount {
+        let stderr = s.store.with_extension("mount-stderr");
+        let child = Command::new(BIN)
+            .args(["mount", "-f"])
+            .args(extra)
+            .arg(&s.store)
+            .arg(&s.mnt)
+            .stdout(Stdio::null())
+            .stderr(
+                File::options()
+                    .create(true)
+                    .append(true)
+                    .open(&stderr)
+                    .unwrap(),
+            )
+            .spawn()
+            .unwrap();
+        let t = Instant::now();
+        while !is_mounted(&s.mnt) {
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "mount did not appear: {}",
+                std::fs::read_to_string(&stderr).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Mount {
+            child: Some(child),
+            mnt: s.mnt.clone(),
+            stderr,
+        }
+    }
+
+    fn check_stderr(&self) {
+        no_panic(
+            &std::fs::read_to_string(&self.stderr).unwrap_or_default(),
+            "mount",
+        );
+    }
+
+    fn unmount(mut self) {
+        let st = Command::new("fusermount3")
+            .arg("-u")
+            .arg(&self.mnt)
+            .status()
+            .unwrap();
+        assert!(st.success(), "fusermount3 -u");
+        let st = self.child.take().unwrap().wait().unwrap();
+        self.check_stderr();
+        assert!(st.success(), "mount process exited with {st}");
+    }
+
+    fn kill(mut self) {
+        let mut c = self.child.take().unwrap();
+        c.kill().unwrap();
+        c.wait().unwrap();
+        let _ = Command::new("fusermount3")
+            .args(["-u", "-z"])
+            .arg(&self.mnt)
+            .status();
+        self.check_stderr();
+        assert!(!is_mounted(&self.mnt));
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("fusermount3")
+                .args(["-u", "-z"])
+                .arg(&self.mnt)
+                .status();
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn fsck_clean(store: &Path) {
+    let out = onecopy(&["store", "fsck", store.to_str().unwrap()]);
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("0 problems"),
+        "fsck found problems: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn stats(store: &Path) -> serde_json::Value {
+    let out = onecopy(&["store", "stats", store.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{out:?}");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn container_bytes_on_disk(store: &Path) -> u64 {
+    let mut n = 0;
+    for d in std::fs::read_dir(store.join("containers")).unwrap() {
+        for f in std::fs::read_dir(d.unwrap().path()).unwrap() {
+            n += f.unwrap().metadata().unwrap().len();
+        }
+    }
+    n
+}
+
+// ---------------------------------------------------------------------
+// The mixed workload and its independent record.
+//
+// File `id` is known by names `f<id>` and `f<id>-<n>` (renames and hard
+// links keep the prefix). Every 8-byte word written to it at offset `o`
+// is `id << 48 | gen << 32 | o / 8`: a word read back is either zero (a
+// hole, a truncation, a lost write) or carries this file's id and its own
+// offset, so a byte never written to the file is detected wherever it
+// lands. Offsets and lengths are multiples of 8.
+// ---------------------------------------------------------------------
+
+fn word(id: u64, gen: u64, off: u64) -> [u8; 8] {
+    (id << 48 | (gen & 0xffff) << 32 | (off / 8) & 0xffff_ffff).to_le_bytes()
+}
+
+fn pattern(id: u64, gen: u64, off: u64, len: u64) -> Vec<u8> {
+    (0..len / 8)
+        .flat_map(|i| word(id, gen, off + i * 8))
+        .collect()
+}
+
+/// A word that is neither zero nor this file's own word at `off`.
+fn foreign_word(id: u64, data: &[u8]) -> Option<u64> {
+    data.chunks(8).enumerate().find_map(|(i, w)| {
+        let mut b = [0u8; 8];
+        b[..w.len()].copy_from_slice(w);
+        let v = u64::from_le_bytes(b);
+        let ok = v == 0 || (v >> 48 == id && v & 0xffff_ffff == i as u64);
+        (!ok).then_some(i as u64 * 8)
+    })
+}
+
+#[derive(Default, Clone)]
+struct FileRec {
+    names: Vec<String>,
+    content: Vec<u8>,
+    /// Name and content at the last fsync (or as found after a restart),
+    /// valid while `clean` (nothing touched the file since).
+    synced: Option<(String, Vec<u8>)>,
+    clean: bool,
+}
+
+#[derive(Default)]
+struct Record {
+    files: BTreeMap<u64, FileRec>,
+    next_id: u64,
+    next_name: u64,
+    gen: u64,
+    gcs: u64,
+}
+
+fn id_of(name: &str) -> Option<u64> {
+    name.strip_prefix('f')?.split('-').next()?.parse().ok()
+}
+
+/// One random operation against the mount; the record is marked unclean
+/// before the operation (it may half-happen at a kill) and updated after.
+fn step(mnt: &Path, store: &Path, rec: &Mutex<Record>, rng: &mut Rng) -> std::io::Result<()> {
+    let (op, id, name) = {
+        let mut r = rec.lock().unwrap();
+        let op = rng.below(100);
+        let ids: Vec<u64> = r.files.keys().copied().collect();
+        if ids.is_empty() || op < 12 {
+            r.next_id += 1;
+            let id = r.next_id;
+            r.files.insert(
+                id,
+                FileRec {
+                    names: vec![format!("f{id}")],
+                    ..FileRec::default()
+                },
+            );
+            (0, id, format!("f{id}"))
+        } else {
+            let id = ids[rng.below(ids.len() as u64) as usize];
+            let f = r.files.get_mut(&id).unwrap();
+            f.clean = false;
+            let name = f.names[rng.below(f.names.len() as u64) as usize].clone();
+            (op, id, name)
+        }
+    };
+    let path = mnt.join(&name);
+    let upd = |f: &mut dyn FnMut(&mut Record)| f(&mut rec.lock().unwrap());
+    match op {
+        0 => {
+            File::create(&path)?;
+        }
+        1..=39 => {
+            // write, overwrite or append
+            let size = rec.lock().unwrap().files[&id].content.len() as u64;
+            let off = if op < 15 { size } else { rng.below(size + 1) } & !7;
+            let len = (1 + rng.below(if op.is_multiple_of(3) {
+                600_000
+            } else {
+                20_000
+            })) * 8;
+            let gen = {
+                let mut r = rec.lock().unwrap();
+                r.gen += 1;
+                r.gen
+            };
+            let data = pattern(id, gen, off, len);
+            File::options()
+                .write(true)
+                .open(&path)?
+                .write_all_at(&data, off)?;
+            upd(&mut |r| {
+                let c = &mut r.files.get_mut(&id).unwrap().content;
+                if c.len() < (off + len) as usize {
+                    c.resize((off + len) as usize, 0);
+                }
+                c[off as usize..(off + len) as usize].copy_from_slice(&data);
+            });
+        }
+        40..=49 => {
+            let size = rec.lock().unwrap().files[&id].content.len() as u64;
+            let to = rng.below(size + 200_000) & !7;
+            File::options().write(true).open(&path)?.set_len(to)?;
+            upd(&mut |r| r.files.get_mut(&id).unwrap().content.resize(to as usize, 0));
+        }
+        50..=69 => {
+            File::options().write(true).open(&path)?.sync_all()?;
+            upd(&mut |r| {
+                let f = r.files.get_mut(&id).unwrap();
+                f.synced = Some((name.clone(), f.content.clone()));
+                f.clean = true;
+            });
+        }
+        70..=77 => {
+            let new = {
+                let mut r = rec.lock().unwrap();
+                r.next_name += 1;
+                format!("f{id}-{}", r.next_name)
+            };
+            std::fs::rename(&path, mnt.join(&new))?;
+            upd(&mut |r| {
+                let f = r.files.get_mut(&id).unwrap();
+                f.names.retain(|n| *n != name);
+                f.names.push(new.clone());
+            });
+        }
+        78..=83 => {
+            let new = {
+                let mut r = rec.lock().unwrap();
+                r.next_name += 1;
+                format!("f{id}-{}", r.next_name)
+            };
+            std::fs::hard_link(&path, mnt.join(&new))?;
+            upd(&mut |r| r.files.get_mut(&id).unwrap().names.push(new.clone()));
+        }
+        84..=91 => {
+            std::fs::remove_file(&path)?;
+            upd(&mut |r| {
+                let f = r.files.get_mut(&id).unwrap();
+                f.names.retain(|n| *n != name);
+                if f.names.is_empty() {
+                    r.files.remove(&id);
+                }
+            });
+        }
+        92..=96 => {
+            // read back and compare while running
+            let got = std::fs::read(&path)?;
+            let r = rec.lock().unwrap();
+            assert!(
+                got == r.files[&id].content,
+                "{name}: read differs from what was written (live)"
+            );
+        }
+        _ => {
+            // online gc through the mount process (it may be killed during it)
+            let out = onecopy(&["store", "gc", store.to_str().unwrap()]);
+            if !out.status.success() {
+                return Err(std::io::Error::other("gc failed"));
+            }
+            rec.lock().unwrap().gcs += 1;
+        }
+    }
+    Ok(())
+}
+
+/// After a restart: every name belongs to a file of the record, every
+/// word is the file's own or zero, every clean fsync'd file reads exactly
+/// as at its fsync. The record is then reset to what the store holds.
+fn check_after_restart(mnt: &Path, rec: &Mutex<Record>, round: usize) {
+    let mut r = rec.lock().unwrap();
+    let mut found: BTreeMap<u64, FileRec> = BTreeMap::new();
+    for e in std::fs::read_dir(mnt).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name().into_string().unwrap();
+        let id = id_of(&name).unwrap_or_else(|| panic!("round {round}: stray name {name}"));
+        assert!(id <= r.next_id, "round {round}: {name} was never created");
+        let data = std::fs::read(e.path()).unwrap();
+        if let Some(at) = foreign_word(id, &data) {
+            panic!("round {round}: {name} holds bytes never written to it at {at}");
+        }
+        let f = found.entry(id).or_default();
+        if !f.names.is_empty() {
+            assert_eq!(f.content, data, "round {round}: hard links of {id} differ");
+        }
+        f.names.push(name);
+        f.content = data;
+    }
+    for (id, f) in &r.files {
+        if let (true, Some((name, content))) = (f.clean, &f.synced) {
+            let got = found.get(id).filter(|g| g.names.contains(name));
+            let got = got.unwrap_or_else(|| panic!("round {round}: fsync'd {name} is gone"));
+            assert!(
+                got.content == *content,
+                "round {round}: fsync'd {name} lost bytes ({} vs {} bytes)",
+                got.content.len(),
+                content.len()
+            );
+        }
+    }
+    for f in found.values_mut() {
+        f.synced = Some((f.names[0].clone(), f.content.clone()));
+        f.clean = true;
+    }
+    r.files = found;
+}
+
+fn kills() -> usize {
+    std::env::var("ONECOPY_FAULT_KILLS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(30)
+}
+
+#[test]
+fn kill_9_at_random_points_of_a_mixed_workload() {
+    if !can_fuse() {
+        return;
+    }
+    for chunking in ["fixed:64K", "cdc:16K/64K/256K"] {
+        kill_rounds(chunking, kills() / 2);
+    }
+}
+
+fn kill_rounds(chunking: &str, rounds: usize) {
+    let s = scratch(&["--chunking", chunking, "--container-size", "1M"]);
+    let mut rng = Rng::seeded(chunking);
+    let rec = Arc::new(Mutex::new(Record::default()));
+    for round in 0..rounds {
+        let m = Mount::new(&s);
+        let (mnt, store, rec2) = (s.mnt.clone(), s.store.clone(), rec.clone());
+        let mut wrng = Rng(rng.next() | 1);
+        let worker = std::thread::spawn(
+            move || {
+                while step(&mnt, &store, &rec2, &mut wrng).is_ok() {}
+            },
+        );
+        std::thread::sleep(Duration::from_millis(100 + rng.below(900)));
+        m.kill();
+        worker.join().expect("workload thread");
+        fsck_clean(&s.store);
+        let m = Mount::new(&s);
+        check_after_restart(&s.mnt, &rec, round);
+        m.unmount();
+    }
+    // No leak: after gc every stored chunk is referenced, and once every
+    // file is gone gc leaves no chunk and at most the open container.
+    let out = onecopy(&["store", "gc", s.store.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    let st = stats(&s.store);
+    assert_eq!(st["unreferenced_chunks"], 0, "{st}");
+    assert!(
+        st["unique_bytes"].as_u64() <= st["logical_bytes"].as_u64(),
+        "{st}"
+    );
+    let m = Mount::new(&s);
+    for e in std::fs::read_dir(&s.mnt).unwrap() {
+        std::fs::remove_file(e.unwrap().path()).unwrap();
+    }
+    m.unmount();
+    let out = onecopy(&["store", "gc", s.store.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    let st = stats(&s.store);
+    assert_eq!(
+        (st["chunks"].as_u64(), st["stored_bytes"].as_u64()),
+        (Some(0), Some(0)),
+        "{st}"
+    );
+    let left = container_bytes_on_disk(&s.store);
+    assert!(left <= 2 << 20, "{left} container bytes left with no data");
+    fsck_clean(&s.store);
+    eprintln!(
+        "{chunking}: {rounds} kills, {} online gcs",
+        rec.lock().unwrap().gcs
+    );
+}
+
+// ---------------------------------------------------------------------
+// Corruption.
+// ---------------------------------------------------------------------
+
+/// Records of every container: (container path, record offset, stored len).
+fn records(store: &Path) -> Vec<(PathBuf, u64, u64)> {
+    let mut out = Vec::new();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(store.join("containers"))
+        .unwrap()
+        .flat_map(|d| std::fs::read_dir(d.unwrap().path()).unwrap())
+        .map(|f| f.unwrap().path())
+        .collect();
+    files.sort();
+    for p in files {
+        let bytes = std::fs::read(&p).unwrap();
+        let mut at = 16usize;
+        while at + 48 <= bytes.len() {
+            let stored = u32::from_le_bytes(bytes[at + 36..at + 40].try_into().unwrap()) as usize;
+            out.push((p.clone(), at as u64, stored as u64));
+            at += 48 + stored;
+        }
+    }
+    out
+}
+
+fn flip(path: &Path, at: u64) {
+    let f = File::options().read(true).write(true).open(path).unwrap();
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, at).unwrap();
+    b[0] ^= 0x5a;
+    f.write_all_at(&b, at).unwrap();
+    f.sync_all().unwrap();
+}
+
+#[test]
+fn flipped_bytes_are_reported_and_read_as_eio() {
+    if !can_fuse() {
+        return;
+    }
+    let mut rng = Rng::seeded("corruption");
+    let s = scratch(&["--compress", "none", "--container-size", "1M"]);
+    let m = Mount::new(&s);
+    let mut want = BTreeMap::new();
+    for id in 1..=6u64 {
+        let data = pattern(id, 1, 0, (1 << 20) + id * 4096);
+        std::fs::write(s.mnt.join(format!("f{id}")), &data).unwrap();
+        want.insert(id, data);
+    }
+    m.unmount();
+    // Damage three distinct chunks: a payload byte (past the first word,
+    // which says whose chunk it is), a header byte, a CRC byte.
+    let recs = records(&s.store);
+    assert!(recs.len() >= 6 * 16, "{} records", recs.len());
+    let mut damaged = BTreeMap::new();
+    for (k, field) in [(0usize, "payload"), (1, "raw length"), (2, "crc")] {
+        let (path, at, stored) = loop {
+            let r = &recs[rng.below(recs.len() as u64) as usize];
+            let bytes = std::fs::read(&r.0).unwrap();
+            let w = u64::from_le_bytes(bytes[r.1 as usize + 48..][..8].try_into().unwrap());
+            let key = (w >> 48, (w & 0xffff_ffff) * 8);
+            if let std::collections::btree_map::Entry::Vacant(e) = damaged.entry(key) {
+                e.insert(field);
+                break r.clone();
+            }
+        };
+        let pos = match k {
+            0 => at + 48 + 8 + rng.below(stored - 8),
+            1 => at + 32,
+            _ => at + 44,
+        };
+        flip(&path, pos);
+    }
+    let scrub = onecopy(&["store", "scrub", s.store.to_str().unwrap()]);
+    assert_eq!(scrub.status.code(), Some(1), "{scrub:?}");
+    let text = String::from_utf8_lossy(&scrub.stdout);
+    assert!(text.contains(", 3 damaged"), "scrub: {text}");
+    // Through the mount: a damaged chunk is EIO, every other byte reads
+    // exactly as written.
+    let m = Mount::new(&s);
+    for (id, data) in &want {
+        let f = File::open(s.mnt.join(format!("f{id}"))).unwrap();
+        for off in (0..data.len() as u64).step_by(64 << 10) {
+            let n = (64 << 10).min(data.len() - off as usize);
+            let mut buf = vec![0u8; n];
+            let r = f.read_exact_at(&mut buf, off);
+            if damaged.contains_key(&(*id, off)) {
+                let e = r.expect_err("damaged chunk read");
+                assert_eq!(e.raw_os_error(), Some(libc::EIO), "f{id}@{off}: {e}");
+            } else {
+                r.unwrap_or_else(|e| panic!("f{id}@{off}: {e}"));
+                assert!(
+                    buf == data[off as usize..off as usize + n],
+                    "f{id}@{off}: wrong bytes"
+                );
+            }
+        }
+    }
+    m.unmount();
+    // fsck --repair names what it cannot salvage and exits 1.
+    let fsck = onecopy(&["store", "fsck", "--repair", s.store.to_str().unwrap()]);
+    assert_eq!(fsck.status.code(), Some(1), "{fsck:?}");
+    let text = String::from_utf8_lossy(&fsck.stdout);
+    for (id, off) in damaged.keys() {
+        assert!(
+            text.contains(&format!("offset {off}")),
+            "fsck does not name f{id}@{off}: {text}"
+        );
+    }
+    // The store stays usable: new writes and remount work.
+    let m = Mount::new(&s);
+    std::fs::write(s.mnt.join("new"), b"after damage").unwrap();
+    m.unmount();
+    let m = Mount::new(&s);
+    assert_eq!(std::fs::read(s.mnt.join("new")).unwrap(), b"after damage");
+    m.unmount();
+}
+
+#[test]
+fn damaged_metadata_is_an_error_not_a_panic() {
+    if !can_fuse() {
+        return;
+    }
+    let s = scratch(&[]);
+    let m = Mount::new(&s);
+    std::fs::write(s.mnt.join("a"), b"x").unwrap();
+    m.unmount();
+    let st = s.store.to_str().unwrap();
+    let db = s.store.join("meta.sqlite");
+    let good = std::fs::read(&db).unwrap();
+    // The SQLite header overwritten: every command fails with exit 4.
+    let mut bad = good.clone();
+    bad[..16].copy_from_slice(b"garbage garbage!");
+    std::fs::write(&db, &bad).unwrap();
+    for args in [
+        vec!["store", "fsck", st],
+        vec!["store", "scrub", st],
+        vec!["store", "gc", st],
+    ] {
+        let out = onecopy(&args);
+        assert_eq!(out.status.code(), Some(4), "{args:?}: {out:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("metadata database"));
+    }
+    let out = onecopy(&["mount", st, s.mnt.to_str().unwrap()]);
+    assert!(!out.status.success() && !is_mounted(&s.mnt), "{out:?}");
+    // A damaged store.json: not a store (exit 2).
+    std::fs::write(&db, &good).unwrap();
+    std::fs::write(s.store.join("store.json"), b"{\"magic\":").unwrap();
+    let out = onecopy(&["store", "fsck", st]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+}
+
+// ---------------------------------------------------------------------
+// Out of space.
+// ---------------------------------------------------------------------
+
+fn random_bytes(rng: &mut Rng, len: usize) -> Vec<u8> {
+    (0..len.div_ceil(8))
+        .flat_map(|_| rng.next().to_le_bytes())
+        .take(len)
+        .collect()
+}
+
+/// Writes and fsyncs `data` as `path`; the errno of the first failure.
+fn write_synced(path: &Path, data: &[u8]) -> Result<(), i32> {
+    let r = (|| {
+        let f = File::create(path)?;
+        f.write_all_at(data, 0)?;
+        f.sync_all()
+    })();
+    r.map_err(|e| e.raw_os_error().unwrap_or(-1))
+}
+
+#[test]
+fn full_backing_filesystem_gives_enospc_and_recovers() {
+    if !can_fuse() {
+        return;
+    }
+    let mut rng = Rng::seeded("enospc");
+    let lo = LoopFs::new(FsKind::Ext4, 64 << 20).unwrap();
+    let s = scratch_in(lo.path(), &["--compress", "none", "--container-size", "1M"]);
+    let ballast = lo.path().join("ballast");
+    std::fs::write(&ballast, vec![1u8; 8 << 20]).unwrap();
+    let m = Mount::new(&s);
+    let mut kept = BTreeMap::new();
+    let mut err = None;
+    for i in 0..40 {
+        let data = random_bytes(&mut rng, (2 << 20) + i * 4096);
+        let name = format!("f{i}");
+        match write_synced(&s.mnt.join(&name), &data) {
+            Ok(()) => {
+                kept.insert(name, data);
+            }
+            Err(e) => {
+                err = Some(e);
+                break;
+            }
+        }
+    }
+    assert_eq!(err, Some(libc::ENOSPC), "the program sees ENOSPC");
+    // Still serving: what was fsync'd reads back.
+    for (name, data) in &kept {
+        assert!(std::fs::read(s.mnt.join(name)).unwrap() == *data, "{name}");
+    }
+    // gc on the full disk: it succeeds or fails with exit 4 and says so,
+    // and the mount keeps serving what was there.
+    // An unlink on the full disk may fail with ENOSPC (SQLite needs room
+    // in its WAL, there is no reserve yet); then the file is intact.
+    let first = kept.keys().next().unwrap().clone();
+    match std::fs::remove_file(s.mnt.join(&first)) {
+        Ok(()) => {
+            kept.remove(&first);
+        }
+        Err(e) => assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "unlink: {e}"),
+    }
+    let gc = onecopy(&["store", "gc", s.store.to_str().unwrap()]);
+    assert!(matches!(gc.status.code(), Some(0) | Some(4)), "{gc:?}");
+    for (name, data) in &kept {
+        assert!(
+            std::fs::read(s.mnt.join(name)).unwrap() == *data,
+            "{name} after gc on a full disk"
+        );
+    }
+    // Space freed outside the store: service is normal again.
+    std::fs::remove_file(&ballast).unwrap();
+    let data = random_bytes(&mut rng, 3 << 20);
+    write_synced(&s.mnt.join("after"), &data).expect("write once space is freed");
+    kept.insert("after".into(), data);
+    // Space freed inside the store: delete files, online gc, write again.
+    let gone: Vec<String> = kept.keys().filter(|n| n.len() == 2).cloned().collect();
+    for name in &gone {
+        std::fs::remove_file(s.mnt.join(name)).unwrap();
+        kept.remove(name);
+    }
+    let gc = onecopy(&["store", "gc", s.store.to_str().unwrap()]);
+    assert!(gc.status.success(), "{gc:?}");
+    let mut more = 0;
+    for i in 0..8 {
+        let data = random_bytes(&mut rng, 2 << 20);
+        let name = format!("g{i}");
+        if write_synced(&s.mnt.join(&name), &data).is_ok() {
+            kept.insert(name, data);
+            more += 1;
+        }
+    }
+    assert!(more >= 4, "only {more} files fit after gc freed space");
+    m.unmount();
+    fsck_clean(&s.store);
+    let m = Mount::new(&s);
+    for (name, data) in &kept {
+        assert!(
+            std::fs::read(s.mnt.join(name)).unwrap() == *data,
+            "{name} after remount"
+        );
+    }
+    m.unmount();
+}
+
+// ---------------------------------------------------------------------
+// Permissions and the lock.
+// ---------------------------------------------------------------------
+
+/// Runs `sh -c script` as user and group 65534 (nobody).
+fn as_nobody(script: &str) -> Output {
+    Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "sh",
+            "-c",
+            script,
+        ])
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn store_is_private_locked_and_checks_permissions() {
+    if !can_fuse() {
+        return;
+    }
+    let s = scratch(&[]);
+    let mode = std::fs::metadata(&s.store).unwrap().mode() & 0o777;
+    assert_eq!(mode, 0o700, "store directory mode {mode:o}");
+    let m = Mount::new(&s);
+    // A second mount (or offline command) of the same store is refused.
+    let other = s.store.with_extension("mnt2");
+    std::fs::create_dir(&other).unwrap();
+    let out = onecopy(&[
+        "mount",
+        "-f",
+        s.store.to_str().unwrap(),
+        other.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("in use"));
+    assert!(!is_mounted(&other));
+    // Another user: the kernel checks the mode bits (default_permissions).
+    let mnt = s.mnt.to_str().unwrap();
+    std::fs::write(s.mnt.join("secret"), b"root only").unwrap();
+    std::fs::set_permissions(s.mnt.join("secret"), PermissionsExt::from_mode(0o600)).unwrap();
+    std::fs::create_dir(s.mnt.join("pub")).unwrap();
+    std::fs::set_permissions(s.mnt.join("pub"), PermissionsExt::from_mode(0o777)).unwrap();
+    std::fs::write(s.mnt.join("suid"), b"program").unwrap();
+    std::fs::set_permissions(s.mnt.join("suid"), PermissionsExt::from_mode(0o6777)).unwrap();
+    for script in [
+        format!("cat {mnt}/secret"),
+        format!("echo x >> {mnt}/secret"),
+        format!("echo x > {mnt}/new"),
+        format!("mkdir {mnt}/d"),
+        format!("rm {mnt}/suid"),
+    ] {
+        let out = as_nobody(&script);
+        assert!(!out.status.success(), "{script} succeeded as nobody");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("Permission denied"),
+            "{script}: {out:?}"
+        );
+    }
+    let out = as_nobody(&format!("echo mine > {mnt}/pub/mine && cat {mnt}/pub/mine"));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "mine\n", "{out:?}");
+    // A write by another user clears setuid and setgid.
+    let out = as_nobody(&format!("echo more >> {mnt}/suid"));
+    assert!(out.status.success(), "{out:?}");
+    let mode = std::fs::metadata(s.mnt.join("suid")).unwrap().mode() & 0o7777;
+    assert_eq!(
+        mode, 0o777,
+        "setuid/setgid kept after a write by another user"
+    );
+    assert_eq!(std::fs::read(s.mnt.join("secret")).unwrap(), b"root only");
+    m.unmount();
+    fsck_clean(&s.store);
+}
+
+// ---------------------------------------------------------------------
+// Hostile input.
+// ---------------------------------------------------------------------
+
+fn sh(script: &str) -> Output {
+    let out = Command::new("sh").args(["-c", script]).output().unwrap();
+    assert!(out.status.success(), "{script}: {out:?}");
+    out
+}
+
+/// Names with newlines, invalid UTF-8 and 255 bytes, a deep tree, a
+/// 1 TB sparse file and xattrs at the kernel's size limit all round-trip
+/// through the mount and a remount.
+#[test]
+fn hostile_names_deep_trees_huge_sparse_files_and_big_xattrs() {
+    if !can_fuse() {
+        return;
+    }
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let s = scratch(&[]);
+    let m = Mount::new(&s);
+    let long = vec![b'n'; 255];
+    let names: Vec<&[u8]> = vec![
+        b"a\nb",
+        b"\xff\xfe\x80",
+        &long,
+        b"-rf",
+        b" space ",
+        b"tab\tand\rcr",
+        b"..x",
+    ];
+    for (i, n) in names.iter().enumerate() {
+        std::fs::write(s.mnt.join(OsStr::from_bytes(n)), format!("file {i}")).unwrap();
+    }
+    let too_long = s.mnt.join(OsStr::from_bytes(&[b'n'; 256]));
+    let e = std::fs::write(&too_long, b"x").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENAMETOOLONG), "{e}");
+    let mnt = s.mnt.to_str().unwrap();
+    // A tree 2,000 levels deep (paths far beyond PATH_MAX), built and
+    // read with relative steps.
+    sh(&format!(
+        "cd {mnt} && i=0; while [ $i -lt 2000 ]; do mkdir d && cd d || exit 1; i=$((i+1)); done; echo deep > f"
+    ));
+    // A 1 TB sparse file with data at both ends.
+    let huge = s.mnt.join("huge");
+    let f = File::create(&huge).unwrap();
+    f.set_len(1 << 40).unwrap();
+    f.write_all_at(b"head", 0).unwrap();
+    f.write_all_at(b"tail", (1 << 40) - 4).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    // xattrs: the largest value the kernel passes (64 KiB), a 255-byte name.
+    let xname = format!("user.{}", "x".repeat(250));
+    sh(&format!(
+        "python3 -c \"import os; os.setxattr('{mnt}/huge', b'user.big', bytes(range(256)) * 256); \
+         os.setxattr('{mnt}/huge', b'{xname}', b'v')\""
+    ));
+    let check = |round: &str| {
+        let mut got: Vec<Vec<u8>> = std::fs::read_dir(&s.mnt)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().as_bytes().to_vec())
+            .collect();
+        got.sort();
+        let mut want: Vec<Vec<u8>> = names.iter().map(|n| n.to_vec()).collect();
+        want.extend([b"d".to_vec(), b"huge".to_vec()]);
+        want.sort();
+        assert_eq!(got, want, "{round}: names");
+        for (i, n) in names.iter().enumerate() {
+            let data = std::fs::read(s.mnt.join(OsStr::from_bytes(n))).unwrap();
+            assert_eq!(data, format!("file {i}").as_bytes(), "{round}");
+        }
+        let depth = sh(&format!(
+            "cd {mnt} && n=0; while [ -d d ]; do cd d; n=$((n+1)); done; echo $n; cat f"
+        ));
+        assert_eq!(
+            String::from_utf8_lossy(&depth.stdout),
+            "2000\ndeep\n",
+            "{round}"
+        );
+        let f = File::open(&huge).unwrap();
+        assert_eq!(f.metadata().unwrap().len(), 1 << 40);
+        let mut b = [9u8; 4];
+        for (at, want) in [(0, b"head"), ((1 << 40) - 4, b"tail"), (1 << 39, &[0u8; 4])] {
+            f.read_exact_at(&mut b, at).unwrap();
+            assert_eq!(&b, want, "{round}: huge@{at}");
+        }
+        let x = sh(&format!(
+            "python3 -c \"import os; v = os.getxattr('{mnt}/huge', b'user.big'); \
+             assert v == bytes(range(256)) * 256; print(os.getxattr('{mnt}/huge', b'{xname}'))\""
+        ));
+        assert_eq!(String::from_utf8_lossy(&x.stdout), "b'v'\n", "{round}");
+    };
+    check("mounted");
+    m.unmount();
+    fsck_clean(&s.store);
+    let st = stats(&s.store);
+    assert!(st["stored_bytes"].as_u64().unwrap() < 1 << 20, "{st}");
+    let m = Mount::new(&s);
+    check("remounted");
+    m.unmount();
+}

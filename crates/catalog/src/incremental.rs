@@ -85,10 +85,12 @@ pub fn classify(
         .map(|r| ((r.subvol, r.ino), r))
         .collect();
     let mut out = Classified::default();
-    for e in walked {
+    // The files to read stay in the walked list (filtered in place, then
+    // shrunk): no second list of every entry.
+    let mut to_read = walked;
+    to_read.retain_mut(|e| {
         let Some(rec) = by_key.remove(&(e.subvol, e.ino)) else {
-            out.to_read.push(e);
-            continue;
+            return true;
         };
         let same_data = rec.size == e.size && rec.mtime_ns == e.mtime_ns;
         // A rename or a new or removed hard link changes ctime but not the
@@ -103,21 +105,29 @@ pub fn classify(
         } else {
             false
         };
-        if known {
-            if rec.path != e.path {
-                out.renamed += 1;
-            }
-            let dirty = relinked || rec.ctime_ns != e.ctime_ns;
-            out.known.push(Known {
-                settled: rec.settled,
-                file: to_hashed(rec, e),
-                outside_roots: false,
-                dirty,
-            });
-        } else {
-            out.to_read.push(e);
+        if !known {
+            return true;
         }
-    }
+        if rec.path != e.path {
+            out.renamed += 1;
+        }
+        let dirty = relinked || rec.ctime_ns != e.ctime_ns;
+        // The entry leaves the list: its path moves, nothing is copied.
+        let entry = FileEntry {
+            path: std::mem::take(&mut e.path),
+            ..e.clone()
+        };
+        out.known.push(Known {
+            settled: rec.settled,
+            file: to_hashed(rec, entry),
+            outside_roots: false,
+            dirty,
+        });
+        false
+    });
+    to_read.shrink_to_fit();
+    out.to_read = to_read;
+    out.known.shrink_to_fit();
     // Records the walk did not meet.
     for (_, rec) in by_key {
         let key = (rec.fs.clone(), rec.subvol, rec.ino);

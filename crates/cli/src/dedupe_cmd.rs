@@ -163,19 +163,15 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
 
     // Split by filesystem; consult each filesystem's catalog.
     let t = Instant::now();
-    let mut per_fs: BTreeMap<FsId, FsRun> = BTreeMap::new();
-    for e in walked.files {
-        per_fs
-            .entry(e.fs)
-            .or_insert_with(|| FsRun::new(&e))
-            .walked
-            .push(e);
-    }
+    let mut per_fs: BTreeMap<FsId, FsRun> = onecopy_scan::split_by(walked.files, |e| e.fs)
+        .into_iter()
+        .map(|(fs, walked)| (fs, FsRun::new(walked)))
+        .collect();
     let mut to_read = Vec::new();
     for run in per_fs.values_mut() {
         let walked = std::mem::take(&mut run.walked);
         if a.no_catalog {
-            to_read.extend(walked);
+            append_moving(&mut to_read, walked);
             continue;
         }
         let path = catalog_path(&a, &run.key);
@@ -201,14 +197,14 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
                 report.files_known += c.known.len() as u64;
                 report.files_renamed += c.renamed;
                 report.catalogs.push(path.display().to_string());
-                to_read.extend(c.to_read);
+                append_moving(&mut to_read, c.to_read);
                 run.known = c.known;
                 run.deleted = c.deleted;
                 run.catalog = Some(cat);
             }
             Err(e) => {
                 ui.warn(&format!("{e}; running without a catalog"));
-                to_read.extend(walked);
+                append_moving(&mut to_read, walked);
             }
         }
     }
@@ -242,9 +238,9 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
                 .collect(),
         );
     }
-    for f in hashed.files {
-        if let Some(run) = per_fs.get_mut(&f.entry.fs) {
-            run.fresh.push(f);
+    for (fs, fresh) in onecopy_scan::split_by(std::mem::take(&mut hashed.files), |f| f.entry.fs) {
+        if let Some(run) = per_fs.get_mut(&fs) {
+            run.fresh = fresh;
         }
     }
 
@@ -424,17 +420,29 @@ struct FsRun {
 }
 
 impl FsRun {
-    fn new(first: &onecopy_scan::FileEntry) -> FsRun {
+    /// `walked` is not empty (the lists come from [`onecopy_scan::split_by`]).
+    fn new(walked: Vec<onecopy_scan::FileEntry>) -> FsRun {
+        let (fs, fs_block) = (walked[0].fs, walked[0].fs_block);
         FsRun {
-            fs: first.fs,
-            fs_block: first.fs_block,
-            key: fs_key(first.fs),
-            walked: Vec::new(),
+            fs,
+            fs_block,
+            key: fs_key(fs),
+            walked,
             known: Vec::new(),
             fresh: Vec::new(),
             deleted: Vec::new(),
             catalog: None,
         }
+    }
+}
+
+/// Appends `more` to `to`, moving the list instead of copying it when `to`
+/// is empty (one filesystem: the usual case).
+fn append_moving<T>(to: &mut Vec<T>, mut more: Vec<T>) {
+    if to.is_empty() {
+        *to = more;
+    } else {
+        to.append(&mut more);
     }
 }
 

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Read;
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 
 use crate::{FileEntry, Progress, ScanError, SkipReason};
@@ -85,11 +85,17 @@ enum Outcome {
 
 /// Reads and fingerprints every file, `opts.threads` files at a time.
 /// Files that fail or change while being read are recorded, not returned.
+///
+/// Memory: each entry is moved into its result (no second copy of its
+/// path), and results are moved into the output a slice at a time while
+/// the collected buffer shrinks behind them, so at no point are two full
+/// arrays of per-file records alive.
 pub fn hash_files(files: Vec<FileEntry>, opts: &HashOptions, progress: &Progress) -> HashOutput {
     let bs = opts.block_size.max(512) as usize;
     let read_size = opts.read_size.max(bs).div_ceil(bs) * bs;
-    let next = AtomicUsize::new(0);
-    let results: Mutex<Vec<(usize, Outcome)>> = Mutex::new(Vec::with_capacity(files.len()));
+    let n = files.len();
+    let queue = Mutex::new(files.into_iter().enumerate());
+    let results: Mutex<Vec<(usize, Outcome)>> = Mutex::new(Vec::with_capacity(n));
     std::thread::scope(|s| {
         for _ in 0..opts.threads.max(1) {
             s.spawn(|| {
@@ -99,8 +105,9 @@ pub fn hash_files(files: Vec<FileEntry>, opts: &HashOptions, progress: &Progress
                     if progress.cancelled() {
                         break;
                     }
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(entry) = files.get(i) else { break };
+                    let Some((i, entry)) = queue.lock().unwrap().next() else {
+                        break;
+                    };
                     let out = hash_one(entry, bs, &mut buf, progress);
                     progress.files_done.fetch_add(1, Ordering::Relaxed);
                     mine.push((i, out));
@@ -112,10 +119,21 @@ pub fn hash_files(files: Vec<FileEntry>, opts: &HashOptions, progress: &Progress
             });
         }
     });
+    // Entries not reached (cancelled) go now, before the output grows.
+    drop(queue);
     let mut results = results.into_inner().unwrap();
-    results.sort_unstable_by_key(|(i, _)| *i);
-    let mut out = HashOutput::default();
-    for (_, r) in results {
+    // Descending, so that popping yields the input's order.
+    results.sort_unstable_by_key(|(i, _)| std::cmp::Reverse(*i));
+    let done = results
+        .iter()
+        .filter(|(_, r)| matches!(r, Outcome::Done(..)))
+        .count();
+    let mut out = HashOutput {
+        files: Vec::with_capacity(done),
+        ..HashOutput::default()
+    };
+    let mut moved = 0usize;
+    while let Some((_, r)) = results.pop() {
         match r {
             Outcome::Done(f, n) => {
                 out.bytes_read += n;
@@ -124,9 +142,18 @@ pub fn hash_files(files: Vec<FileEntry>, opts: &HashOptions, progress: &Progress
             Outcome::Skip(r) => *out.skipped.entry(r).or_default() += 1,
             Outcome::Error(e) => out.errors.push(e),
         }
+        moved += 1;
+        if moved.is_multiple_of(SHRINK_EVERY) {
+            // Give back what was moved out (a large buffer shrinks in place).
+            results.shrink_to_fit();
+        }
     }
     out
 }
+
+/// Results moved between two shrinks of the collected buffer: bounds the
+/// overlap of the two arrays to this many records.
+const SHRINK_EVERY: usize = 1 << 14;
 
 fn open_noatime(path: &std::path::Path) -> std::io::Result<File> {
     use rustix::fs::OFlags;
@@ -141,36 +168,34 @@ fn open_noatime(path: &std::path::Path) -> std::io::Result<File> {
 
 /// Adds the bytes it reads to `progress.bytes_done` as it reads them, so
 /// a progress display shows the true rate even inside one large file.
-fn hash_one(entry: &FileEntry, bs: usize, buf: &mut [u8], progress: &Progress) -> Outcome {
-    let path = &entry.path;
-    let mut f = match open_noatime(path) {
+fn hash_one(entry: FileEntry, bs: usize, buf: &mut [u8], progress: &Progress) -> Outcome {
+    let FileEntry {
+        path,
+        read_only,
+        fs,
+        subvol,
+        fs_block,
+        ..
+    } = entry;
+    let mut f = match open_noatime(&path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Outcome::Skip(SkipReason::Vanished)
         }
-        Err(source) => {
-            return Outcome::Error(ScanError::Open {
-                path: path.clone(),
-                source,
-            })
-        }
+        Err(source) => return Outcome::Error(ScanError::Open { path, source }),
     };
     let meta = match f.metadata() {
         Ok(m) => m,
-        Err(source) => {
-            return Outcome::Error(ScanError::Stat {
-                path: path.clone(),
-                source,
-            })
-        }
+        Err(source) => return Outcome::Error(ScanError::Stat { path, source }),
     };
     if !meta.is_file() {
         return Outcome::Skip(SkipReason::NotRegular);
     }
     let entry = FileEntry {
-        read_only: entry.read_only,
-        ..FileEntry::from_meta(path.clone(), &meta, entry.fs, entry.subvol, entry.fs_block)
+        read_only,
+        ..FileEntry::from_meta(path, &meta, fs, subvol, fs_block)
     };
+    let path = &entry.path;
     if entry.size == 0 {
         return Outcome::Skip(SkipReason::TooSmall);
     }
@@ -264,8 +289,48 @@ mod tests {
         };
         let progress = Progress::default();
         let out = hash_files(vec![entry], &opts, &progress);
+        assert_eq!(out.files.len(), 1);
         assert_eq!(out.bytes_read, 3 * 65536 + 100);
         assert_eq!(progress.bytes_done.load(Ordering::Relaxed), out.bytes_read);
         assert_eq!(progress.files_done.load(Ordering::Relaxed), 1);
+    }
+
+    /// Results come back in the input's order whatever thread read them,
+    /// with the entries moved (not re-listed) and missing files counted.
+    #[test]
+    fn output_keeps_input_order_across_threads() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut entries = Vec::new();
+        for i in 0..300u32 {
+            let path = dir.path().join(format!("f{i}"));
+            std::fs::write(&path, i.to_le_bytes().repeat(1 + i as usize * 7)).unwrap();
+            let meta = std::fs::metadata(&path).unwrap();
+            entries.push(FileEntry::from_meta(path, &meta, 1, 0, 4096));
+        }
+        std::fs::remove_file(dir.path().join("f17")).unwrap();
+        let opts = HashOptions {
+            block_size: 4096,
+            threads: 3,
+            read_size: 4096,
+        };
+        let out = hash_files(entries, &opts, &Progress::default());
+        let names: Vec<String> = out
+            .files
+            .iter()
+            .map(|f| {
+                f.entry
+                    .path
+                    .file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        let want: Vec<String> = (0..300)
+            .filter(|&i| i != 17)
+            .map(|i| format!("f{i}"))
+            .collect();
+        assert_eq!(names, want);
+        assert_eq!(out.skipped.get(&SkipReason::Vanished), Some(&1));
     }
 }

@@ -392,7 +392,12 @@ pub fn walk(opts: &WalkOptions, progress: &Progress) -> WalkOutput {
             }
             walk_long(&dir, info, &filters, progress, &mut got);
         }
-        out.files.append(&mut got.files);
+        if out.files.is_empty() {
+            // The usual single root: the list moves, it is not copied.
+            out.files = std::mem::take(&mut got.files);
+        } else {
+            out.files.append(&mut got.files);
+        }
         out.errors.append(&mut got.errors);
         for (k, v) in got.skipped {
             *out.skipped.entry(k).or_default() += v;
@@ -403,6 +408,8 @@ pub fn walk(opts: &WalkOptions, progress: &Progress) -> WalkOutput {
         *out.skipped.entry(SkipReason::Hardlink).or_default() += links;
         progress.files_found.fetch_sub(links, Ordering::Relaxed);
     }
+    // The list grew by doubling: give the slack back before it is kept.
+    out.files.shrink_to_fit();
     WalkOutput {
         files: out.files,
         skipped: out.skipped,

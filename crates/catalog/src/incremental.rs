@@ -54,8 +54,8 @@ fn under_roots(p: &std::path::Path, roots: &[PathBuf]) -> bool {
 fn to_hashed(rec: FileRecord, entry: FileEntry) -> HashedFile {
     HashedFile {
         entry,
-        blocks: rec.blocks,
-        subs: Vec::new(),
+        blocks: rec.blocks.into_boxed_slice(),
+        subs: Box::default(),
         whole: rec.whole,
         inode_flags: rec.flags,
         generation: rec.generation,

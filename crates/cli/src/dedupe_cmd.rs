@@ -364,7 +364,7 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
                     ctime_ns: f.entry.ctime_ns,
                     nlink: f.entry.nlink,
                     whole: f.whole,
-                    blocks: f.blocks.clone(),
+                    blocks: f.blocks.to_vec(),
                     flags: f.inode_flags,
                     settled: settled_now,
                     last_seen: this_run,

@@ -41,11 +41,11 @@ pub struct HashedFile {
     /// The file as it was when it was read (stat taken on the open file).
     pub entry: FileEntry,
     /// One digest per `block_size` block; the last covers the partial tail.
-    pub blocks: Vec<BlockDigest>,
+    pub blocks: Box<[BlockDigest]>,
     /// One digest per filesystem block (`entry.fs_block`), kept only for
     /// files read in this run (empty for files known from a catalog): 8
     /// bytes per 4 KiB read, for matching data at shifted offsets.
-    pub subs: Vec<SubDigest>,
+    pub subs: Box<[SubDigest]>,
     /// Digest of the whole content (of the block digests and the size).
     pub whole: u128,
     /// `FS_IOC_GETFLAGS` of the inode (immutable, append-only, nocow ...).
@@ -237,6 +237,8 @@ fn hash_one(entry: FileEntry, bs: usize, buf: &mut [u8], progress: &Progress) ->
         }
     }
     let whole = whole_digest(&blocks, total);
+    // Sized exactly above: boxing drops the capacity word, not the data.
+    let (blocks, subs) = (blocks.into_boxed_slice(), subs.into_boxed_slice());
     let racy = entry.mtime_ns.max(entry.ctime_ns) >= read_start - RACY_MARGIN_NS;
     Outcome::Done(
         HashedFile {

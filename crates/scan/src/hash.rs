@@ -68,7 +68,7 @@ fn now_ns() -> i64 {
         .unwrap_or(0)
 }
 
-/// What [`hash_files`] produced, in the input's order.
+/// What [`hash_files`] produced, sorted by `(dev, ino, path)`.
 #[derive(Debug, Default)]
 pub struct HashOutput {
     pub files: Vec<HashedFile>,
@@ -85,17 +85,25 @@ enum Outcome {
 
 /// Reads and fingerprints every file, `opts.threads` files at a time.
 /// Files that fail or change while being read are recorded, not returned.
+/// The files come back sorted by `(dev, ino, path)`, the walk's order.
 ///
-/// Memory: each entry is moved into its result (no second copy of its
-/// path), and results are moved into the output a slice at a time while
-/// the collected buffer shrinks behind them, so at no point are two full
-/// arrays of per-file records alive.
+/// Memory: the input list shrinks as readers take entries from it (each
+/// entry moves into its result, path included), and results go straight
+/// into the output list, which is sorted in place: one record per file at
+/// any time, never an input list, a result list and an output list at once.
 pub fn hash_files(files: Vec<FileEntry>, opts: &HashOptions, progress: &Progress) -> HashOutput {
     let bs = opts.block_size.max(512) as usize;
     let read_size = opts.read_size.max(bs).div_ceil(bs) * bs;
-    let n = files.len();
-    let queue = Mutex::new(files.into_iter().enumerate());
-    let results: Mutex<Vec<(usize, Outcome)>> = Mutex::new(Vec::with_capacity(n));
+    let mut files = files;
+    // Reversed, so that popping hands the entries out in order.
+    files.reverse();
+    let queue = Mutex::new(Queue { files, taken: 0 });
+    let n = queue.lock().unwrap().files.len();
+    // Reserved, not touched: pages are used as results arrive.
+    let out = Mutex::new(HashOutput {
+        files: Vec::with_capacity(n),
+        ..HashOutput::default()
+    });
     std::thread::scope(|s| {
         for _ in 0..opts.threads.max(1) {
             s.spawn(|| {
@@ -105,54 +113,66 @@ pub fn hash_files(files: Vec<FileEntry>, opts: &HashOptions, progress: &Progress
                     if progress.cancelled() {
                         break;
                     }
-                    let Some((i, entry)) = queue.lock().unwrap().next() else {
+                    let Some(entry) = queue.lock().unwrap().next() else {
                         break;
                     };
-                    let out = hash_one(entry, bs, &mut buf, progress);
+                    let outcome = hash_one(entry, bs, &mut buf, progress);
                     progress.files_done.fetch_add(1, Ordering::Relaxed);
-                    mine.push((i, out));
+                    mine.push(outcome);
                     if mine.len() >= 256 {
-                        results.lock().unwrap().append(&mut mine);
+                        out.lock().unwrap().add(&mut mine);
                     }
                 }
-                results.lock().unwrap().append(&mut mine);
+                out.lock().unwrap().add(&mut mine);
             });
         }
     });
-    // Entries not reached (cancelled) go now, before the output grows.
+    // Entries not reached (cancelled) go now.
     drop(queue);
-    let mut results = results.into_inner().unwrap();
-    // Descending, so that popping yields the input's order.
-    results.sort_unstable_by_key(|(i, _)| std::cmp::Reverse(*i));
-    let done = results
-        .iter()
-        .filter(|(_, r)| matches!(r, Outcome::Done(..)))
-        .count();
-    let mut out = HashOutput {
-        files: Vec::with_capacity(done),
-        ..HashOutput::default()
-    };
-    let mut moved = 0usize;
-    while let Some((_, r)) = results.pop() {
-        match r {
-            Outcome::Done(f, n) => {
-                out.bytes_read += n;
-                out.files.push(f);
-            }
-            Outcome::Skip(r) => *out.skipped.entry(r).or_default() += 1,
-            Outcome::Error(e) => out.errors.push(e),
-        }
-        moved += 1;
-        if moved.is_multiple_of(SHRINK_EVERY) {
-            // Give back what was moved out (a large buffer shrinks in place).
-            results.shrink_to_fit();
-        }
-    }
+    let mut out = out.into_inner().unwrap();
+    out.files.shrink_to_fit();
+    out.files.sort_unstable_by(|a, b| {
+        (a.entry.dev, a.entry.ino, &a.entry.path).cmp(&(b.entry.dev, b.entry.ino, &b.entry.path))
+    });
     out
 }
 
-/// Results moved between two shrinks of the collected buffer: bounds the
-/// overlap of the two arrays to this many records.
+/// The entries still to read, last first; shrinks as they are taken.
+struct Queue {
+    files: Vec<FileEntry>,
+    taken: usize,
+}
+
+impl Iterator for Queue {
+    type Item = FileEntry;
+
+    fn next(&mut self) -> Option<FileEntry> {
+        let e = self.files.pop()?;
+        self.taken += 1;
+        if self.taken.is_multiple_of(SHRINK_EVERY) {
+            // Give back what was taken (a large list shrinks in place).
+            self.files.shrink_to_fit();
+        }
+        Some(e)
+    }
+}
+
+impl HashOutput {
+    fn add(&mut self, outcomes: &mut Vec<Outcome>) {
+        for r in outcomes.drain(..) {
+            match r {
+                Outcome::Done(f, n) => {
+                    self.bytes_read += n;
+                    self.files.push(f);
+                }
+                Outcome::Skip(r) => *self.skipped.entry(r).or_default() += 1,
+                Outcome::Error(e) => self.errors.push(e),
+            }
+        }
+    }
+}
+
+/// Entries taken between two shrinks of the input list.
 const SHRINK_EVERY: usize = 1 << 14;
 
 fn open_noatime(path: &std::path::Path) -> std::io::Result<File> {
@@ -276,6 +296,7 @@ fn advise_sequential(f: &File) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::MetadataExt;
 
     #[test]
     fn progress_counts_every_byte_read() {
@@ -297,10 +318,10 @@ mod tests {
         assert_eq!(progress.files_done.load(Ordering::Relaxed), 1);
     }
 
-    /// Results come back in the input's order whatever thread read them,
-    /// with the entries moved (not re-listed) and missing files counted.
+    /// Results come back in the walk's order (dev, ino) whatever thread
+    /// read them, and missing files are counted.
     #[test]
-    fn output_keeps_input_order_across_threads() {
+    fn output_in_walk_order_across_threads() {
         let dir = tempfile::tempdir().unwrap();
         let mut entries = Vec::new();
         for i in 0..300u32 {
@@ -316,23 +337,20 @@ mod tests {
             read_size: 4096,
         };
         let out = hash_files(entries, &opts, &Progress::default());
-        let names: Vec<String> = out
+        let keys: Vec<(u64, u64)> = out
             .files
             .iter()
-            .map(|f| {
-                f.entry
-                    .path
-                    .file_name()
-                    .unwrap()
-                    .to_string_lossy()
-                    .into_owned()
+            .map(|f| (f.entry.dev, f.entry.ino))
+            .collect();
+        let mut want: Vec<(u64, u64)> = (0..300)
+            .filter(|&i| i != 17)
+            .map(|i| {
+                let m = std::fs::metadata(dir.path().join(format!("f{i}"))).unwrap();
+                (m.dev(), m.ino())
             })
             .collect();
-        let want: Vec<String> = (0..300)
-            .filter(|&i| i != 17)
-            .map(|i| format!("f{i}"))
-            .collect();
-        assert_eq!(names, want);
+        want.sort_unstable();
+        assert_eq!(keys, want);
         assert_eq!(out.skipped.get(&SkipReason::Vanished), Some(&1));
     }
 }

@@ -63,7 +63,7 @@ impl FileEntry {
         fs_block: u64,
     ) -> FileEntry {
         FileEntry {
-            path,
+            path: exact(path),
             dev: m.dev(),
             ino: m.ino(),
             size: m.size(),
@@ -86,7 +86,7 @@ impl FileEntry {
         fs_block: u64,
     ) -> FileEntry {
         FileEntry {
-            path,
+            path: exact(path),
             dev: st.st_dev,
             ino: st.st_ino,
             size: st.st_size as u64,
@@ -108,6 +108,13 @@ impl FileEntry {
             && m.mtime() * 1_000_000_000 + m.mtime_nsec() == self.mtime_ns
             && m.ctime() * 1_000_000_000 + m.ctime_nsec() == self.ctime_ns
     }
+}
+
+/// `path` without spare capacity: a joined path carries up to as much
+/// again unused (growth by doubling), on every one of millions of entries.
+fn exact(mut path: PathBuf) -> PathBuf {
+    path.shrink_to_fit();
+    path
 }
 
 /// The walk's result: files sorted by (device, inode), one entry per inode.
@@ -617,6 +624,18 @@ fn one_entry_per_inode(files: &mut Vec<FileEntry>) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn entries_keep_no_spare_path_capacity() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut path = PathBuf::with_capacity(4096);
+        path.push(dir.path());
+        path.push("f");
+        std::fs::write(&path, b"x").unwrap();
+        let m = std::fs::metadata(&path).unwrap();
+        let e = FileEntry::from_meta(path, &m, 1, 0, 4096);
+        assert_eq!(e.path.capacity(), e.path.as_os_str().len());
+    }
 
     #[test]
     fn proc_escapes() {

@@ -43,8 +43,10 @@ pub struct HashedFile {
     /// One digest per `block_size` block; the last covers the partial tail.
     pub blocks: Box<[BlockDigest]>,
     /// One digest per filesystem block (`entry.fs_block`), kept only for
-    /// files read in this run (empty for files known from a catalog): 8
-    /// bytes per 4 KiB read, for matching data at shifted offsets.
+    /// files read in this run (empty for files known from a catalog) and
+    /// only when a block spans several (empty at `-b 4K` on 4 KiB blocks,
+    /// where every shifted window is a block): 8 bytes per 4 KiB read, for
+    /// matching data at shifted offsets.
     pub subs: Box<[SubDigest]>,
     /// Digest of the whole content (of the block digests and the size).
     pub whole: u128,
@@ -225,7 +227,14 @@ fn hash_one(entry: FileEntry, bs: usize, buf: &mut [u8], progress: &Progress) ->
     let generation = onecopy_ioctl::fs::inode_generation(f.as_fd()).unwrap_or(0);
     let mut blocks = Vec::with_capacity(entry.size.div_ceil(bs as u64) as usize);
     let sub = (entry.fs_block as usize).clamp(512, bs);
-    let mut subs = Vec::with_capacity(entry.size.div_ceil(sub as u64) as usize);
+    // At a block of one sub-block, a window at a sub-block offset is a
+    // block: the sub-digests would only repeat what `blocks` says.
+    let keep_subs = sub < bs;
+    let mut subs = Vec::with_capacity(if keep_subs {
+        entry.size.div_ceil(sub as u64) as usize
+    } else {
+        1
+    });
     let mut total = 0u64;
     loop {
         let n = match read_full(&mut f, buf) {
@@ -239,6 +248,9 @@ fn hash_one(entry: FileEntry, bs: usize, buf: &mut [u8], progress: &Progress) ->
         };
         for chunk in buf[..n].chunks(bs) {
             blocks.push(digest_block(chunk, bs, sub, &mut subs));
+            if !keep_subs {
+                subs.clear();
+            }
         }
         total += n as u64;
         progress.bytes_done.fetch_add(n as u64, Ordering::Relaxed);
@@ -258,7 +270,12 @@ fn hash_one(entry: FileEntry, bs: usize, buf: &mut [u8], progress: &Progress) ->
     }
     let whole = whole_digest(&blocks, total);
     // Sized exactly above: boxing drops the capacity word, not the data.
-    let (blocks, subs) = (blocks.into_boxed_slice(), subs.into_boxed_slice());
+    let blocks = blocks.into_boxed_slice();
+    let subs = if keep_subs {
+        subs.into_boxed_slice()
+    } else {
+        Box::default()
+    };
     let racy = entry.mtime_ns.max(entry.ctime_ns) >= read_start - RACY_MARGIN_NS;
     Outcome::Done(
         HashedFile {
@@ -316,6 +333,42 @@ mod tests {
         assert_eq!(out.bytes_read, 3 * 65536 + 100);
         assert_eq!(progress.bytes_done.load(Ordering::Relaxed), out.bytes_read);
         assert_eq!(progress.files_done.load(Ordering::Relaxed), 1);
+    }
+
+    /// Sub-digests are kept only when a block spans several sub-blocks.
+    #[test]
+    fn sub_digests_only_below_the_block_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let data: Vec<u8> = (0..5 * 4096 + 10).map(|i| (i * 7 % 251) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        let meta = std::fs::metadata(&path).unwrap();
+        let run = |bs: u64| {
+            let e = FileEntry::from_meta(path.clone(), &meta, 1, 0, 4096);
+            let opts = HashOptions {
+                block_size: bs,
+                threads: 1,
+                read_size: 65536,
+            };
+            hash_files(vec![e], &opts, &Progress::default())
+                .files
+                .remove(0)
+        };
+        let small = run(4096);
+        assert_eq!(small.blocks.len(), 6);
+        assert!(small.subs.is_empty());
+        let big = run(16384);
+        assert_eq!(big.blocks.len(), 2);
+        assert_eq!(big.subs.len(), 6);
+        // The 4 KiB block digests are what the sub-digests would have given.
+        for (i, b) in small.blocks.iter().enumerate() {
+            let len = (data.len() - i * 4096).min(4096) as u64;
+            assert_eq!(
+                *b,
+                window_digest(&big.subs[i..i + 1], len, len == 4096),
+                "block {i}"
+            );
+        }
     }
 
     /// Results come back in the walk's order (dev, ino) whatever thread

@@ -79,17 +79,31 @@ pub fn classify(
     walked: Vec<FileEntry>,
     roots: &[PathBuf],
 ) -> Classified {
-    let mut by_key: HashMap<(u64, u64), FileRecord> = records
-        .into_iter()
-        .filter(|r| r.fs == fs_key)
-        .map(|r| ((r.subvol, r.ino), r))
+    // The map holds positions, not records (24 B per entry instead of a
+    // second copy of every record); each record is taken out of its slot
+    // once, so its path and digests move on or are freed at that point.
+    let mut records: Vec<Option<FileRecord>> = records.into_iter().map(Some).collect();
+    let mut by_key: HashMap<(u64, u64), u32> = records
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| r.as_ref().map(|r| (i, r)))
+        .filter(|(_, r)| r.fs == fs_key)
+        .map(|(i, r)| ((r.subvol, r.ino), i as u32))
         .collect();
-    let mut out = Classified::default();
+    let mut out = Classified {
+        // Reserved, not touched: pages are used as records are known.
+        known: Vec::with_capacity(walked.len().min(by_key.len())),
+        ..Classified::default()
+    };
+    let mut take = |key: &(u64, u64)| {
+        let i = by_key.remove(key)?;
+        records[i as usize].take()
+    };
     // The files to read stay in the walked list (filtered in place, then
     // shrunk): no second list of every entry.
     let mut to_read = walked;
     to_read.retain_mut(|e| {
-        let Some(rec) = by_key.remove(&(e.subvol, e.ino)) else {
+        let Some(rec) = take(&(e.subvol, e.ino)) else {
             return true;
         };
         let same_data = rec.size == e.size && rec.mtime_ns == e.mtime_ns;
@@ -129,7 +143,10 @@ pub fn classify(
     out.to_read = to_read;
     out.known.shrink_to_fit();
     // Records the walk did not meet.
-    for (_, rec) in by_key {
+    for (_, i) in by_key {
+        let Some(rec) = records[i as usize].take() else {
+            continue;
+        };
         let key = (rec.fs.clone(), rec.subvol, rec.ino);
         if under_roots(&rec.path, roots) {
             out.deleted.push(key);

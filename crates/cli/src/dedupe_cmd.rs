@@ -306,14 +306,16 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
 
             let t = Instant::now();
             let entries: Vec<&onecopy_scan::FileEntry> = files.iter().map(|f| &f.entry).collect();
-            let model = accounting_model(&entries);
+            let model = entries
+                .first()
+                .map_or(Model::Ranges, |e| Model::probe(&e.path, e.ino));
             let total: u64 = plan.ops.iter().map(|o| o.candidate_bytes()).sum();
             let bar = ui.dedupe_bar(a.dry_run, total, &exec_progress);
             // Unnamed temporary files opened in a root (O_TMPFILE): no
             // name ever appears there.
             let rehome =
                 (model == Model::Extents && !a.dry_run && a.rehome_max_write > 0).then(|| {
-                    let parent = tmp_parent(&roots_abs, fs);
+                    let parent = onecopy_dedupe::tmpdir::parent_for(&roots_abs, fs);
                     onecopy_dedupe::tmpdir::remove_stale(&parent);
                     RehomeOptions {
                         tmp_dir: parent,
@@ -484,58 +486,6 @@ fn catalog_path(a: &DedupeArgs, key: &str) -> PathBuf {
         Some(p) => p.clone(),
         None => default_catalog_dir().join(format!("{key}.sqlite")),
     }
-}
-
-/// Whole extents on btrfs when the tree search is allowed (root), byte
-/// ranges otherwise.
-fn accounting_model(entries: &[&onecopy_scan::FileEntry]) -> Model {
-    let Some(first) = entries.first() else {
-        return Model::Ranges;
-    };
-    let Ok(f) = std::fs::File::open(&first.path) else {
-        return Model::Ranges;
-    };
-    match fs_info(f.as_fd()) {
-        Ok(i) if i.kind == FsKind::Btrfs => {
-            if onecopy_ioctl::btrfs::file_extents(f.as_fd(), first.ino).is_ok() {
-                Model::Extents
-            } else {
-                Model::Ranges
-            }
-        }
-        _ => Model::Ranges,
-    }
-}
-
-/// Where re-homing opens its unnamed temporary files on filesystem `fs`:
-/// the first root on it that is a directory, else the directory of the
-/// first root file.
-fn tmp_parent(roots: &[PathBuf], fs: u64) -> PathBuf {
-    let on_fs = |p: &Path| {
-        std::fs::File::open(p)
-            .ok()
-            .and_then(|f| fs_info(f.as_fd()).ok())
-            .is_some_and(|i| i.fsid == fs)
-    };
-    let mut fallback = None;
-    for r in roots {
-        if r.is_dir() && on_fs(r) {
-            return r.clone();
-        }
-        if fallback.is_none() && on_fs(r) {
-            fallback = r
-                .parent()
-                .map(|p| {
-                    if p.as_os_str().is_empty() {
-                        Path::new(".")
-                    } else {
-                        p
-                    }
-                })
-                .map(Path::to_path_buf);
-        }
-    }
-    fallback.unwrap_or_else(|| PathBuf::from("."))
 }
 
 /// Free bytes summed over the distinct filesystems of `paths`, after

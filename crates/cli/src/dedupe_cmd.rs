@@ -274,13 +274,13 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
                 .iter()
                 .zip(&outside)
                 .map(|(f, &out)| {
-                    let roles = policy::roles(out, f.entry.read_only, f.inode_flags);
-                    let mut can_be_dest = roles.can_be_dest;
                     // Readable but not this user's to change: a source only.
-                    if can_be_dest && !onecopy_dedupe::access::may_dedupe_into(&f.entry.path) {
-                        can_be_dest = false;
-                        report.files_source_only += 1;
-                    }
+                    let (roles, denied) =
+                        policy::roles_with_access(out, f.entry.read_only, f.inode_flags, || {
+                            onecopy_dedupe::access::may_dedupe_into(&f.entry.path)
+                        });
+                    report.files_source_only += denied as u64;
+                    let can_be_dest = roles.can_be_dest;
                     PlanFile {
                         size: f.entry.size,
                         blocks: &f.blocks,

@@ -54,8 +54,8 @@ fn under_roots(p: &std::path::Path, roots: &[PathBuf]) -> bool {
 fn to_hashed(rec: FileRecord, entry: FileEntry) -> HashedFile {
     HashedFile {
         entry,
-        blocks: rec.blocks,
-        subs: Vec::new(),
+        blocks: rec.blocks.into_boxed_slice(),
+        subs: Box::default(),
         whole: rec.whole,
         inode_flags: rec.flags,
         generation: rec.generation,
@@ -79,16 +79,32 @@ pub fn classify(
     walked: Vec<FileEntry>,
     roots: &[PathBuf],
 ) -> Classified {
-    let mut by_key: HashMap<(u64, u64), FileRecord> = records
-        .into_iter()
-        .filter(|r| r.fs == fs_key)
-        .map(|r| ((r.subvol, r.ino), r))
+    // The map holds positions, not records (24 B per entry instead of a
+    // second copy of every record); each record is taken out of its slot
+    // once, so its path and digests move on or are freed at that point.
+    let mut records: Vec<Option<FileRecord>> = records.into_iter().map(Some).collect();
+    let mut by_key: HashMap<(u64, u64), u32> = records
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| r.as_ref().map(|r| (i, r)))
+        .filter(|(_, r)| r.fs == fs_key)
+        .map(|(i, r)| ((r.subvol, r.ino), i as u32))
         .collect();
-    let mut out = Classified::default();
-    for e in walked {
-        let Some(rec) = by_key.remove(&(e.subvol, e.ino)) else {
-            out.to_read.push(e);
-            continue;
+    let mut out = Classified {
+        // Reserved, not touched: pages are used as records are known.
+        known: Vec::with_capacity(walked.len().min(by_key.len())),
+        ..Classified::default()
+    };
+    let mut take = |key: &(u64, u64)| {
+        let i = by_key.remove(key)?;
+        records[i as usize].take()
+    };
+    // The files to read stay in the walked list (filtered in place, then
+    // shrunk): no second list of every entry.
+    let mut to_read = walked;
+    to_read.retain_mut(|e| {
+        let Some(rec) = take(&(e.subvol, e.ino)) else {
+            return true;
         };
         let same_data = rec.size == e.size && rec.mtime_ns == e.mtime_ns;
         // A rename or a new or removed hard link changes ctime but not the
@@ -103,23 +119,34 @@ pub fn classify(
         } else {
             false
         };
-        if known {
-            if rec.path != e.path {
-                out.renamed += 1;
-            }
-            let dirty = relinked || rec.ctime_ns != e.ctime_ns;
-            out.known.push(Known {
-                settled: rec.settled,
-                file: to_hashed(rec, e),
-                outside_roots: false,
-                dirty,
-            });
-        } else {
-            out.to_read.push(e);
+        if !known {
+            return true;
         }
-    }
+        if rec.path != e.path {
+            out.renamed += 1;
+        }
+        let dirty = relinked || rec.ctime_ns != e.ctime_ns;
+        // The entry leaves the list: its path moves, nothing is copied.
+        let entry = FileEntry {
+            path: std::mem::take(&mut e.path),
+            ..e.clone()
+        };
+        out.known.push(Known {
+            settled: rec.settled,
+            file: to_hashed(rec, entry),
+            outside_roots: false,
+            dirty,
+        });
+        false
+    });
+    to_read.shrink_to_fit();
+    out.to_read = to_read;
+    out.known.shrink_to_fit();
     // Records the walk did not meet.
-    for (_, rec) in by_key {
+    for (_, i) in by_key {
+        let Some(rec) = records[i as usize].take() else {
+            continue;
+        };
         let key = (rec.fs.clone(), rec.subvol, rec.ino);
         if under_roots(&rec.path, roots) {
             out.deleted.push(key);

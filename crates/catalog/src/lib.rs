@@ -145,6 +145,9 @@ pub struct CatalogStats {
     pub block_size: Option<u64>,
 }
 
+/// SQLite page cache per open catalog, in KiB.
+pub const CACHE_KIB: i64 = 8192;
+
 /// An open catalog.
 pub struct Catalog {
     conn: Connection,
@@ -276,7 +279,11 @@ impl Catalog {
         }
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(sq)?;
-        conn.pragma_update(None, "cache_size", -65536).map_err(sq)?;
+        // A bounded page cache (KiB when negative): records are written in
+        // key order, so a small cache costs no extra I/O, and the run's
+        // memory stays independent of the catalog's size.
+        conn.pragma_update(None, "cache_size", -CACHE_KIB)
+            .map_err(sq)?;
         conn.pragma_update(None, "synchronous", "NORMAL")
             .map_err(sq)?;
         if fresh || version == 0 {

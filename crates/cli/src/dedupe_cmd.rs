@@ -163,19 +163,15 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
 
     // Split by filesystem; consult each filesystem's catalog.
     let t = Instant::now();
-    let mut per_fs: BTreeMap<FsId, FsRun> = BTreeMap::new();
-    for e in walked.files {
-        per_fs
-            .entry(e.fs)
-            .or_insert_with(|| FsRun::new(&e))
-            .walked
-            .push(e);
-    }
+    let mut per_fs: BTreeMap<FsId, FsRun> = onecopy_scan::split_by(walked.files, |e| e.fs)
+        .into_iter()
+        .map(|(fs, walked)| (fs, FsRun::new(walked)))
+        .collect();
     let mut to_read = Vec::new();
     for run in per_fs.values_mut() {
         let walked = std::mem::take(&mut run.walked);
         if a.no_catalog {
-            to_read.extend(walked);
+            append_moving(&mut to_read, walked);
             continue;
         }
         let path = catalog_path(&a, &run.key);
@@ -201,14 +197,14 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
                 report.files_known += c.known.len() as u64;
                 report.files_renamed += c.renamed;
                 report.catalogs.push(path.display().to_string());
-                to_read.extend(c.to_read);
+                append_moving(&mut to_read, c.to_read);
                 run.known = c.known;
                 run.deleted = c.deleted;
                 run.catalog = Some(cat);
             }
             Err(e) => {
                 ui.warn(&format!("{e}; running without a catalog"));
-                to_read.extend(walked);
+                append_moving(&mut to_read, walked);
             }
         }
     }
@@ -242,9 +238,9 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
                 .collect(),
         );
     }
-    for f in hashed.files {
-        if let Some(run) = per_fs.get_mut(&f.entry.fs) {
-            run.fresh.push(f);
+    for (fs, fresh) in onecopy_scan::split_by(std::mem::take(&mut hashed.files), |f| f.entry.fs) {
+        if let Some(run) = per_fs.get_mut(&fs) {
+            run.fresh = fresh;
         }
     }
 
@@ -278,13 +274,13 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
                 .iter()
                 .zip(&outside)
                 .map(|(f, &out)| {
-                    let roles = policy::roles(out, f.entry.read_only, f.inode_flags);
-                    let mut can_be_dest = roles.can_be_dest;
                     // Readable but not this user's to change: a source only.
-                    if can_be_dest && !onecopy_dedupe::access::may_dedupe_into(&f.entry.path) {
-                        can_be_dest = false;
-                        report.files_source_only += 1;
-                    }
+                    let (roles, denied) =
+                        policy::roles_with_access(out, f.entry.read_only, f.inode_flags, || {
+                            onecopy_dedupe::access::may_dedupe_into(&f.entry.path)
+                        });
+                    report.files_source_only += denied as u64;
+                    let can_be_dest = roles.can_be_dest;
                     PlanFile {
                         size: f.entry.size,
                         blocks: &f.blocks,
@@ -310,14 +306,16 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
 
             let t = Instant::now();
             let entries: Vec<&onecopy_scan::FileEntry> = files.iter().map(|f| &f.entry).collect();
-            let model = accounting_model(&entries);
+            let model = entries
+                .first()
+                .map_or(Model::Ranges, |e| Model::probe(&e.path, e.ino));
             let total: u64 = plan.ops.iter().map(|o| o.candidate_bytes()).sum();
             let bar = ui.dedupe_bar(a.dry_run, total, &exec_progress);
             // Unnamed temporary files opened in a root (O_TMPFILE): no
             // name ever appears there.
             let rehome =
                 (model == Model::Extents && !a.dry_run && a.rehome_max_write > 0).then(|| {
-                    let parent = tmp_parent(&roots_abs, fs);
+                    let parent = onecopy_dedupe::tmpdir::parent_for(&roots_abs, fs);
                     onecopy_dedupe::tmpdir::remove_stale(&parent);
                     RehomeOptions {
                         tmp_dir: parent,
@@ -368,7 +366,7 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
                     ctime_ns: f.entry.ctime_ns,
                     nlink: f.entry.nlink,
                     whole: f.whole,
-                    blocks: f.blocks.clone(),
+                    blocks: f.blocks.to_vec(),
                     flags: f.inode_flags,
                     settled: settled_now,
                     last_seen: this_run,
@@ -424,17 +422,29 @@ struct FsRun {
 }
 
 impl FsRun {
-    fn new(first: &onecopy_scan::FileEntry) -> FsRun {
+    /// `walked` is not empty (the lists come from [`onecopy_scan::split_by`]).
+    fn new(walked: Vec<onecopy_scan::FileEntry>) -> FsRun {
+        let (fs, fs_block) = (walked[0].fs, walked[0].fs_block);
         FsRun {
-            fs: first.fs,
-            fs_block: first.fs_block,
-            key: fs_key(first.fs),
-            walked: Vec::new(),
+            fs,
+            fs_block,
+            key: fs_key(fs),
+            walked,
             known: Vec::new(),
             fresh: Vec::new(),
             deleted: Vec::new(),
             catalog: None,
         }
+    }
+}
+
+/// Appends `more` to `to`, moving the list instead of copying it when `to`
+/// is empty (one filesystem: the usual case).
+fn append_moving<T>(to: &mut Vec<T>, mut more: Vec<T>) {
+    if to.is_empty() {
+        *to = more;
+    } else {
+        to.append(&mut more);
     }
 }
 
@@ -476,58 +486,6 @@ fn catalog_path(a: &DedupeArgs, key: &str) -> PathBuf {
         Some(p) => p.clone(),
         None => default_catalog_dir().join(format!("{key}.sqlite")),
     }
-}
-
-/// Whole extents on btrfs when the tree search is allowed (root), byte
-/// ranges otherwise.
-fn accounting_model(entries: &[&onecopy_scan::FileEntry]) -> Model {
-    let Some(first) = entries.first() else {
-        return Model::Ranges;
-    };
-    let Ok(f) = std::fs::File::open(&first.path) else {
-        return Model::Ranges;
-    };
-    match fs_info(f.as_fd()) {
-        Ok(i) if i.kind == FsKind::Btrfs => {
-            if onecopy_ioctl::btrfs::file_extents(f.as_fd(), first.ino).is_ok() {
-                Model::Extents
-            } else {
-                Model::Ranges
-            }
-        }
-        _ => Model::Ranges,
-    }
-}
-
-/// Where re-homing opens its unnamed temporary files on filesystem `fs`:
-/// the first root on it that is a directory, else the directory of the
-/// first root file.
-fn tmp_parent(roots: &[PathBuf], fs: u64) -> PathBuf {
-    let on_fs = |p: &Path| {
-        std::fs::File::open(p)
-            .ok()
-            .and_then(|f| fs_info(f.as_fd()).ok())
-            .is_some_and(|i| i.fsid == fs)
-    };
-    let mut fallback = None;
-    for r in roots {
-        if r.is_dir() && on_fs(r) {
-            return r.clone();
-        }
-        if fallback.is_none() && on_fs(r) {
-            fallback = r
-                .parent()
-                .map(|p| {
-                    if p.as_os_str().is_empty() {
-                        Path::new(".")
-                    } else {
-                        p
-                    }
-                })
-                .map(Path::to_path_buf);
-        }
-    }
-    fallback.unwrap_or_else(|| PathBuf::from("."))
 }
 
 /// Free bytes summed over the distinct filesystems of `paths`, after

@@ -48,6 +48,28 @@ pub enum Model {
     Ranges,
 }
 
+impl Model {
+    /// The model for a filesystem, probed on `sample`, one of its files
+    /// (inode `ino`): whole extents on btrfs when the tree search is allowed
+    /// (root), byte ranges otherwise, or when the file can not be opened.
+    pub fn probe(sample: &std::path::Path, ino: u64) -> Model {
+        use std::os::fd::AsFd;
+        let Ok(f) = File::open(sample) else {
+            return Model::Ranges;
+        };
+        match onecopy_ioctl::fs::fs_info(f.as_fd()) {
+            Ok(i) if i.kind == onecopy_ioctl::fs::FsKind::Btrfs => {
+                if onecopy_ioctl::btrfs::file_extents(f.as_fd(), ino).is_ok() {
+                    Model::Extents
+                } else {
+                    Model::Ranges
+                }
+            }
+            _ => Model::Ranges,
+        }
+    }
+}
+
 /// Reads the units `f` references under `model`.
 pub fn file_units(f: &File, model: Model) -> std::io::Result<FileUnits> {
     let map = fiemap::fiemap(f.as_fd())?;
@@ -207,6 +229,28 @@ fn overlap(a: &[Unit], b: &[Unit]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Only btrfs (with the tree search) accounts whole extents; a file
+    /// elsewhere, or one that can not be opened, is accounted in ranges.
+    #[test]
+    fn model_probe_off_btrfs_is_ranges() {
+        let base = tempfile::tempdir().unwrap();
+        let f = base.path().join("f");
+        std::fs::write(&f, b"x").unwrap();
+        let ino = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&f).unwrap());
+        let on_btrfs = {
+            use std::os::fd::AsFd;
+            let h = File::open(&f).unwrap();
+            onecopy_ioctl::fs::fs_info(h.as_fd()).unwrap().kind == onecopy_ioctl::fs::FsKind::Btrfs
+        };
+        if !on_btrfs {
+            assert_eq!(Model::probe(&f, ino), Model::Ranges);
+        }
+        assert_eq!(
+            Model::probe(&base.path().join("missing"), ino),
+            Model::Ranges
+        );
+    }
 
     fn none(_: Unit) -> Option<u64> {
         None

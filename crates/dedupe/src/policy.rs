@@ -24,6 +24,24 @@ pub fn roles(outside_roots: bool, read_only: bool, inode_flags: u32) -> Roles {
     }
 }
 
+/// [`roles`], then the permission rule: a file that would be a destination
+/// but that this user may not dedupe into (`may_dedupe_into`, asked only
+/// then; [`crate::access::may_dedupe_into`] in a run) is a source only.
+/// The flag says it was demoted for that reason (counted in the report).
+pub fn roles_with_access(
+    outside_roots: bool,
+    read_only: bool,
+    inode_flags: u32,
+    may_dedupe_into: impl FnOnce() -> bool,
+) -> (Roles, bool) {
+    let mut r = roles(outside_roots, read_only, inode_flags);
+    let denied = r.can_be_dest && !may_dedupe_into();
+    if denied {
+        r.can_be_dest = false;
+    }
+    (r, denied)
+}
+
 /// Whether a file is settled after this run: every planned range of it was
 /// shared or found permanently unshareable (`!unsettled`), the run was not
 /// interrupted, and a dry run (which changes nothing) settles nothing that
@@ -71,6 +89,21 @@ mod tests {
             can_be_dest: false,
         };
         assert_eq!(roles(false, false, NOCOW), neither);
+    }
+
+    #[test]
+    fn no_permission_makes_a_destination_a_source_only() {
+        let src_only = Roles {
+            can_be_src: true,
+            can_be_dest: false,
+        };
+        let (r, denied) = roles_with_access(false, false, 0, || false);
+        assert_eq!((r, denied), (src_only, true));
+        let (r, denied) = roles_with_access(false, false, 0, || true);
+        assert!(r.can_be_dest && !denied);
+        // Not asked (and not counted) when the file is no destination anyway.
+        let (r, denied) = roles_with_access(true, false, 0, || panic!("access asked for a source"));
+        assert_eq!((r, denied), (src_only, false));
     }
 
     #[test]

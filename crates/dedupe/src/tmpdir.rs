@@ -16,11 +16,43 @@
 //! runs.
 
 use std::fs::File;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use rustix::fs::{flock, FlockOperation, Mode, OFlags};
 
 pub use onecopy_scan::TMP_DIR_PREFIX as PREFIX;
+
+/// Where re-homing opens its unnamed temporary files on filesystem `fs`
+/// (an `FsInfo::fsid`): the first root on it that is a directory, else the
+/// directory of the first root file on it, else the current directory.
+pub fn parent_for(roots: &[PathBuf], fs: u64) -> PathBuf {
+    use std::os::fd::AsFd;
+    let on_fs = |p: &Path| {
+        File::open(p)
+            .ok()
+            .and_then(|f| onecopy_ioctl::fs::fs_info(f.as_fd()).ok())
+            .is_some_and(|i| i.fsid == fs)
+    };
+    let mut fallback = None;
+    for r in roots {
+        if r.is_dir() && on_fs(r) {
+            return r.clone();
+        }
+        if fallback.is_none() && on_fs(r) {
+            fallback = r
+                .parent()
+                .map(|p| {
+                    if p.as_os_str().is_empty() {
+                        Path::new(".")
+                    } else {
+                        p
+                    }
+                })
+                .map(Path::to_path_buf);
+        }
+    }
+    fallback.unwrap_or_else(|| PathBuf::from("."))
+}
 
 /// Opens an unnamed, unlinked read-write file on the filesystem of `dir`.
 pub fn anonymous_file(dir: &Path) -> std::io::Result<File> {
@@ -68,7 +100,29 @@ pub fn remove_stale(parent: &Path) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::AsFd;
     use std::os::unix::fs::FileExt;
+
+    fn fsid(p: &Path) -> u64 {
+        let f = File::open(p).unwrap();
+        onecopy_ioctl::fs::fs_info(f.as_fd()).unwrap().fsid
+    }
+
+    /// A directory root is the parent; a file root gives its directory; a
+    /// root on another filesystem is never chosen.
+    #[test]
+    fn parent_is_a_root_directory_on_the_filesystem() {
+        let base = tempfile::tempdir().unwrap();
+        let dir = base.path().join("d");
+        std::fs::create_dir(&dir).unwrap();
+        let file = dir.join("f");
+        std::fs::write(&file, b"x").unwrap();
+        let fs = fsid(&dir);
+        assert_eq!(parent_for(&[file.clone(), dir.clone()], fs), dir);
+        assert_eq!(parent_for(std::slice::from_ref(&file), fs), dir);
+        let other = fs.wrapping_add(1);
+        assert_eq!(parent_for(&[file, dir], other), PathBuf::from("."));
+    }
 
     #[test]
     fn anonymous_file_leaves_no_name() {

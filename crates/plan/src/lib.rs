@@ -219,15 +219,19 @@ pub fn plan(files: &[PlanFile<'_>], opts: &PlanOptions) -> Plan {
     let bs = opts.block_size;
 
     // Pass 1: whole files.
-    let mut groups: HashMap<(u64, u128), Vec<u32>> = HashMap::new();
-    for (i, f) in files.iter().enumerate() {
-        if !f.blocks.is_empty() {
-            groups.entry((f.size, f.whole)).or_default().push(i as u32);
-        }
-    }
+    // Groups of equal (size, whole digest) as runs of one sorted index
+    // list: 4 bytes per file, no map of per-group lists.
+    let mut order: Vec<u32> = (0..files.len() as u32)
+        .filter(|&i| !files[i as usize].blocks.is_empty())
+        .collect();
+    order.sort_unstable_by_key(|&i| (files[i as usize].size, files[i as usize].whole, i));
+    let key = |i: u32| (files[i as usize].size, files[i as usize].whole);
+    let mut groups: Vec<&[u32]> = order
+        .chunk_by(|&a, &b| key(a) == key(b))
+        .filter(|g| g.len() > 1)
+        .collect();
     let mut covered = vec![false; files.len()];
     let mut copies_of: HashMap<u32, Vec<u32>> = HashMap::new();
-    let mut groups: Vec<Vec<u32>> = groups.into_values().filter(|g| g.len() > 1).collect();
     groups.sort_unstable_by_key(|g| g[0]);
     for g in groups {
         let Some(&src) = g.iter().find(|&&i| files[i as usize].can_be_src) else {

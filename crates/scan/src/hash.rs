@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Read;
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 
 use crate::{FileEntry, Progress, ScanError, SkipReason};
@@ -41,11 +41,13 @@ pub struct HashedFile {
     /// The file as it was when it was read (stat taken on the open file).
     pub entry: FileEntry,
     /// One digest per `block_size` block; the last covers the partial tail.
-    pub blocks: Vec<BlockDigest>,
+    pub blocks: Box<[BlockDigest]>,
     /// One digest per filesystem block (`entry.fs_block`), kept only for
-    /// files read in this run (empty for files known from a catalog): 8
-    /// bytes per 4 KiB read, for matching data at shifted offsets.
-    pub subs: Vec<SubDigest>,
+    /// files read in this run (empty for files known from a catalog) and
+    /// only when a block spans several (empty at `-b 4K` on 4 KiB blocks,
+    /// where every shifted window is a block): 8 bytes per 4 KiB read, for
+    /// matching data at shifted offsets.
+    pub subs: Box<[SubDigest]>,
     /// Digest of the whole content (of the block digests and the size).
     pub whole: u128,
     /// `FS_IOC_GETFLAGS` of the inode (immutable, append-only, nocow ...).
@@ -68,7 +70,7 @@ fn now_ns() -> i64 {
         .unwrap_or(0)
 }
 
-/// What [`hash_files`] produced, in the input's order.
+/// What [`hash_files`] produced, sorted by `(dev, ino, path)`.
 #[derive(Debug, Default)]
 pub struct HashOutput {
     pub files: Vec<HashedFile>,
@@ -85,11 +87,25 @@ enum Outcome {
 
 /// Reads and fingerprints every file, `opts.threads` files at a time.
 /// Files that fail or change while being read are recorded, not returned.
+/// The files come back sorted by `(dev, ino, path)`, the walk's order.
+///
+/// Memory: the input list shrinks as readers take entries from it (each
+/// entry moves into its result, path included), and results go straight
+/// into the output list, which is sorted in place: one record per file at
+/// any time, never an input list, a result list and an output list at once.
 pub fn hash_files(files: Vec<FileEntry>, opts: &HashOptions, progress: &Progress) -> HashOutput {
     let bs = opts.block_size.max(512) as usize;
     let read_size = opts.read_size.max(bs).div_ceil(bs) * bs;
-    let next = AtomicUsize::new(0);
-    let results: Mutex<Vec<(usize, Outcome)>> = Mutex::new(Vec::with_capacity(files.len()));
+    let mut files = files;
+    // Reversed, so that popping hands the entries out in order.
+    files.reverse();
+    let queue = Mutex::new(Queue { files, taken: 0 });
+    let n = queue.lock().unwrap().files.len();
+    // Reserved, not touched: pages are used as results arrive.
+    let out = Mutex::new(HashOutput {
+        files: Vec::with_capacity(n),
+        ..HashOutput::default()
+    });
     std::thread::scope(|s| {
         for _ in 0..opts.threads.max(1) {
             s.spawn(|| {
@@ -99,34 +115,67 @@ pub fn hash_files(files: Vec<FileEntry>, opts: &HashOptions, progress: &Progress
                     if progress.cancelled() {
                         break;
                     }
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(entry) = files.get(i) else { break };
-                    let out = hash_one(entry, bs, &mut buf, progress);
+                    let Some(entry) = queue.lock().unwrap().next() else {
+                        break;
+                    };
+                    let outcome = hash_one(entry, bs, &mut buf, progress);
                     progress.files_done.fetch_add(1, Ordering::Relaxed);
-                    mine.push((i, out));
+                    mine.push(outcome);
                     if mine.len() >= 256 {
-                        results.lock().unwrap().append(&mut mine);
+                        out.lock().unwrap().add(&mut mine);
                     }
                 }
-                results.lock().unwrap().append(&mut mine);
+                out.lock().unwrap().add(&mut mine);
             });
         }
     });
-    let mut results = results.into_inner().unwrap();
-    results.sort_unstable_by_key(|(i, _)| *i);
-    let mut out = HashOutput::default();
-    for (_, r) in results {
-        match r {
-            Outcome::Done(f, n) => {
-                out.bytes_read += n;
-                out.files.push(f);
-            }
-            Outcome::Skip(r) => *out.skipped.entry(r).or_default() += 1,
-            Outcome::Error(e) => out.errors.push(e),
-        }
-    }
+    // Entries not reached (cancelled) go now.
+    drop(queue);
+    let mut out = out.into_inner().unwrap();
+    out.files.shrink_to_fit();
+    out.files.sort_unstable_by(|a, b| {
+        (a.entry.dev, a.entry.ino, &a.entry.path).cmp(&(b.entry.dev, b.entry.ino, &b.entry.path))
+    });
     out
 }
+
+/// The entries still to read, last first; shrinks as they are taken.
+struct Queue {
+    files: Vec<FileEntry>,
+    taken: usize,
+}
+
+impl Iterator for Queue {
+    type Item = FileEntry;
+
+    fn next(&mut self) -> Option<FileEntry> {
+        let e = self.files.pop()?;
+        self.taken += 1;
+        if self.taken.is_multiple_of(SHRINK_EVERY) {
+            // Give back what was taken (a large list shrinks in place).
+            self.files.shrink_to_fit();
+        }
+        Some(e)
+    }
+}
+
+impl HashOutput {
+    fn add(&mut self, outcomes: &mut Vec<Outcome>) {
+        for r in outcomes.drain(..) {
+            match r {
+                Outcome::Done(f, n) => {
+                    self.bytes_read += n;
+                    self.files.push(f);
+                }
+                Outcome::Skip(r) => *self.skipped.entry(r).or_default() += 1,
+                Outcome::Error(e) => self.errors.push(e),
+            }
+        }
+    }
+}
+
+/// Entries taken between two shrinks of the input list.
+const SHRINK_EVERY: usize = 1 << 14;
 
 fn open_noatime(path: &std::path::Path) -> std::io::Result<File> {
     use rustix::fs::OFlags;
@@ -141,36 +190,34 @@ fn open_noatime(path: &std::path::Path) -> std::io::Result<File> {
 
 /// Adds the bytes it reads to `progress.bytes_done` as it reads them, so
 /// a progress display shows the true rate even inside one large file.
-fn hash_one(entry: &FileEntry, bs: usize, buf: &mut [u8], progress: &Progress) -> Outcome {
-    let path = &entry.path;
-    let mut f = match open_noatime(path) {
+fn hash_one(entry: FileEntry, bs: usize, buf: &mut [u8], progress: &Progress) -> Outcome {
+    let FileEntry {
+        path,
+        read_only,
+        fs,
+        subvol,
+        fs_block,
+        ..
+    } = entry;
+    let mut f = match open_noatime(&path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Outcome::Skip(SkipReason::Vanished)
         }
-        Err(source) => {
-            return Outcome::Error(ScanError::Open {
-                path: path.clone(),
-                source,
-            })
-        }
+        Err(source) => return Outcome::Error(ScanError::Open { path, source }),
     };
     let meta = match f.metadata() {
         Ok(m) => m,
-        Err(source) => {
-            return Outcome::Error(ScanError::Stat {
-                path: path.clone(),
-                source,
-            })
-        }
+        Err(source) => return Outcome::Error(ScanError::Stat { path, source }),
     };
     if !meta.is_file() {
         return Outcome::Skip(SkipReason::NotRegular);
     }
     let entry = FileEntry {
-        read_only: entry.read_only,
-        ..FileEntry::from_meta(path.clone(), &meta, entry.fs, entry.subvol, entry.fs_block)
+        read_only,
+        ..FileEntry::from_meta(path, &meta, fs, subvol, fs_block)
     };
+    let path = &entry.path;
     if entry.size == 0 {
         return Outcome::Skip(SkipReason::TooSmall);
     }
@@ -180,7 +227,14 @@ fn hash_one(entry: &FileEntry, bs: usize, buf: &mut [u8], progress: &Progress) -
     let generation = onecopy_ioctl::fs::inode_generation(f.as_fd()).unwrap_or(0);
     let mut blocks = Vec::with_capacity(entry.size.div_ceil(bs as u64) as usize);
     let sub = (entry.fs_block as usize).clamp(512, bs);
-    let mut subs = Vec::with_capacity(entry.size.div_ceil(sub as u64) as usize);
+    // At a block of one sub-block, a window at a sub-block offset is a
+    // block: the sub-digests would only repeat what `blocks` says.
+    let keep_subs = sub < bs;
+    let mut subs = Vec::with_capacity(if keep_subs {
+        entry.size.div_ceil(sub as u64) as usize
+    } else {
+        1
+    });
     let mut total = 0u64;
     loop {
         let n = match read_full(&mut f, buf) {
@@ -194,6 +248,9 @@ fn hash_one(entry: &FileEntry, bs: usize, buf: &mut [u8], progress: &Progress) -
         };
         for chunk in buf[..n].chunks(bs) {
             blocks.push(digest_block(chunk, bs, sub, &mut subs));
+            if !keep_subs {
+                subs.clear();
+            }
         }
         total += n as u64;
         progress.bytes_done.fetch_add(n as u64, Ordering::Relaxed);
@@ -212,6 +269,13 @@ fn hash_one(entry: &FileEntry, bs: usize, buf: &mut [u8], progress: &Progress) -
         }
     }
     let whole = whole_digest(&blocks, total);
+    // Sized exactly above: boxing drops the capacity word, not the data.
+    let blocks = blocks.into_boxed_slice();
+    let subs = if keep_subs {
+        subs.into_boxed_slice()
+    } else {
+        Box::default()
+    };
     let racy = entry.mtime_ns.max(entry.ctime_ns) >= read_start - RACY_MARGIN_NS;
     Outcome::Done(
         HashedFile {
@@ -249,6 +313,7 @@ fn advise_sequential(f: &File) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::MetadataExt;
 
     #[test]
     fn progress_counts_every_byte_read() {
@@ -264,8 +329,81 @@ mod tests {
         };
         let progress = Progress::default();
         let out = hash_files(vec![entry], &opts, &progress);
+        assert_eq!(out.files.len(), 1);
         assert_eq!(out.bytes_read, 3 * 65536 + 100);
         assert_eq!(progress.bytes_done.load(Ordering::Relaxed), out.bytes_read);
         assert_eq!(progress.files_done.load(Ordering::Relaxed), 1);
+    }
+
+    /// Sub-digests are kept only when a block spans several sub-blocks.
+    #[test]
+    fn sub_digests_only_below_the_block_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let data: Vec<u8> = (0..5 * 4096 + 10).map(|i| (i * 7 % 251) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        let meta = std::fs::metadata(&path).unwrap();
+        let run = |bs: u64| {
+            let e = FileEntry::from_meta(path.clone(), &meta, 1, 0, 4096);
+            let opts = HashOptions {
+                block_size: bs,
+                threads: 1,
+                read_size: 65536,
+            };
+            hash_files(vec![e], &opts, &Progress::default())
+                .files
+                .remove(0)
+        };
+        let small = run(4096);
+        assert_eq!(small.blocks.len(), 6);
+        assert!(small.subs.is_empty());
+        let big = run(16384);
+        assert_eq!(big.blocks.len(), 2);
+        assert_eq!(big.subs.len(), 6);
+        // The 4 KiB block digests are what the sub-digests would have given.
+        for (i, b) in small.blocks.iter().enumerate() {
+            let len = (data.len() - i * 4096).min(4096) as u64;
+            assert_eq!(
+                *b,
+                window_digest(&big.subs[i..i + 1], len, len == 4096),
+                "block {i}"
+            );
+        }
+    }
+
+    /// Results come back in the walk's order (dev, ino) whatever thread
+    /// read them, and missing files are counted.
+    #[test]
+    fn output_in_walk_order_across_threads() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut entries = Vec::new();
+        for i in 0..300u32 {
+            let path = dir.path().join(format!("f{i}"));
+            std::fs::write(&path, i.to_le_bytes().repeat(1 + i as usize * 7)).unwrap();
+            let meta = std::fs::metadata(&path).unwrap();
+            entries.push(FileEntry::from_meta(path, &meta, 1, 0, 4096));
+        }
+        std::fs::remove_file(dir.path().join("f17")).unwrap();
+        let opts = HashOptions {
+            block_size: 4096,
+            threads: 3,
+            read_size: 4096,
+        };
+        let out = hash_files(entries, &opts, &Progress::default());
+        let keys: Vec<(u64, u64)> = out
+            .files
+            .iter()
+            .map(|f| (f.entry.dev, f.entry.ino))
+            .collect();
+        let mut want: Vec<(u64, u64)> = (0..300)
+            .filter(|&i| i != 17)
+            .map(|i| {
+                let m = std::fs::metadata(dir.path().join(format!("f{i}"))).unwrap();
+                (m.dev(), m.ino())
+            })
+            .collect();
+        want.sort_unstable();
+        assert_eq!(keys, want);
+        assert_eq!(out.skipped.get(&SkipReason::Vanished), Some(&1));
     }
 }

@@ -101,3 +101,69 @@ impl Progress {
         self.cancel.load(Ordering::Relaxed)
     }
 }
+
+/// Splits `items` into one list per key (`key` must be cheap), keeping
+/// their order. Memory: a single key (one filesystem, the usual case) moves
+/// the list as it is; otherwise each list is allocated at its exact size
+/// and the input shrinks as it is consumed, so the records are never held
+/// twice in full.
+pub fn split_by<T, K: Ord + Copy>(
+    mut items: Vec<T>,
+    key: impl Fn(&T) -> K,
+) -> std::collections::BTreeMap<K, Vec<T>> {
+    let mut counts = std::collections::BTreeMap::<K, usize>::new();
+    for it in &items {
+        *counts.entry(key(it)).or_default() += 1;
+    }
+    if counts.len() <= 1 {
+        let mut out = std::collections::BTreeMap::new();
+        if let Some(k) = counts.into_keys().next() {
+            out.insert(k, items);
+        }
+        return out;
+    }
+    let mut out: std::collections::BTreeMap<K, Vec<T>> = counts
+        .into_iter()
+        .map(|(k, n)| (k, Vec::with_capacity(n)))
+        .collect();
+    // Back to front, shrinking behind, then each list is put back in order.
+    let mut moved = 0usize;
+    while let Some(it) = items.pop() {
+        out.get_mut(&key(&it)).expect("counted").push(it);
+        moved += 1;
+        if moved.is_multiple_of(1 << 14) {
+            items.shrink_to_fit();
+        }
+    }
+    for v in out.values_mut() {
+        v.reverse();
+    }
+    out
+}
+
+#[cfg(test)]
+mod split_tests {
+    use super::split_by;
+
+    #[test]
+    fn split_keeps_order_per_key() {
+        let items: Vec<(u8, u32)> = (0..40_000u32).map(|i| ((i % 3) as u8, i)).collect();
+        let out = split_by(items, |it| it.0);
+        assert_eq!(out.len(), 3);
+        for (k, v) in &out {
+            assert!(v.iter().all(|it| it.0 == *k));
+            assert!(v.windows(2).all(|w| w[0].1 < w[1].1), "order kept");
+            assert_eq!(v.len(), v.capacity(), "exact size");
+        }
+        assert_eq!(out.values().map(Vec::len).sum::<usize>(), 40_000);
+    }
+
+    #[test]
+    fn split_single_key_moves_the_list() {
+        let items: Vec<u32> = (0..1000).collect();
+        let ptr = items.as_ptr();
+        let out = split_by(items, |_| 7u8);
+        assert_eq!(out[&7].as_ptr(), ptr, "not copied");
+        assert!(split_by(Vec::<u32>::new(), |_| 0u8).is_empty());
+    }
+}

@@ -63,7 +63,7 @@ impl FileEntry {
         fs_block: u64,
     ) -> FileEntry {
         FileEntry {
-            path,
+            path: exact(path),
             dev: m.dev(),
             ino: m.ino(),
             size: m.size(),
@@ -86,7 +86,7 @@ impl FileEntry {
         fs_block: u64,
     ) -> FileEntry {
         FileEntry {
-            path,
+            path: exact(path),
             dev: st.st_dev,
             ino: st.st_ino,
             size: st.st_size as u64,
@@ -108,6 +108,13 @@ impl FileEntry {
             && m.mtime() * 1_000_000_000 + m.mtime_nsec() == self.mtime_ns
             && m.ctime() * 1_000_000_000 + m.ctime_nsec() == self.ctime_ns
     }
+}
+
+/// `path` without spare capacity: a joined path carries up to as much
+/// again unused (growth by doubling), on every one of millions of entries.
+fn exact(mut path: PathBuf) -> PathBuf {
+    path.shrink_to_fit();
+    path
 }
 
 /// The walk's result: files sorted by (device, inode), one entry per inode.
@@ -392,7 +399,12 @@ pub fn walk(opts: &WalkOptions, progress: &Progress) -> WalkOutput {
             }
             walk_long(&dir, info, &filters, progress, &mut got);
         }
-        out.files.append(&mut got.files);
+        if out.files.is_empty() {
+            // The usual single root: the list moves, it is not copied.
+            out.files = std::mem::take(&mut got.files);
+        } else {
+            out.files.append(&mut got.files);
+        }
         out.errors.append(&mut got.errors);
         for (k, v) in got.skipped {
             *out.skipped.entry(k).or_default() += v;
@@ -403,6 +415,8 @@ pub fn walk(opts: &WalkOptions, progress: &Progress) -> WalkOutput {
         *out.skipped.entry(SkipReason::Hardlink).or_default() += links;
         progress.files_found.fetch_sub(links, Ordering::Relaxed);
     }
+    // The list grew by doubling: give the slack back before it is kept.
+    out.files.shrink_to_fit();
     WalkOutput {
         files: out.files,
         skipped: out.skipped,
@@ -610,6 +624,18 @@ fn one_entry_per_inode(files: &mut Vec<FileEntry>) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn entries_keep_no_spare_path_capacity() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut path = PathBuf::with_capacity(4096);
+        path.push(dir.path());
+        path.push("f");
+        std::fs::write(&path, b"x").unwrap();
+        let m = std::fs::metadata(&path).unwrap();
+        let e = FileEntry::from_meta(path, &m, 1, 0, 4096);
+        assert_eq!(e.path.capacity(), e.path.as_os_str().len());
+    }
 
     #[test]
     fn proc_escapes() {

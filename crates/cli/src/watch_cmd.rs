@@ -116,6 +116,7 @@ pub fn run(a: WatchArgs) -> anyhow::Result<u8> {
         debounce: Debounce::new(secs(a.settle), secs(a.max_delay)),
         generations: Vec::new(),
         held: false,
+        own: own_files(&a),
     };
     w.note(&format!(
         "watching {} path(s) with {}",
@@ -152,12 +153,19 @@ struct Watcher<'a> {
     generations: Vec<Option<u64>>,
     /// A batch is held back by the load limit (noted once per hold).
     held: bool,
+    /// onecopy's own catalog directory and file: a pass writes them, and
+    /// seeing that as a change would start a pass again, forever.
+    own: Vec<PathBuf>,
 }
 
 /// More changed files than this from a tree search: walk instead.
 const TREE_SEARCH_LIMIT: usize = 10_000;
 
 impl Watcher<'_> {
+    fn is_own(&self, p: &std::path::Path) -> bool {
+        self.own.iter().any(|o| p.starts_with(o))
+    }
+
     fn stopped(&self) -> bool {
         self.stop.load(Ordering::Relaxed)
     }
@@ -177,6 +185,7 @@ impl Watcher<'_> {
                     let now = Instant::now();
                     for c in s.wait(TICK)? {
                         match c {
+                            Change::Written(p) if self.is_own(&p) => {}
                             Change::Written(p) => self.debounce.touch(Some(p), now),
                             Change::Lost => self.debounce.touch(None, now),
                         }
@@ -235,7 +244,9 @@ impl Watcher<'_> {
         for (root, since) in self.roots.iter().zip(&self.generations) {
             let since = since.unwrap_or(0);
             match onecopy_watch::changed_files(root, since, TREE_SEARCH_LIMIT) {
-                Ok(Some(v)) => files.extend(v.into_iter().filter(|p| !in_tmp_dir(p))),
+                Ok(Some(v)) => {
+                    files.extend(v.into_iter().filter(|p| !in_tmp_dir(p) && !self.is_own(p)))
+                }
                 Ok(None) => return Look::Walk,
                 Err(e) => {
                     self.note(&format!("tree search of {}: {e}; walking", root.display()));
@@ -398,6 +409,15 @@ fn changed_within(p: &std::path::Path, d: Duration) -> Option<bool> {
     let t = (m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128)
         .max(m.ctime() as i128 * 1_000_000_000 + m.ctime_nsec() as i128);
     Some(now - t < d.as_nanos() as i128)
+}
+
+/// The catalog directory (and `--hashfile`), canonical where they exist.
+fn own_files(a: &WatchArgs) -> Vec<PathBuf> {
+    let mut v = vec![crate::dedupe_cmd::default_catalog_dir()];
+    v.extend(a.hashfile.clone());
+    v.into_iter()
+        .map(|p| std::fs::canonicalize(&p).unwrap_or(p))
+        .collect()
 }
 
 /// What a periodic look found.

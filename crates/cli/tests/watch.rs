@@ -389,3 +389,29 @@ fn idle_priority_and_load_limit() {
     assert!(text.contains("holding the batch"), "{text}");
     assert!(!text.contains(" file(s), shared "), "{text}");
 }
+
+/// The catalog inside the watched tree: the pass that writes it must not
+/// start another pass (fanotify with names sees every close-write there).
+#[test]
+fn own_catalog_in_the_tree_does_not_wake_it() {
+    let fs = new_fs(FsKind::Btrfs, 1 << 30);
+    let root = fs.path().join("w");
+    std::fs::create_dir(&root).unwrap();
+    write_random(&root.join("f"), MIB, 4).unwrap();
+    let cache = root.join("cache");
+    std::fs::create_dir(&cache).unwrap();
+    // Watch::start puts the catalog in scratch/cache: scratch = root.
+    let w = Watch::start(&root, &root, &[]);
+    w.wait_log(" file(s), shared ", 1);
+    assert!(
+        cache.read_dir().unwrap().next().is_some(),
+        "no catalog written"
+    );
+    // Any racy re-read comes within ~2 s; then nothing more.
+    std::thread::sleep(Duration::from_millis(2500));
+    let passes = w.log().matches(" file(s), shared ").count();
+    std::thread::sleep(Duration::from_secs(4));
+    let log = w.log();
+    assert_eq!(log.matches(" file(s), shared ").count(), passes, "{log}");
+    assert_eq!(w.term(), 0);
+}

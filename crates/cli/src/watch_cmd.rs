@@ -115,6 +115,7 @@ pub fn run(a: WatchArgs) -> anyhow::Result<u8> {
         stop,
         debounce: Debounce::new(secs(a.settle), secs(a.max_delay)),
         generations: Vec::new(),
+        since_wall: 0,
         held: false,
         own: own_files(&a),
     };
@@ -127,8 +128,27 @@ pub fn run(a: WatchArgs) -> anyhow::Result<u8> {
             None => "periodic looks",
         }
     ));
-    // Catch up on what changed while not running (cheap: the catalog).
-    w.debounce.touch(None, Instant::now() - secs(a.max_delay));
+    // Catch up on what changed while not running: on btrfs, when the last
+    // run left its generations, a tree search since them; else a pass over
+    // every PATH (cheap: the catalog).
+    let saved: Vec<Option<(u64, u64)>> = w.roots.iter().map(|r| load_generation(r)).collect();
+    let caught_up = saved.iter().all(Option::is_some) && {
+        w.generations = saved.iter().map(|s| s.map(|(g, _)| g)).collect();
+        w.since_wall = saved.iter().flatten().map(|&(_, t)| t).min().unwrap_or(0);
+        let settled = Instant::now() - secs(a.settle);
+        match w.look() {
+            Look::Nothing => true,
+            Look::Files(v) => {
+                v.into_iter()
+                    .for_each(|p| w.debounce.touch(Some(p), settled));
+                true
+            }
+            Look::Walk => false,
+        }
+    };
+    if !caught_up {
+        w.debounce.touch(None, Instant::now() - secs(a.max_delay));
+    }
     w.run(source.as_ref())
 }
 
@@ -151,6 +171,9 @@ struct Watcher<'a> {
     /// btrfs generations of the roots' filesystems when the last pass
     /// started (None where unknown: not btrfs, or an old kernel).
     generations: Vec<Option<u64>>,
+    /// Wall-clock seconds when the last pass began: a tree search keeps
+    /// files whose ctime is at least this minus [`CLOCK_SLACK`].
+    since_wall: u64,
     /// A batch is held back by the load limit (noted once per hold).
     held: bool,
     /// onecopy's own catalog directory and file: a pass writes them, and
@@ -160,6 +183,9 @@ struct Watcher<'a> {
 
 /// More changed files than this from a tree search: walk instead.
 const TREE_SEARCH_LIMIT: usize = 10_000;
+/// Bytes of file names a pass is given on its command line at most (well
+/// under ARG_MAX); a larger batch runs over the whole PATHs.
+const PASS_ARGS_MAX: usize = 256 << 10;
 
 impl Watcher<'_> {
     fn is_own(&self, p: &std::path::Path) -> bool {
@@ -243,7 +269,8 @@ impl Watcher<'_> {
         let mut files = Vec::new();
         for (root, since) in self.roots.iter().zip(&self.generations) {
             let since = since.unwrap_or(0);
-            match onecopy_watch::changed_files(root, since, TREE_SEARCH_LIMIT) {
+            let min_ctime = self.since_wall.saturating_sub(CLOCK_SLACK);
+            match onecopy_watch::changed_files(root, since, min_ctime, TREE_SEARCH_LIMIT) {
                 Ok(Some(v)) => {
                     files.extend(v.into_iter().filter(|p| !in_tmp_dir(p) && !self.is_own(p)))
                 }
@@ -298,7 +325,8 @@ impl Watcher<'_> {
                 Some(false) => named.push(p),
             }
         }
-        let walk = batch.unknown || named.len() > TREE_SEARCH_LIMIT;
+        let arg_bytes: usize = named.iter().map(|p| p.as_os_str().len() + 1).sum();
+        let walk = batch.unknown || arg_bytes > PASS_ARGS_MAX;
         let roots: Vec<&PathBuf> = if walk {
             self.roots.iter().collect()
         } else {
@@ -309,6 +337,7 @@ impl Watcher<'_> {
         }
         let started = Instant::now();
         self.generations = generations(&self.roots);
+        self.since_wall = wall_secs();
         let child = self.spawn_dedupe(&roots, walk)?;
         let Some(out) = self.wait_child(child)? else {
             return Ok(());
@@ -331,6 +360,8 @@ impl Watcher<'_> {
             n("bytes_deduped"),
             started.elapsed().as_secs_f64(),
         ));
+        let at_start = self.generations.clone();
+        let wall_at_start = self.since_wall;
         // A walk reads whatever it meets, racy files too: read them again
         // once settled, so that the catalog holds them.
         let since = started.elapsed() + RACY;
@@ -338,6 +369,15 @@ impl Watcher<'_> {
             let p = PathBuf::from(p.as_str().unwrap_or_default());
             if changed_within(&p, since) == Some(true) {
                 self.debounce.touch(Some(p), Instant::now());
+            }
+        }
+        // Everything changed before the pass began is deduped or recorded:
+        // the next start searches from there (only when nothing waits).
+        if !self.debounce.pending() {
+            for (r, g) in self.roots.iter().zip(&at_start) {
+                if let Some(g) = g {
+                    save_generation(r, *g, wall_at_start);
+                }
             }
         }
         Ok(())
@@ -418,6 +458,59 @@ fn own_files(a: &WatchArgs) -> Vec<PathBuf> {
     v.into_iter()
         .map(|p| std::fs::canonicalize(&p).unwrap_or(p))
         .collect()
+}
+
+/// Where the generation a root's last pass began at is kept: the catalog
+/// directory, one file per root (named by a hash of its path), holding
+/// the filesystem's UUID and the generation.
+fn generation_file(root: &std::path::Path) -> PathBuf {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    root.hash(&mut h);
+    crate::dedupe_cmd::default_catalog_dir().join(format!("watch-{:016x}.generation", h.finish()))
+}
+
+fn fs_uuid_hex(root: &std::path::Path) -> Option<String> {
+    let f = std::fs::File::open(root).ok()?;
+    let u = onecopy_ioctl::btrfs::fs_uuid(std::os::fd::AsFd::as_fd(&f)).ok()?;
+    Some(u.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// The saved generation of `root` and the wall-clock second of that
+/// pass's start, if they were saved for this filesystem.
+fn load_generation(root: &std::path::Path) -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string(generation_file(root)).ok()?;
+    let mut f = text.split_whitespace();
+    let (uuid, gen, wall) = (f.next()?, f.next()?, f.next()?);
+    (Some(uuid.to_string()) == fs_uuid_hex(root)).then_some(())?;
+    Some((gen.parse().ok()?, wall.parse().ok()?))
+}
+
+/// Seconds since the epoch.
+fn wall_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Seconds a ctime may lag the wall clock read before it (coarse clock,
+/// rounding to seconds).
+const CLOCK_SLACK: u64 = 2;
+
+/// Saves `gen` for `root` (atomically; a failure only costs a walk at the
+/// next start).
+fn save_generation(root: &std::path::Path, gen: u64, wall: u64) {
+    let Some(uuid) = fs_uuid_hex(root) else {
+        return;
+    };
+    let path = generation_file(root);
+    if let Some(dir) = path.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let tmp = path.with_extension("tmp");
+    if std::fs::write(&tmp, format!("{uuid} {gen} {wall}\n")).is_ok() {
+        let _ = std::fs::rename(&tmp, &path);
+    }
 }
 
 /// What a periodic look found.

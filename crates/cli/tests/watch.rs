@@ -148,11 +148,19 @@ fn watch_mode_on(kind: FsKind, extra: &[&str]) {
     let later = root.join("later");
     copy_no_reflink(&orig, &later).unwrap();
     let w = Watch::start(&root, scratch.path(), extra);
-    fs.sync();
-    assert!(
-        is_fully_shared(&orig, &later),
-        "not caught up after a restart"
-    );
+    let t = Instant::now();
+    loop {
+        fs.sync();
+        if is_fully_shared(&orig, &later) {
+            break;
+        }
+        assert!(
+            t.elapsed() < BOUND,
+            "not caught up after a restart: {}",
+            w.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     eprintln!("after the restart:\n{}", w.log());
     assert_eq!(w.term(), 0);
     // SIGTERM ended every pass cleanly: nothing of onecopy's is left.
@@ -414,4 +422,77 @@ fn own_catalog_in_the_tree_does_not_wake_it() {
     let log = w.log();
     assert_eq!(log.matches(" file(s), shared ").count(), passes, "{log}");
     assert_eq!(w.term(), 0);
+}
+
+/// A restart over an unchanged btrfs searches from the generation the last
+/// run saved: no pass, no walk. A file written while stopped is then found
+/// by the search and shared, read alone.
+#[test]
+fn a_restart_over_an_unchanged_btrfs_does_not_walk() {
+    let fs = new_fs(FsKind::Btrfs, 1 << 30);
+    let scratch = tempfile::tempdir().unwrap();
+    let root = fs.path().join("w");
+    std::fs::create_dir(&root).unwrap();
+    let orig = root.join("orig");
+    write_random(&orig, 2 * MIB, 11).unwrap();
+    for i in 0..50 {
+        write_random(&root.join(format!("u{i}")), 64 * 1024, 100 + i).unwrap();
+    }
+    fs.sync();
+    // Past the racy margin and the search's 2 s ctime slack.
+    std::thread::sleep(Duration::from_millis(3200));
+    let w = Watch::start(&root, scratch.path(), &[]);
+    std::thread::sleep(Duration::from_millis(2500)); // any re-read done
+    assert_eq!(w.term(), 0);
+    fs.sync();
+
+    let log = scratch.path().join("again.log");
+    let start = || {
+        Command::new(env!("CARGO_BIN_EXE_onecopy"))
+            .env("ONECOPY_CACHE_DIR", scratch.path().join("cache"))
+            .args(["watch", "--settle", "1"])
+            .arg(&root)
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap()
+    };
+    let stop = |mut c: Child| {
+        let pid = rustix::process::Pid::from_child(&c);
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+        assert!(c.wait().unwrap().success());
+        std::fs::read_to_string(&log).unwrap()
+    };
+    let c = start();
+    std::thread::sleep(Duration::from_secs(3));
+    let text = stop(c);
+    assert!(text.contains(": no walk"), "{text}");
+    assert!(!text.contains(" file(s), shared "), "{text}");
+
+    let later = root.join("later");
+    copy_no_reflink(&orig, &later).unwrap();
+    fs.sync();
+    std::thread::sleep(Duration::from_millis(1200));
+    let c = start();
+    let t = Instant::now();
+    while !is_fully_shared(&orig, &later) {
+        assert!(
+            t.elapsed() < BOUND,
+            "{}",
+            std::fs::read_to_string(&log).unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+        fs.sync();
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let text = stop(c);
+    assert!(
+        text.contains("btrfs tree search since generation"),
+        "{text}"
+    );
+    assert!(!text.contains("look over every path"), "{text}");
+    assert_eq!(
+        checksum_file(&later).unwrap(),
+        checksum_file(&orig).unwrap()
+    );
+    eprintln!("{text}");
 }

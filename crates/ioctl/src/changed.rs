@@ -29,6 +29,7 @@ const BUF: usize = 64 * 1024;
 /// `struct btrfs_inode_item`: transid and mode.
 const INODE_TRANSID: usize = 8;
 const INODE_MODE: usize = 52;
+const INODE_CTIME: usize = 124;
 const INODE_ITEM_SIZE: usize = 160;
 
 /// An inode whose item was written in or after the searched transaction.
@@ -39,6 +40,9 @@ pub struct ChangedInode {
     pub transid: u64,
     /// `st_mode` (file type and permissions).
     pub mode: u32,
+    /// ctime, seconds: moves with every change but an atime update (which
+    /// also rewrites the inode item).
+    pub ctime_sec: u64,
 }
 
 impl ChangedInode {
@@ -87,12 +91,14 @@ pub fn decode_changed_inodes(
                 return Err(short);
             }
             let transid = le_u64_at(item, INODE_TRANSID).ok_or(short.clone())?;
-            let mode = le_u32_at(item, INODE_MODE).ok_or(short)?;
+            let mode = le_u32_at(item, INODE_MODE).ok_or(short.clone())?;
+            let ctime_sec = le_u64_at(item, INODE_CTIME).ok_or(short)?;
             if transid >= min_transid {
                 out.push(ChangedInode {
                     ino: objectid,
                     transid,
                     mode,
+                    ctime_sec,
                 });
             }
         }

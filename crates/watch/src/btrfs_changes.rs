@@ -10,11 +10,14 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 /// Regular files under `root` (canonical) whose inode was written in
-/// transaction `since` or later, in inode order; at most `limit` (None
-/// when more changed: a walk is then cheaper than naming them).
+/// transaction `since` or later with a ctime at or after `min_ctime`
+/// (seconds; leaves out inodes rewritten only for an atime update), in
+/// inode order; at most `limit` (None when more changed: a walk is then
+/// cheaper than naming them).
 pub fn changed_files(
     root: &Path,
     since: u64,
+    min_ctime: u64,
     limit: usize,
 ) -> std::io::Result<Option<Vec<PathBuf>>> {
     let dir = std::fs::File::open(root)?;
@@ -27,7 +30,10 @@ pub fn changed_files(
         return Ok(None);
     };
     let inodes = onecopy_ioctl::changed::changed_inodes(fd, since)?;
-    let files: Vec<_> = inodes.iter().filter(|i| i.is_regular()).collect();
+    let files: Vec<_> = inodes
+        .iter()
+        .filter(|i| i.is_regular() && i.ctime_sec >= min_ctime)
+        .collect();
     if files.len() > limit {
         return Ok(None);
     }

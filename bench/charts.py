@@ -10,6 +10,9 @@ bench/charts/):
   wall.svg   wall seconds of each tool's first run, per workload
   freed.svg  MiB each tool actually freed (statvfs), per workload
   rerun.svg  wall seconds of the second run (--rerun), when present
+  store.svg  the store's fio throughput beside its ceilings (native disk,
+             null FUSE filesystem), from bench/store.sh's output
+             (--store FILE; default the newest bench/charts/data/store-*.txt)
 
 One group of bars per "workload on fs", one colour per tool; baselines
 (find-stat, read-all) are drawn grey. Missing or failed runs are left out
@@ -33,6 +36,9 @@ PALETTE = {
     "fclones": "#762a83",
     "find-stat": "#bbbbbb",
     "read-all": "#888888",
+    "native": "#888888",
+    "null FUSE": "#bbbbbb",
+    "onecopy store": "#1b7837",
 }
 OK = ("ok", "ok (no candidates)")
 
@@ -130,11 +136,52 @@ def bar_chart(title, unit_fmt, groups, tools, notes):
     return "\n".join(out) + "\n"
 
 
+def store_series(path):
+    """[(row, {column: MB/s})] and column order, from the fio table that
+    bench/store.sh prints (`| row | native | null FUSE | onecopy store |`)."""
+    cols, groups = [], []
+    with open(path) as f:
+        lines = [l.strip() for l in f]
+    start = next((i for i, l in enumerate(lines) if l.startswith("## fio sequential")), None)
+    if start is None:
+        return [], []
+    for l in lines[start + 1:]:
+        if l.startswith("##"):
+            break
+        if not l.startswith("|") or l.startswith("|---"):
+            continue
+        cells = [c.strip() for c in l.strip("|").split("|")]
+        if not cols:
+            cols = cells[1:]
+            continue
+        vals = {}
+        for c, v in zip(cols, cells[1:]):
+            try:
+                vals[c] = float(v)
+            except ValueError:
+                pass  # "-": not measured for this row
+        if vals:
+            groups.append((cells[0], vals))
+    return groups, cols
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results", nargs="*")
     ap.add_argument("--out", default=os.path.join(HERE, "charts"))
+    ap.add_argument("--store", help="bench/store.sh output (default: newest in charts/data)")
     args = ap.parse_args()
+    store = args.store or max(glob.glob(os.path.join(HERE, "charts", "data", "store-*.txt")),
+                              default=None)
+    if store:
+        groups, cols = store_series(store)
+        if groups:
+            os.makedirs(args.out, exist_ok=True)
+            path = os.path.join(args.out, "store.svg")
+            title = "Store throughput vs its ceilings, fio 1 MiB sequential (MB/s, higher is better)"
+            with open(path, "w") as f:
+                f.write(bar_chart(title, lambda v: f"{v:g} MB/s", groups, cols, []))
+            print(path)
     paths = args.results or sorted(
         p for p in glob.glob(os.path.join(HERE, "results", "*.json"))
         if not p.endswith(("-run1.json", "-run2.json")))

@@ -11,11 +11,19 @@
 //! * [`fs`]: filesystem identification (`fstatfs`), inode flags and generation.
 //! * [`btrfs`]: btrfs file extent items (`BTRFS_IOC_TREE_SEARCH_V2`), which
 //!   reveal the full size of the extent a file range pins.
+//! * [`changed`]: btrfs inodes changed since a transaction (tree search by
+//!   minimum transid) and their paths (`BTRFS_IOC_INO_PATHS`).
+//! * [`process`]: the I/O scheduling priority (`ioprio_set`/`ioprio_get`).
+//! * [`handle`]: `open_by_handle_at`, to name what fanotify reports by
+//!   file handle.
 
 pub mod btrfs;
+pub mod changed;
 pub mod dedupe;
 pub mod fiemap;
 pub mod fs;
+pub mod handle;
+pub mod process;
 
 /// Little-endian/native field readers used by the decoders. All return
 /// `None` when the slice is too short, so decoders never index out of bounds.
@@ -35,6 +43,10 @@ pub(crate) mod bytes {
     pub fn le_u64_at(b: &[u8], off: usize) -> Option<u64> {
         let s = b.get(off..off.checked_add(8)?)?;
         Some(u64::from_le_bytes(s.try_into().ok()?))
+    }
+    pub fn le_u32_at(b: &[u8], off: usize) -> Option<u32> {
+        let s = b.get(off..off.checked_add(4)?)?;
+        Some(u32::from_le_bytes(s.try_into().ok()?))
     }
 }
 

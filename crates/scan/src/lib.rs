@@ -12,7 +12,7 @@ mod walk;
 
 pub use hash::{
     hash_files, window_digest, zero_block_digest, BlockDigest, HashOptions, HashOutput, HashedFile,
-    SubDigest,
+    SubDigest, RACY_MARGIN_NS,
 };
 pub use walk::{validate_excludes, walk, FileEntry, FsId, WalkOptions, WalkOutput};
 

@@ -1,0 +1,291 @@
+//! What changed on a btrfs subvolume since a transaction, without a walk:
+//! a tree search of the subvolume's fs tree with a minimum transid (the
+//! kernel skips every tree block older than it), keeping inode items whose
+//! own `transid` is at least that, then the paths of those inodes
+//! (`BTRFS_IOC_INO_PATHS`). Both need CAP_SYS_ADMIN.
+//!
+//! An inode item is rewritten with the running transaction's id whenever
+//! the inode's data or metadata change: a write, a truncate, a rename
+//! (ctime), a new link. So "inode items with transid >= T" is every file
+//! created, written, renamed or moved within the subvolume in or after
+//! transaction T.
+
+use std::io;
+use std::os::fd::BorrowedFd;
+
+use crate::bytes::{le_u32_at, le_u64_at, u32_at, u64_at};
+use crate::AlignedBuf;
+
+/// `_IOWR(0x94, 17, struct btrfs_ioctl_search_args_v2)`.
+const BTRFS_IOC_TREE_SEARCH_V2: libc::c_ulong = 0xC070_9411;
+/// `_IOWR(0x94, 35, struct btrfs_ioctl_ino_path_args)`.
+const BTRFS_IOC_INO_PATHS: libc::c_ulong = 0xC038_9423;
+const KEY: usize = 104;
+const ARGS: usize = KEY + 8;
+const SEARCH_HEADER: usize = 32;
+const INODE_ITEM_KEY: u32 = 1;
+const FIRST_FREE_OBJECTID: u64 = 256;
+const BUF: usize = 64 * 1024;
+/// `struct btrfs_inode_item`: transid and mode.
+const INODE_TRANSID: usize = 8;
+const INODE_MODE: usize = 52;
+const INODE_CTIME: usize = 124;
+const INODE_ITEM_SIZE: usize = 160;
+
+/// An inode whose item was written in or after the searched transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChangedInode {
+    pub ino: u64,
+    /// The transaction that last wrote the inode item.
+    pub transid: u64,
+    /// `st_mode` (file type and permissions).
+    pub mode: u32,
+    /// ctime, seconds: moves with every change but an atime update (which
+    /// also rewrites the inode item).
+    pub ctime_sec: u64,
+}
+
+impl ChangedInode {
+    pub fn is_regular(&self) -> bool {
+        self.mode & libc::S_IFMT == libc::S_IFREG
+    }
+}
+
+/// A malformed answer.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum ChangedDecodeError {
+    #[error("tree search item {index} runs past the buffer")]
+    Truncated { index: usize },
+    #[error("inode item {index} too short ({len} bytes)")]
+    ShortInode { index: usize, len: u32 },
+    #[error("inode path {index} lies outside the answer")]
+    BadPath { index: usize },
+}
+
+/// Decodes `nr_items` items of a `TREE_SEARCH_V2` answer, keeping inode
+/// items with `transid >= min_transid`. Also returns the objectid of the
+/// last item seen (the search goes on after it).
+pub fn decode_changed_inodes(
+    buf: &[u8],
+    nr_items: u32,
+    min_transid: u64,
+) -> Result<(Vec<ChangedInode>, Option<u64>), ChangedDecodeError> {
+    let mut out = Vec::new();
+    let mut pos = 0usize;
+    let mut last = None;
+    for index in 0..nr_items as usize {
+        let t = ChangedDecodeError::Truncated { index };
+        let objectid = u64_at(buf, pos + 8).ok_or(t.clone())?;
+        let typ = u32_at(buf, pos + 24).ok_or(t.clone())?;
+        let len = u32_at(buf, pos + 28).ok_or(t.clone())?;
+        let start = pos + SEARCH_HEADER;
+        let end = start
+            .checked_add(len as usize)
+            .filter(|&e| e <= buf.len())
+            .ok_or(t)?;
+        let item = &buf[start..end];
+        last = Some(objectid);
+        if typ == INODE_ITEM_KEY {
+            let short = ChangedDecodeError::ShortInode { index, len };
+            if item.len() < INODE_ITEM_SIZE {
+                return Err(short);
+            }
+            let transid = le_u64_at(item, INODE_TRANSID).ok_or(short.clone())?;
+            let mode = le_u32_at(item, INODE_MODE).ok_or(short.clone())?;
+            let ctime_sec = le_u64_at(item, INODE_CTIME).ok_or(short)?;
+            if transid >= min_transid {
+                out.push(ChangedInode {
+                    ino: objectid,
+                    transid,
+                    mode,
+                    ctime_sec,
+                });
+            }
+        }
+        pos = end;
+    }
+    Ok((out, last))
+}
+
+/// Every inode of the subvolume holding `fd` whose inode item was written
+/// in transaction `min_transid` or later, in inode order. The cost follows
+/// the amount changed, not the size of the subvolume: unchanged tree
+/// blocks are not visited.
+pub fn changed_inodes(fd: BorrowedFd<'_>, min_transid: u64) -> io::Result<Vec<ChangedInode>> {
+    let mut out = Vec::new();
+    let mut min_objectid = FIRST_FREE_OBJECTID;
+    let mut buf = AlignedBuf::new(ARGS + BUF);
+    loop {
+        buf.as_mut_bytes().fill(0);
+        buf.put_u64(0, 0); // tree_id 0: the subvolume of fd
+        buf.put_u64(8, min_objectid);
+        buf.put_u64(16, u64::MAX);
+        buf.put_u64(24, 0);
+        buf.put_u64(32, u64::MAX);
+        buf.put_u64(40, min_transid);
+        buf.put_u64(48, u64::MAX);
+        buf.put_u32(56, INODE_ITEM_KEY);
+        buf.put_u32(60, u32::from(u8::MAX));
+        buf.put_u32(64, 4096); // nr_items
+        buf.put_u64(KEY, BUF as u64);
+        crate::ioctl_buf(fd, BTRFS_IOC_TREE_SEARCH_V2, &mut buf)?;
+        let nr = u32_at(buf.as_bytes(), 64).unwrap_or(0);
+        if nr == 0 {
+            break;
+        }
+        let (items, last) = decode_changed_inodes(&buf.as_bytes()[ARGS..], nr, min_transid)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        out.extend(items);
+        // An inode has one inode item, its first item: once any item of
+        // objectid N was seen, go on at N + 1.
+        match last.and_then(|l| l.checked_add(1)) {
+            Some(next) if next > min_objectid => min_objectid = next,
+            _ => break,
+        }
+    }
+    Ok(out)
+}
+
+/// The paths of inode `ino` (one per hard link) relative to the root of
+/// the subvolume holding `fd`, without a leading slash. Paths that did not
+/// fit the answer are left out.
+pub fn inode_paths(fd: BorrowedFd<'_>, ino: u64) -> io::Result<Vec<Vec<u8>>> {
+    const SIZE: usize = 16 << 10;
+    let mut data = AlignedBuf::new(SIZE);
+    let mut args = AlignedBuf::new(56);
+    args.put_u64(0, ino);
+    args.put_u64(8, SIZE as u64);
+    // The kernel writes the answer through this pointer; `data` lives
+    // until after the call.
+    args.put_u64(48, data.as_mut_ptr() as u64);
+    crate::ioctl_buf(fd, BTRFS_IOC_INO_PATHS, &mut args)?;
+    decode_inode_paths(data.as_bytes()).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+/// `_IOWR(0x94, 18, struct btrfs_ioctl_ino_lookup_args)` (4096 bytes).
+const BTRFS_IOC_INO_LOOKUP: libc::c_ulong = 0xD000_9412;
+
+/// The path of directory inode `dir_ino` relative to the root of the
+/// subvolume holding `fd`: empty for the subvolume root itself, else
+/// components each followed by '/' (`BTRFS_IOC_INO_LOOKUP`).
+pub fn dir_path_in_subvol(fd: BorrowedFd<'_>, dir_ino: u64) -> io::Result<Vec<u8>> {
+    let mut buf = AlignedBuf::new(4096);
+    buf.put_u64(0, 0);
+    buf.put_u64(8, dir_ino);
+    crate::ioctl_buf(fd, BTRFS_IOC_INO_LOOKUP, &mut buf)?;
+    let name = &buf.as_bytes()[16..];
+    let len = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    Ok(name[..len].to_vec())
+}
+
+/// Decodes a `struct btrfs_data_container` holding path offsets (relative
+/// to the start of `val`) to NUL-terminated paths.
+pub fn decode_inode_paths(buf: &[u8]) -> Result<Vec<Vec<u8>>, ChangedDecodeError> {
+    const VAL: usize = 16;
+    let count = u32_at(buf, 8).ok_or(ChangedDecodeError::Truncated { index: 0 })? as usize;
+    let mut out = Vec::new();
+    for index in 0..count {
+        let bad = ChangedDecodeError::BadPath { index };
+        let rel = u64_at(buf, VAL + index * 8).ok_or(bad.clone())?;
+        let start = usize::try_from(rel)
+            .ok()
+            .and_then(|r| r.checked_add(VAL))
+            .filter(|&s| s < buf.len())
+            .ok_or(bad.clone())?;
+        let len = buf[start..].iter().position(|&b| b == 0).ok_or(bad)?;
+        out.push(buf[start..start + len].to_vec());
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn item(objectid: u64, typ: u32, body: &[u8]) -> Vec<u8> {
+        let mut h = vec![0u8; SEARCH_HEADER];
+        h[8..16].copy_from_slice(&objectid.to_ne_bytes());
+        h[24..28].copy_from_slice(&typ.to_ne_bytes());
+        h[28..32].copy_from_slice(&(body.len() as u32).to_ne_bytes());
+        h.extend_from_slice(body);
+        h
+    }
+
+    fn inode(transid: u64, mode: u32) -> Vec<u8> {
+        let mut b = vec![0u8; INODE_ITEM_SIZE];
+        b[INODE_TRANSID..INODE_TRANSID + 8].copy_from_slice(&transid.to_le_bytes());
+        b[INODE_MODE..INODE_MODE + 4].copy_from_slice(&mode.to_le_bytes());
+        b
+    }
+
+    #[test]
+    fn keeps_new_inode_items_only() {
+        let mut b = item(257, INODE_ITEM_KEY, &inode(10, 0o100644));
+        b.extend(item(257, 108, &[0u8; 53]));
+        b.extend(item(258, INODE_ITEM_KEY, &inode(3, 0o100644)));
+        b.extend(item(259, INODE_ITEM_KEY, &inode(12, 0o040755)));
+        let (v, last) = decode_changed_inodes(&b, 4, 10).unwrap();
+        assert_eq!(last, Some(259));
+        assert_eq!(v.len(), 2);
+        assert_eq!((v[0].ino, v[0].transid, v[0].is_regular()), (257, 10, true));
+        assert_eq!((v[1].ino, v[1].is_regular()), (259, false));
+        assert_eq!(
+            decode_changed_inodes(&b[..b.len() - 1], 4, 0),
+            Err(ChangedDecodeError::Truncated { index: 3 })
+        );
+    }
+
+    #[test]
+    fn decodes_paths() {
+        let mut b = vec![0u8; 16];
+        b[8..12].copy_from_slice(&2u32.to_ne_bytes());
+        b.extend(16u64.to_ne_bytes());
+        b.extend(20u64.to_ne_bytes());
+        b.extend(b"a/b\0c\0");
+        assert_eq!(
+            decode_inode_paths(&b).unwrap(),
+            vec![b"a/b".to_vec(), b"c".to_vec()]
+        );
+        b.pop();
+        assert_eq!(
+            decode_inode_paths(&b),
+            Err(ChangedDecodeError::BadPath { index: 1 })
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn changed_inodes_decode_never_panics(
+            bytes in proptest::collection::vec(any::<u8>(), 0..2048),
+            nr in 0u32..64,
+            min in any::<u64>(),
+        ) {
+            let _ = decode_changed_inodes(&bytes, nr, min);
+        }
+
+        #[test]
+        fn changed_inodes_roundtrip(
+            items in proptest::collection::vec((256u64..1 << 40, prop_oneof![Just(1u32), Just(12), Just(108)], any::<u64>(), any::<u32>()), 0..20),
+            min in any::<u64>(),
+        ) {
+            let mut b = Vec::new();
+            for &(o, t, tr, m) in &items {
+                let body = if t == INODE_ITEM_KEY { inode(tr, m) } else { vec![1u8; 20] };
+                b.extend(item(o, t, &body));
+            }
+            let (v, last) = decode_changed_inodes(&b, items.len() as u32, min).unwrap();
+            let want: Vec<_> = items.iter().filter(|i| i.1 == INODE_ITEM_KEY && i.2 >= min).collect();
+            prop_assert_eq!(v.len(), want.len());
+            for (c, w) in v.iter().zip(want) {
+                prop_assert_eq!((c.ino, c.transid, c.mode), (w.0, w.2, w.3));
+            }
+            prop_assert_eq!(last, items.last().map(|i| i.0));
+        }
+
+        #[test]
+        fn inode_paths_decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..1024)) {
+            let _ = decode_inode_paths(&bytes);
+        }
+    }
+}

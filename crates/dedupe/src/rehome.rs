@@ -356,6 +356,12 @@ fn rehome_extent(
     let written = match copy_live(files, p, &segs, &tmps, buf) {
         Ok(n) => n,
         Err((file, why)) => {
+            // A file changed under us (truncated, rewritten) is a race the
+            // run skips, not an error: nothing was shared yet.
+            if changed_under_us(files, file) {
+                crate::skip(rep, file, DestSkip::Changed);
+                return;
+            }
             rep.errors.push(DedupeError::Rehome {
                 path: files.entries[file as usize].path.clone(),
                 why,
@@ -415,6 +421,14 @@ fn copy_live(
     Ok(written)
 }
 
+/// Whether file `i` changed (or vanished) since it was read.
+fn changed_under_us(files: &mut Files<'_>, i: u32) -> bool {
+    match files.get(i) {
+        Ok(f) => !files.unchanged(i, &f),
+        Err(e) => e.is_not_found(),
+    }
+}
+
 /// Shares `r.len` bytes at `at` of `tmp` into `r`'s file. Returns whether
 /// all of them were shared.
 fn share_back(files: &mut Files<'_>, tmp: &File, at: u64, r: &Ref, rep: &mut ExecReport) -> bool {
@@ -450,6 +464,12 @@ fn share_back(files: &mut Files<'_>, tmp: &File, at: u64, r: &Ref, rep: &mut Exe
                 .map(describe_errno)
                 .unwrap_or_else(|| e.to_string()),
         };
+        // The kernel refuses a range past a file's end (EINVAL) when a
+        // writer truncated it since it was read: a change, not an error.
+        if !files.unchanged(r.file, &f) {
+            crate::skip(rep, r.file, DestSkip::Changed);
+            return false;
+        }
         rep.errors.push(DedupeError::Rehome { path, why });
         return false;
     }

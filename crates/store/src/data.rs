@@ -691,4 +691,32 @@ mod tests {
         assert!(s.read(ino, 0, want.len()).unwrap() == want, "after reopen");
         assert!(s.fsck(false).unwrap().problems.is_empty());
     }
+
+    /// `security.capability` is answered without the lock while no file
+    /// has one: once set it must read back, also after a reopen.
+    #[test]
+    fn capability_xattr_reads_back_after_the_fast_path() {
+        let dir = tempfile::tempdir().unwrap();
+        Store::init(dir.path(), &StoreConfig::default()).unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        let node = NewNode {
+            kind: Kind::File,
+            perm: 0o755,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+        };
+        let ino = s.mknod(1, b"f", node).unwrap().ino;
+        let caps = b"security.capability";
+        assert!(matches!(
+            s.getxattr(ino, caps),
+            Err(crate::StoreError::NoAttr)
+        ));
+        s.setxattr(ino, caps, b"\x01\x02", false, false).unwrap();
+        assert_eq!(s.getxattr(ino, caps).unwrap(), b"\x01\x02");
+        s.flush_all(true).unwrap();
+        drop(s);
+        let s = Store::open(dir.path()).unwrap();
+        assert_eq!(s.getxattr(ino, caps).unwrap(), b"\x01\x02");
+    }
 }

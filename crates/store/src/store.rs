@@ -4,6 +4,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use rusqlite::{params, Connection, OptionalExtension};
@@ -52,6 +53,9 @@ pub struct Store {
     pub(crate) inner: Mutex<Inner>,
     /// Decoded chunks recently read (outside the lock).
     pub(crate) cache: ChunkCache,
+    /// Whether any inode may have a `security.capability` xattr (set at
+    /// open from the database, and before any such xattr is written).
+    pub(crate) has_caps: AtomicBool,
     _lock: File,
 }
 
@@ -151,6 +155,11 @@ impl Store {
         let containers: Arc<dyn ContainerStore> = Arc::new(LocalDir::new(dir.join("containers")));
         let writer = replay(&db, &*containers)?;
         let counters = load_counters(&db)?;
+        let has_caps: bool = db.query_row(
+            "SELECT EXISTS (SELECT 1 FROM xattrs WHERE name = ?1)",
+            [crate::ns::CAPS],
+            |r| r.get(0),
+        )?;
         db.execute_batch("BEGIN")?;
         let store = Store {
             dir: dir.into(),
@@ -164,6 +173,7 @@ impl Store {
                 counters,
             }),
             cache: ChunkCache::new(CACHE_BYTES),
+            has_caps: AtomicBool::new(has_caps),
             _lock: lock,
         };
         store.remove_orphans()?;

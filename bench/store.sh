@@ -16,7 +16,8 @@ want() { [[ " $SECTIONS " == *" $1 "* ]]; }
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
 cargo build -q --release -p onecopy -p onecopy-workload
 cargo build -q --release -p onecopy-fuse --example nullfs
-O=$CARGO_TARGET_DIR/release/onecopy
+# ONECOPY=path runs another build of onecopy (e.g. to compare before/after).
+O=${ONECOPY:-$CARGO_TARGET_DIR/release/onecopy}
 W=$CARGO_TARGET_DIR/release/onecopy-workload
 N=$CARGO_TARGET_DIR/release/examples/nullfs
 for t in fio restic borg rsync; do command -v $t >/dev/null || { apt-get install -y -qq fio restic borgbackup rsync >/dev/null; break; }; done

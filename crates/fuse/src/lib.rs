@@ -70,6 +70,7 @@ pub fn serve_store(
     ready: impl FnOnce(),
 ) -> std::io::Result<()> {
     let session = fuser::Session::new(StoreFs::new(store.clone()), mountpoint, config)?;
+    widen_readahead(mountpoint, READAHEAD_KB);
     ready();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let committer = {
@@ -90,6 +91,35 @@ pub fn serve_store(
         .flush_all(true)
         .map_err(|e| std::io::Error::other(e.to_string()))?;
     r
+}
+
+/// Readahead asked of the kernel, KiB.
+const READAHEAD_KB: u32 = 4096;
+
+/// The kernel keeps a FUSE mount's readahead at the default 128 KiB
+/// whatever `max_readahead` the init reply offers; as root, raise it
+/// through the mount's backing-device entry in sysfs (found in
+/// `/proc/self/mountinfo`: a `stat` of the mount point would wait for
+/// this very process). Best effort: unprivileged mounts keep 128 KiB.
+fn widen_readahead(mountpoint: &Path, kb: u32) {
+    let Ok(mp) = mountpoint.canonicalize() else {
+        return;
+    };
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    let dev = info.lines().rev().find_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        (f.len() > 4 && Path::new(f[4]) == mp).then(|| f[2].to_string())
+    });
+    if let Some(dev) = dev {
+        let path = format!("/sys/class/bdi/{dev}/read_ahead_kb");
+        if let Err(e) = std::fs::write(&path, kb.to_string()) {
+            if e.kind() != std::io::ErrorKind::PermissionDenied {
+                eprintln!("onecopy: cannot set readahead ({path}): {e}");
+            }
+        }
+    }
 }
 
 /// Sets the kernel options every onecopy mount wants.

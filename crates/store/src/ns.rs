@@ -1,6 +1,8 @@
 //! The namespace: inodes, directories, links, symlinks, attributes and
 //! extended attributes, all in the metadata database.
 
+use std::sync::atomic::Ordering;
+
 use rusqlite::{params, OptionalExtension, Row};
 
 use crate::error::{Result, StoreError};
@@ -87,6 +89,10 @@ pub struct RenameFlags {
     pub noreplace: bool,
     pub exchange: bool,
 }
+
+/// The xattr holding file capabilities, which the kernel looks up before
+/// every write to a file (to drop it).
+pub(crate) const CAPS: &[u8] = b"security.capability";
 
 const ATTR_COLS: &str =
     "ino, kind, perm, uid, gid, nlink, size, atime_ns, mtime_ns, ctime_ns, rdev";
@@ -589,6 +595,9 @@ impl Store {
         create: bool,
         replace: bool,
     ) -> Result<()> {
+        if name == CAPS {
+            self.has_caps.store(true, Ordering::Relaxed);
+        }
         let g = self.lock();
         let a = g.attr(ino)?;
         if name == b"system.posix_acl_access" {
@@ -622,6 +631,11 @@ impl Store {
 
     /// The value of an extended attribute.
     pub fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
+        if name == CAPS && !self.has_caps.load(Ordering::Relaxed) {
+            // The kernel asks this before every write(2): answer without
+            // waiting for the lock while no file has capabilities.
+            return Err(StoreError::NoAttr);
+        }
         let g = self.lock();
         g.attr(ino)?;
         let v =

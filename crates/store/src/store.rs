@@ -4,12 +4,14 @@
 use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use rusqlite::{params, Connection, OptionalExtension};
 
+use crate::cache::ChunkCache;
 use crate::config::{StoreConfig, FORMAT, MAGIC};
-use crate::container::{self, ContainerStore, Hash, LocalDir, CONTAINER_HEADER};
+use crate::container::{self, ContainerStore, Encoded, Hash, LocalDir, CONTAINER_HEADER};
 use crate::data::DirtyFile;
 use crate::error::{Result, StoreError};
 use crate::meta::{open_db, ChunkId, ChunkIndex, ChunkLoc, SqlIndex};
@@ -53,8 +55,16 @@ pub struct Store {
     pub(crate) cfg: StoreConfig,
     pub(crate) containers: Arc<dyn ContainerStore>,
     pub(crate) inner: Mutex<Inner>,
+    /// Decoded chunks recently read (outside the lock).
+    pub(crate) cache: ChunkCache,
+    /// Whether any inode may have a `security.capability` xattr (set at
+    /// open from the database, and before any such xattr is written).
+    pub(crate) has_caps: AtomicBool,
     _lock: File,
 }
+
+/// Bytes of decoded chunks the read cache keeps.
+const CACHE_BYTES: usize = 64 << 20;
 
 fn now_ns() -> i64 {
     std::time::SystemTime::now()
@@ -162,6 +172,11 @@ impl Store {
         let db = open_db(&dir.join("meta.sqlite"), false)?;
         let writer = replay(&db, &*containers)?;
         let counters = load_counters(&db)?;
+        let has_caps: bool = db.query_row(
+            "SELECT EXISTS (SELECT 1 FROM xattrs WHERE name = ?1)",
+            [crate::ns::CAPS],
+            |r| r.get(0),
+        )?;
         db.execute_batch("BEGIN")?;
         let store = Store {
             dir: dir.into(),
@@ -174,6 +189,8 @@ impl Store {
                 writer,
                 counters,
             }),
+            cache: ChunkCache::new(CACHE_BYTES),
+            has_caps: AtomicBool::new(has_caps),
             _lock: lock,
         };
         store.remove_orphans()?;
@@ -211,8 +228,7 @@ impl Store {
     pub fn flush_all(&self, durable: bool) -> Result<()> {
         let inos: Vec<u64> = self.lock().dirty.keys().copied().collect();
         for ino in inos {
-            let mut g = self.lock();
-            self.flush_file_locked(&mut g, ino)?;
+            self.flush_file(ino)?;
         }
         self.commit(durable)
     }
@@ -265,6 +281,19 @@ impl Store {
     /// reference to, a new one or an existing one.
     pub(crate) fn put_chunk(&self, g: &mut Inner, data: &[u8]) -> Result<ChunkId> {
         let hash: Hash = *blake3::hash(data).as_bytes();
+        self.put_hashed(g, &hash, data, None)
+    }
+
+    /// [`Store::put_chunk`] with the hash (and, for a chunk expected to be
+    /// new, its encoded record) computed beforehand outside the lock.
+    pub(crate) fn put_hashed(
+        &self,
+        g: &mut Inner,
+        hash: &Hash,
+        data: &[u8],
+        enc: Option<Encoded>,
+    ) -> Result<ChunkId> {
+        let hash = *hash;
         if let Some((id, loc)) = SqlIndex(&g.db).lookup(&hash)? {
             let same = !self.cfg.verify || self.verify_hit(id, loc, data)?;
             if same {
@@ -282,7 +311,8 @@ impl Store {
             )?;
             return Ok(id);
         }
-        let loc = self.append_record(g, &hash, data)?;
+        let enc = enc.unwrap_or_else(|| container::encode(&hash, data, self.cfg.compress));
+        let loc = self.append_encoded(g, enc)?;
         g.counters.new_bytes += data.len() as u64;
         SqlIndex(&g.db).insert(&hash, loc)
     }
@@ -311,6 +341,11 @@ impl Store {
         data: &[u8],
     ) -> Result<ChunkLoc> {
         let enc = container::encode(hash, data, self.cfg.compress);
+        self.append_encoded(g, enc)
+    }
+
+    /// Appends an encoded record (see [`Store::append_record`]).
+    pub(crate) fn append_encoded(&self, g: &mut Inner, enc: Encoded) -> Result<ChunkLoc> {
         let w = &mut g.writer;
         let full =
             w.len > CONTAINER_HEADER && w.len + enc.bytes.len() as u64 > self.cfg.container_size;
@@ -342,17 +377,24 @@ impl Store {
         let rec = self
             .containers
             .read(loc.container, loc.offset, loc.stored_len as usize)?;
-        let (_, raw) = container::decode(&rec, loc.container, loc.offset)?;
-        if raw.len() != loc.raw_len as usize {
-            return Err(StoreError::Damaged {
-                container: loc.container,
-                offset: loc.offset,
-                why: "length differs from the index".into(),
-            });
-        }
-        Ok(raw)
+        decode_loc(&rec, loc)
     }
+}
 
+/// Checks and decodes the record `rec` read from `loc`.
+pub(crate) fn decode_loc(rec: &[u8], loc: ChunkLoc) -> Result<Vec<u8>> {
+    let (_, raw) = container::decode(rec, loc.container, loc.offset)?;
+    if raw.len() != loc.raw_len as usize {
+        return Err(StoreError::Damaged {
+            container: loc.container,
+            offset: loc.offset,
+            why: "length differs from the index".into(),
+        });
+    }
+    Ok(raw)
+}
+
+impl Store {
     /// Drops `n` references to each chunk.
     pub(crate) fn release_chunks(&self, g: &Inner, chunks: &[(ChunkId, u64)]) -> Result<()> {
         let idx = SqlIndex(&g.db);

@@ -1,0 +1,131 @@
+//! A bounded cache of decoded chunks for reads, and a small helper that
+//! spreads CPU work (hashing, compression) over the machine's cores.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use crate::meta::ChunkLoc;
+
+/// Decoded bytes of recently read chunks, keyed by (container, offset).
+///
+/// Invariant: a record at a (container, offset) never changes while the
+/// store is open — containers are append-only and write-once, and a new
+/// container always gets an id above every id on disk or in the database,
+/// so an id is never reused. A cached entry is therefore never stale, even
+/// after gc moved the chunk elsewhere. Evicts in insertion order (reads are
+/// mostly sequential) once `limit` bytes are held.
+pub(crate) struct ChunkCache {
+    limit: usize,
+    inner: Mutex<CacheInner>,
+}
+
+#[derive(Default)]
+struct CacheInner {
+    map: HashMap<(u64, u64), Arc<Vec<u8>>>,
+    order: VecDeque<(u64, u64)>,
+    bytes: usize,
+}
+
+impl ChunkCache {
+    pub fn new(limit: usize) -> Self {
+        ChunkCache {
+            limit,
+            inner: Mutex::new(CacheInner::default()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, CacheInner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn get(&self, loc: &ChunkLoc) -> Option<Arc<Vec<u8>>> {
+        self.lock().map.get(&(loc.container, loc.offset)).cloned()
+    }
+
+    pub fn insert(&self, loc: &ChunkLoc, raw: Arc<Vec<u8>>) {
+        if raw.len() > self.limit / 4 {
+            return;
+        }
+        let mut c = self.lock();
+        let key = (loc.container, loc.offset);
+        let len = raw.len();
+        if c.map.insert(key, raw).is_some() {
+            return;
+        }
+        c.order.push_back(key);
+        c.bytes += len;
+        while c.bytes > self.limit {
+            let Some(old) = c.order.pop_front() else {
+                break;
+            };
+            if let Some(v) = c.map.remove(&old) {
+                c.bytes -= v.len();
+            }
+        }
+    }
+}
+
+/// Worker threads used for hashing and compression: the cores available,
+/// at most 8.
+fn workers() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .min(8)
+}
+
+/// `items.iter().map(f).collect()`, spread over the cores in contiguous
+/// slices (order kept). Small inputs stay on the calling thread.
+pub(crate) fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let n = workers().min(items.len() / 2).max(1);
+    if n == 1 {
+        return items.iter().map(f).collect();
+    }
+    let per = items.len().div_ceil(n);
+    let f = &f;
+    std::thread::scope(|s| {
+        let mut parts = items.chunks(per);
+        let first = parts.next().unwrap_or(&[]);
+        let handles: Vec<_> = parts
+            .map(|part| s.spawn(move || part.iter().map(f).collect::<Vec<R>>()))
+            .collect();
+        let mut out: Vec<R> = first.iter().map(f).collect();
+        for h in handles {
+            out.extend(h.join().expect("worker panicked"));
+        }
+        out
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn par_map_keeps_order() {
+        let v: Vec<u32> = (0..1001).collect();
+        assert_eq!(
+            par_map(&v, |x| x * 2),
+            v.iter().map(|x| x * 2).collect::<Vec<_>>()
+        );
+        assert_eq!(par_map(&v[..1], |x| x + 1), vec![1]);
+        assert!(par_map(&v[..0], |x| *x).is_empty());
+    }
+
+    #[test]
+    fn cache_evicts_oldest_beyond_limit() {
+        let c = ChunkCache::new(400);
+        let loc = |o| ChunkLoc {
+            container: 1,
+            offset: o,
+            stored_len: 0,
+            raw_len: 100,
+        };
+        for o in 0..5 {
+            c.insert(&loc(o), Arc::new(vec![o as u8; 100]));
+        }
+        assert!(c.get(&loc(0)).is_none(), "oldest entry evicted");
+        assert_eq!(c.get(&loc(4)).unwrap()[0], 4);
+        assert_eq!(c.get(&loc(1)).unwrap().len(), 100);
+    }
+}

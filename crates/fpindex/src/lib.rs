@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 mod bitmap;
+pub mod bloom;
 mod cache;
 pub mod error;
 pub mod filter;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Measures onecopy at several --block-size values on the `near` workload:
 # wall time, peak RSS, fingerprint table size, bytes freed, re-homed bytes.
-# Usage: sudo bench/blocksize.sh [btrfs|xfs] [SIZE]   (defaults: btrfs 1G)
+# Usage (as root): bench/blocksize.sh [btrfs|xfs] [SIZE]   (defaults: btrfs 1G)
 # The figures behind the default block size in ARCHITECTURE.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The inline store against the disk it sits on, a null FUSE filesystem on
 # the same crate (the ceiling), restic and borg. Usage:
-#   sudo bench/store.sh [SIZE]        (fio data size, default 2G)
+#   bench/store.sh (as root) [SIZE]        (fio data size, default 2G)
 # Rows: fio sequential 1 MiB 1st write (unique, incompressible), 2nd write
 # (the same bytes again), cold read; cp -a of ~100k small files; ingest of
 # successive versions of a tree vs restic and borg; fio 4 KiB sync write

@@ -2,7 +2,7 @@
 """Latency of `onecopy watch`: from the close of a file's last write (or its
 rename into the tree) to all its extents being shared (FIEMAP), per mode.
 
-    sudo bench/watch-latency.py [--bin target/release/onecopy] [--rounds 5]
+    bench/watch-latency.py (as root) [--bin target/release/onecopy] [--rounds 5]
                                 [--fs btrfs,xfs] [--settle 2]
 
 On each filesystem (a fresh 1 GiB loop image) one 8 MiB random file is

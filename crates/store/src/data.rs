@@ -206,14 +206,25 @@ impl Store {
             }
             let len = p.min(size - ps) as usize;
             let data = &page[..len];
-            let chunk = match *cut {
-                Cut::Zero(l) if l == len => None,
+            let put = match *cut {
+                Cut::Zero(l) if l == len => Ok(None),
                 Cut::Data(l, h) if l == len => {
-                    Some(self.put_hashed(g, &h, data, encoded.remove(&h))?)
+                    self.put_hashed(g, &h, data, encoded.remove(&h)).map(Some)
                 }
                 // The size moved under an unchanged page: cut it again here.
-                _ if is_zero(data) => None,
-                _ => Some(self.put_chunk(g, data)?),
+                _ if is_zero(data) => Ok(None),
+                _ => self.put_chunk(g, data).map(Some),
+            };
+            let chunk = match put {
+                Ok(c) => c,
+                Err(e) => {
+                    // Chunks stored so far hold a reference each: map
+                    // them, or their counts would exceed the file maps
+                    // (as before, the failed page's bytes are dropped and
+                    // the error reaches the program).
+                    self.record_extents(g, ino, &done)?;
+                    return Err(e);
+                }
             };
             if chunk.is_none() {
                 g.counters.zero_bytes += len as u64;

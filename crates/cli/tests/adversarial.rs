@@ -66,17 +66,7 @@ per_fs!(
 /// A seed for the randomised cases: `ONECOPY_ADVERSARIAL_SEED` or the
 /// clock, printed so a failure can be replayed.
 fn seed(case: &str) -> u64 {
-    let s = std::env::var("ONECOPY_ADVERSARIAL_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        });
-    eprintln!("{case}: seed {s} (replay with ONECOPY_ADVERSARIAL_SEED={s})");
-    s
+    onecopy_testfs::seed::replayable("ONECOPY_ADVERSARIAL_SEED", case)
 }
 
 fn sums_of(paths: &[PathBuf]) -> BTreeMap<PathBuf, u128> {

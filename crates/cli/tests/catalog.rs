@@ -371,17 +371,7 @@ fn settle() {
 /// A run-to-run seed: `$ONECOPY_TEST_SEED`, else the clock (printed, so a
 /// failure can be replayed).
 fn test_seed(what: &str) -> u64 {
-    let seed = std::env::var("ONECOPY_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        });
-    eprintln!("{what}: seed {seed} (replay with ONECOPY_TEST_SEED={seed})");
-    seed
+    onecopy_testfs::seed::replayable("ONECOPY_TEST_SEED", what)
 }
 
 fn kind_tag(kind: FsKind) -> u64 {

@@ -46,17 +46,7 @@ struct Rng(u64);
 
 impl Rng {
     fn seeded(what: &str) -> Rng {
-        let seed = std::env::var("ONECOPY_FAULT_SEED")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| {
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap()
-                    .as_nanos() as u64
-            });
-        eprintln!("{what}: ONECOPY_FAULT_SEED={seed}");
-        Rng(seed | 1)
+        Rng(onecopy_testfs::seed::replayable("ONECOPY_FAULT_SEED", what) | 1)
     }
     fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;

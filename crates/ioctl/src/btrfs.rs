@@ -121,20 +121,62 @@ fn decode_file_extent(item: &[u8], file_offset: u64) -> Option<FileExtent> {
 /// All file extent items of the inode `ino` in the subvolume holding `fd`
 /// (`fd` may be the file itself), in file-offset order.
 pub fn file_extents(fd: BorrowedFd<'_>, ino: u64) -> io::Result<Vec<FileExtent>> {
+    let key = SearchKey {
+        objectid: (ino, ino),
+        offset: (0, u64::MAX),
+        min_transid: 0,
+        types: (EXTENT_DATA_KEY, EXTENT_DATA_KEY),
+    };
+    tree_search(fd, key, Cursor::Offset, decode_items)
+}
+
+/// The key range of a `BTRFS_IOC_TREE_SEARCH_V2` search in the subvolume
+/// of the searched fd (tree id 0), each pair inclusive. `max_transid` is
+/// always `u64::MAX`.
+pub(crate) struct SearchKey {
+    pub objectid: (u64, u64),
+    pub offset: (u64, u64),
+    /// Tree blocks (and so items) older than this transaction are skipped.
+    pub min_transid: u64,
+    pub types: (u32, u32),
+}
+
+/// The key field a paginated search moves forward through.
+pub(crate) enum Cursor {
+    /// Continue at the last item's objectid + 1 (one item per objectid).
+    Objectid,
+    /// Continue at the last item's offset + 1 (one objectid searched).
+    Offset,
+}
+
+/// Runs `BTRFS_IOC_TREE_SEARCH_V2` over `key` page by page and returns
+/// the items `decode` kept, in key order. `decode(items_area, nr_items)`
+/// decodes one answer and returns its kept items and the `cursor` field of
+/// the last item seen; the next page starts just past it. The search ends
+/// when the kernel returns no items or the cursor would not move forward
+/// (no item seen, or overflow). A decode error is `InvalidData`.
+pub(crate) fn tree_search<T, E>(
+    fd: BorrowedFd<'_>,
+    mut key: SearchKey,
+    cursor: Cursor,
+    mut decode: impl FnMut(&[u8], u32) -> Result<(Vec<T>, Option<u64>), E>,
+) -> io::Result<Vec<T>>
+where
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let mut out = Vec::new();
-    let mut min_offset = 0u64;
     let mut buf = AlignedBuf::new(ARGS + BUF);
     loop {
         buf.as_mut_bytes().fill(0);
         buf.put_u64(0, 0); // tree_id 0: the subvolume of fd
-        buf.put_u64(8, ino);
-        buf.put_u64(16, ino);
-        buf.put_u64(24, min_offset);
-        buf.put_u64(32, u64::MAX);
-        buf.put_u64(40, 0);
+        buf.put_u64(8, key.objectid.0);
+        buf.put_u64(16, key.objectid.1);
+        buf.put_u64(24, key.offset.0);
+        buf.put_u64(32, key.offset.1);
+        buf.put_u64(40, key.min_transid);
         buf.put_u64(48, u64::MAX);
-        buf.put_u32(56, EXTENT_DATA_KEY);
-        buf.put_u32(60, EXTENT_DATA_KEY);
+        buf.put_u32(56, key.types.0);
+        buf.put_u32(60, key.types.1);
         buf.put_u32(64, 4096); // nr_items
         buf.put_u64(KEY, BUF as u64);
         crate::ioctl_buf(fd, BTRFS_IOC_TREE_SEARCH_V2, &mut buf)?;
@@ -142,11 +184,15 @@ pub fn file_extents(fd: BorrowedFd<'_>, ino: u64) -> io::Result<Vec<FileExtent>>
         if nr == 0 {
             break;
         }
-        let (items, last) = decode_items(&buf.as_bytes()[ARGS..], nr)
+        let (items, last) = decode(&buf.as_bytes()[ARGS..], nr)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         out.extend(items);
+        let at = match cursor {
+            Cursor::Objectid => &mut key.objectid.0,
+            Cursor::Offset => &mut key.offset.0,
+        };
         match last.and_then(|l| l.checked_add(1)) {
-            Some(next) if next > min_offset => min_offset = next,
+            Some(next) if next > *at => *at = next,
             _ => break,
         }
     }

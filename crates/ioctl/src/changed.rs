@@ -13,19 +13,15 @@
 use std::io;
 use std::os::fd::BorrowedFd;
 
+use crate::btrfs::{tree_search, Cursor, SearchKey};
 use crate::bytes::{le_u32_at, le_u64_at, u32_at, u64_at};
 use crate::AlignedBuf;
 
-/// `_IOWR(0x94, 17, struct btrfs_ioctl_search_args_v2)`.
-const BTRFS_IOC_TREE_SEARCH_V2: libc::c_ulong = 0xC070_9411;
 /// `_IOWR(0x94, 35, struct btrfs_ioctl_ino_path_args)`.
 const BTRFS_IOC_INO_PATHS: libc::c_ulong = 0xC038_9423;
-const KEY: usize = 104;
-const ARGS: usize = KEY + 8;
 const SEARCH_HEADER: usize = 32;
 const INODE_ITEM_KEY: u32 = 1;
 const FIRST_FREE_OBJECTID: u64 = 256;
-const BUF: usize = 64 * 1024;
 /// `struct btrfs_inode_item`: transid and mode.
 const INODE_TRANSID: usize = 8;
 const INODE_MODE: usize = 52;
@@ -112,38 +108,17 @@ pub fn decode_changed_inodes(
 /// the amount changed, not the size of the subvolume: unchanged tree
 /// blocks are not visited.
 pub fn changed_inodes(fd: BorrowedFd<'_>, min_transid: u64) -> io::Result<Vec<ChangedInode>> {
-    let mut out = Vec::new();
-    let mut min_objectid = FIRST_FREE_OBJECTID;
-    let mut buf = AlignedBuf::new(ARGS + BUF);
-    loop {
-        buf.as_mut_bytes().fill(0);
-        buf.put_u64(0, 0); // tree_id 0: the subvolume of fd
-        buf.put_u64(8, min_objectid);
-        buf.put_u64(16, u64::MAX);
-        buf.put_u64(24, 0);
-        buf.put_u64(32, u64::MAX);
-        buf.put_u64(40, min_transid);
-        buf.put_u64(48, u64::MAX);
-        buf.put_u32(56, INODE_ITEM_KEY);
-        buf.put_u32(60, u32::from(u8::MAX));
-        buf.put_u32(64, 4096); // nr_items
-        buf.put_u64(KEY, BUF as u64);
-        crate::ioctl_buf(fd, BTRFS_IOC_TREE_SEARCH_V2, &mut buf)?;
-        let nr = u32_at(buf.as_bytes(), 64).unwrap_or(0);
-        if nr == 0 {
-            break;
-        }
-        let (items, last) = decode_changed_inodes(&buf.as_bytes()[ARGS..], nr, min_transid)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        out.extend(items);
-        // An inode has one inode item, its first item: once any item of
-        // objectid N was seen, go on at N + 1.
-        match last.and_then(|l| l.checked_add(1)) {
-            Some(next) if next > min_objectid => min_objectid = next,
-            _ => break,
-        }
-    }
-    Ok(out)
+    let key = SearchKey {
+        objectid: (FIRST_FREE_OBJECTID, u64::MAX),
+        offset: (0, u64::MAX),
+        min_transid,
+        types: (INODE_ITEM_KEY, u32::from(u8::MAX)),
+    };
+    // An inode has one inode item, its first item: once any item of
+    // objectid N was seen, go on at N + 1.
+    tree_search(fd, key, Cursor::Objectid, |items, nr| {
+        decode_changed_inodes(items, nr, min_transid)
+    })
 }
 
 /// The paths of inode `ino` (one per hard link) relative to the root of

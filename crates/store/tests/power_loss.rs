@@ -37,18 +37,9 @@ impl Rng {
     }
 }
 
-fn seed() -> u64 {
-    let s = std::env::var("ONECOPY_FAULT_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        });
-    eprintln!("ONECOPY_FAULT_SEED={s}");
-    s | 1
+/// Odd (xorshift needs a non-zero state); replay with `ONECOPY_FAULT_SEED`.
+fn seed(case: &str) -> u64 {
+    onecopy_testfs::seed::replayable("ONECOPY_FAULT_SEED", case) | 1
 }
 
 struct LossState {
@@ -371,7 +362,9 @@ fn restore(from: &Path, dir: &Path) {
 }
 
 fn power_cuts(chunking: &str, sqlite_rollback: bool, rounds: usize) {
-    let mut rng = Rng(seed());
+    let mut rng = Rng(seed(&format!(
+        "power_cuts({chunking}, rollback={sqlite_rollback})"
+    )));
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("store");
     let snap = tmp.path().join("snap");

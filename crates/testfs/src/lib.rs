@@ -37,6 +37,7 @@ mod checksum;
 mod cmd;
 mod extents;
 mod loopfs;
+pub mod seed;
 mod write;
 
 pub use checksum::{checksum_file, checksum_tree};

@@ -105,20 +105,7 @@ impl ChangeSource {
         );
         let mut mounts = Vec::new();
         for r in roots {
-            let dir = std::fs::File::open(r).map_err(|source| WatchError::Open {
-                path: r.clone(),
-                source,
-            })?;
-            fan.mark::<_, Path>(
-                MarkFlags::FAN_MARK_ADD | MarkFlags::FAN_MARK_FILESYSTEM,
-                mask,
-                dir.as_fd(),
-                None,
-            )
-            .map_err(|source| WatchError::Mark {
-                path: r.clone(),
-                source,
-            })?;
+            let dir = mark_filesystem(&fan, r, mask)?;
             let fsid = onecopy_ioctl::handle::kernel_fsid(dir.as_fd()).map_err(|source| {
                 WatchError::Open {
                     path: r.clone(),
@@ -147,20 +134,7 @@ impl ChangeSource {
         )
         .map_err(WatchError::Init)?;
         for r in roots {
-            let dir = std::fs::File::open(r).map_err(|source| WatchError::Open {
-                path: r.clone(),
-                source,
-            })?;
-            fan.mark::<_, Path>(
-                MarkFlags::FAN_MARK_ADD | MarkFlags::FAN_MARK_FILESYSTEM,
-                MaskFlags::FAN_CLOSE_WRITE,
-                dir.as_fd(),
-                None,
-            )
-            .map_err(|source| WatchError::Mark {
-                path: r.clone(),
-                source,
-            })?;
+            mark_filesystem(&fan, r, MaskFlags::FAN_CLOSE_WRITE)?;
         }
         Ok(ChangeSource {
             fan,
@@ -269,6 +243,26 @@ fn ignored(p: &Path, prefixes: &[String]) -> bool {
             let c = c.as_os_str().to_string_lossy();
             prefixes.iter().any(|x| c.starts_with(x.as_str()))
         })
+}
+
+/// Opens root `r` and marks its whole filesystem for `mask` events;
+/// returns the open root.
+fn mark_filesystem(fan: &Fanotify, r: &Path, mask: MaskFlags) -> Result<std::fs::File, WatchError> {
+    let dir = std::fs::File::open(r).map_err(|source| WatchError::Open {
+        path: r.to_path_buf(),
+        source,
+    })?;
+    fan.mark::<_, Path>(
+        MarkFlags::FAN_MARK_ADD | MarkFlags::FAN_MARK_FILESYSTEM,
+        mask,
+        dir.as_fd(),
+        None,
+    )
+    .map_err(|source| WatchError::Mark {
+        path: r.to_path_buf(),
+        source,
+    })?;
+    Ok(dir)
 }
 
 #[cfg(test)]

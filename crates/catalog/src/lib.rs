@@ -5,7 +5,11 @@
 //!
 //! One SQLite database (WAL journal, `synchronous=NORMAL`) per catalog file.
 //! `PRAGMA user_version` holds [`FORMAT_VERSION`] and the `meta` table holds
-//! `magic = onecopy-catalog` and `block_size`. A database whose version or
+//! `magic = onecopy-catalog`, `block_size` and `records`: the number of
+//! rows of `files`, counted through its unique index in the same
+//! transaction as every change (absent in catalogs written before it; the
+//! next commit adds it). Loading scans the table itself and compares: a
+//! damaged page that drops or adds records silently is found. A database whose version or
 //! magic differ, that is not SQLite at all, or that fails to load, is set
 //! aside (renamed `*.broken`) and rebuilt: it is never misread.
 //!
@@ -132,6 +136,22 @@ pub enum CatalogError {
     Corrupt { path: PathBuf, what: String },
 }
 
+impl CatalogError {
+    /// The catalog file itself is damaged (not an I/O or usage error):
+    /// it should be set aside and rebuilt.
+    pub fn is_damage(&self) -> bool {
+        use rusqlite::ErrorCode::{DatabaseCorrupt, NotADatabase};
+        match self {
+            CatalogError::Corrupt { .. } | CatalogError::Foreign { .. } => true,
+            CatalogError::Sqlite { source, .. } => matches!(
+                source.sqlite_error_code(),
+                Some(DatabaseCorrupt | NotADatabase)
+            ),
+            _ => false,
+        }
+    }
+}
+
 /// Counts for `onecopy catalog stats`.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct CatalogStats {
@@ -153,12 +173,42 @@ pub struct Catalog {
     conn: Connection,
     path: PathBuf,
     run: u64,
+    /// `meta.records` as read at open (`None`: written before it existed).
+    records: Option<u64>,
+}
+
+/// An order-independent summary of `(key, rowid)` pairs: the table and
+/// its unique index hold the same pairs exactly when their sums agree
+/// (up to a 2^-64 chance), in constant memory.
+#[derive(Default, PartialEq, Eq, Debug)]
+struct KeySum {
+    count: u64,
+    sum: u64,
+}
+
+impl KeySum {
+    fn add(&mut self, fs: &str, subvol: u64, ino: u64, rowid: i64) {
+        let mut h = Xxh3::new();
+        h.update(fs.as_bytes());
+        h.update(&subvol.to_le_bytes());
+        h.update(&ino.to_le_bytes());
+        h.update(&rowid.to_le_bytes());
+        self.count += 1;
+        self.sum = self.sum.wrapping_add(h.digest());
+    }
+}
+
+/// What `meta` says.
+struct Meta {
+    block_size: u64,
+    records: Option<u64>,
 }
 
 /// Reads `meta` by a full scan of the table (not through its index, whose
 /// damage SQLite's quick check does not see) and checks it: exactly one
-/// magic row, and exactly one numeric block size, which is returned.
-fn read_meta(conn: &Connection, path: &Path) -> Result<u64, CatalogError> {
+/// magic row, exactly one numeric block size, at most one numeric record
+/// count.
+fn read_meta(conn: &Connection, path: &Path) -> Result<Meta, CatalogError> {
     let sq = |source| CatalogError::Sqlite {
         path: path.to_path_buf(),
         source,
@@ -167,13 +217,14 @@ fn read_meta(conn: &Connection, path: &Path) -> Result<u64, CatalogError> {
         .prepare("SELECT key, value FROM meta NOT INDEXED")
         .map_err(sq)?;
     let mut rows = st.query([]).map_err(sq)?;
-    let (mut magic, mut bs) = (Vec::new(), Vec::new());
+    let (mut magic, mut bs, mut recs) = (Vec::new(), Vec::new(), Vec::new());
     while let Some(r) = rows.next().map_err(sq)? {
         let key: String = r.get(0).map_err(sq)?;
         let value: String = r.get(1).map_err(sq)?;
         match key.as_str() {
             "magic" => magic.push(value),
             "block_size" => bs.push(value),
+            "records" => recs.push(value),
             _ => {}
         }
     }
@@ -182,16 +233,46 @@ fn read_meta(conn: &Connection, path: &Path) -> Result<u64, CatalogError> {
             path: path.to_path_buf(),
         });
     }
-    match bs.as_slice() {
-        [one] => one.parse::<u64>().map_err(|_| CatalogError::Corrupt {
-            path: path.to_path_buf(),
-            what: format!("block size {one:?}"),
-        }),
-        _ => Err(CatalogError::Corrupt {
-            path: path.to_path_buf(),
-            what: format!("{} block size rows", bs.len()),
-        }),
+    let block_size = one_number(path, "block size", &bs)?
+        .ok_or_else(|| corrupt_meta(path, "no block size row"))?;
+    let records = one_number(path, "record count", &recs)?;
+    Ok(Meta {
+        block_size,
+        records,
+    })
+}
+
+fn corrupt_meta(path: &Path, what: &str) -> CatalogError {
+    CatalogError::Corrupt {
+        path: path.to_path_buf(),
+        what: what.into(),
     }
+}
+
+/// The number in zero or one `meta` rows; more rows, or text that is not
+/// a number, is damage.
+fn one_number(path: &Path, name: &str, rows: &[String]) -> Result<Option<u64>, CatalogError> {
+    match rows {
+        [] => Ok(None),
+        [one] => one
+            .parse::<u64>()
+            .map(Some)
+            .map_err(|_| corrupt_meta(path, &format!("{name} {one:?}"))),
+        _ => Err(corrupt_meta(path, &format!("{} {name} rows", rows.len()))),
+    }
+}
+
+/// Counts `files` (SQLite counts through the smallest index, the unique
+/// key, a structure apart from the table that loading scans) and records
+/// the count in `meta`. Called inside each transaction that changes
+/// `files`.
+fn store_record_count(conn: &Connection) -> rusqlite::Result<u64> {
+    let n: i64 = conn.query_row("SELECT count(*) FROM files", [], |r| r.get(0))?;
+    conn.execute(
+        "INSERT OR REPLACE INTO meta VALUES ('records', ?1)",
+        [n.to_string()],
+    )?;
+    Ok(n as u64)
 }
 
 fn digests_to_blob(v: &[u128]) -> Vec<u8> {
@@ -327,7 +408,8 @@ impl Catalog {
                 found: version,
             });
         }
-        let bs = read_meta(&conn, path)?;
+        let meta = read_meta(&conn, path)?;
+        let (bs, mut records) = (meta.block_size, meta.records);
         // Catalogs from before the application id get it now.
         conn.pragma_update(None, "application_id", APPLICATION_ID)
             .map_err(sq)?;
@@ -339,6 +421,7 @@ impl Catalog {
                 [block_size.to_string()],
             )
             .map_err(sq)?;
+            records = Some(store_record_count(&conn).map_err(sq)?);
         }
         let run: u64 = conn
             .query_row(
@@ -352,6 +435,7 @@ impl Catalog {
             conn,
             path: path.to_path_buf(),
             run,
+            records,
         })
     }
 
@@ -366,7 +450,7 @@ impl Catalog {
             path: path.to_path_buf(),
             source,
         })?;
-        let bs = read_meta(&conn, path)?;
+        let bs = read_meta(&conn, path)?.block_size;
         drop(conn);
         Catalog::open(path, bs)
     }
@@ -440,6 +524,19 @@ impl Catalog {
         Ok(())
     }
 
+    /// Closes a catalog found damaged after it was opened (see
+    /// [`CatalogError::is_damage`]) and renames it `<path>.broken`, which
+    /// is returned; the next open creates a new one.
+    pub fn set_aside_damaged(self) -> Result<PathBuf, CatalogError> {
+        let path = self.path;
+        drop(self.conn);
+        // Opened by this process as a catalog: ours to rename.
+        Self::set_aside(&path, true)?;
+        let mut aside = path.into_os_string();
+        aside.push(".broken");
+        Ok(PathBuf::from(aside))
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -460,11 +557,12 @@ impl Catalog {
             .conn
             .prepare(
                 "SELECT fs, subvol, ino, generation, path, size, mtime_ns, ctime_ns, whole, blocks,
-                        flags, settled, last_seen, checksum, nlink FROM files",
+                        flags, settled, last_seen, checksum, nlink, rowid FROM files NOT INDEXED",
             )
             .map_err(sq)?;
         let mut rows = st.query([]).map_err(sq)?;
         let mut out = Vec::new();
+        let mut keys = KeySum::default();
         while let Some(r) = rows.next().map_err(sq)? {
             let corrupt = |what: &str| CatalogError::Corrupt {
                 path: self.path.clone(),
@@ -499,9 +597,44 @@ impl Catalog {
             if sum != rec.checksum() {
                 return Err(corrupt("checksum mismatch"));
             }
+            keys.add(&rec.fs, rec.subvol, rec.ino, r.get(15).map_err(sq)?);
             out.push(rec);
         }
-        Ok(out)
+        if keys != self.index_keys().map_err(sq)? {
+            return Err(CatalogError::Corrupt {
+                path: self.path.clone(),
+                what: "the key index does not match the records".into(),
+            });
+        }
+        match self.records {
+            Some(n) if n != out.len() as u64 => Err(CatalogError::Corrupt {
+                path: self.path.clone(),
+                what: format!("{} records found, {n} recorded", out.len()),
+            }),
+            _ => Ok(out),
+        }
+    }
+
+    /// [`KeySum`] of the unique key index, read from the index alone: a
+    /// damaged index that SQLite does not notice would make an upsert
+    /// replace the wrong record.
+    fn index_keys(&self) -> rusqlite::Result<KeySum> {
+        let mut st = self.conn.prepare(
+            "SELECT fs, subvol, ino, rowid FROM files INDEXED BY sqlite_autoindex_files_1
+             ORDER BY fs, subvol, ino",
+        )?;
+        let mut rows = st.query([])?;
+        let mut keys = KeySum::default();
+        while let Some(r) = rows.next()? {
+            let fs: String = r.get(0)?;
+            keys.add(
+                &fs,
+                r.get::<_, i64>(1)? as u64,
+                r.get::<_, i64>(2)? as u64,
+                r.get(3)?,
+            );
+        }
+        Ok(keys)
     }
 
     /// Writes a run's changes in one transaction: `upserts` replace records
@@ -563,7 +696,9 @@ impl Catalog {
             )
             .map_err(sq)?;
         }
+        let records = store_record_count(&tx).map_err(sq)?;
         tx.commit().map_err(sq)?;
+        self.records = Some(records);
         Ok(())
     }
 
@@ -592,7 +727,9 @@ impl Catalog {
                     .map_err(sq)?;
             }
         }
+        let records = store_record_count(&tx).map_err(sq)?;
         tx.commit().map_err(sq)?;
+        self.records = Some(records);
         Ok(n)
     }
 
@@ -766,6 +903,52 @@ mod tests {
         assert!(why.is_none());
         assert_eq!(recs, c.load_all().unwrap());
         assert_eq!(recs.len(), 2);
+    }
+
+    #[test]
+    fn a_record_lost_without_a_checksum_error_is_detected() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("c.sqlite");
+        let mut c = Catalog::open(&p, 65536).unwrap();
+        c.commit_run(&[], vec![rec(1), rec(2), rec(3)], &[])
+            .unwrap();
+        // What a damaged b-tree page can do: a record gone, every other
+        // one intact and checksummed.
+        c.conn
+            .execute("DELETE FROM files WHERE ino = 2", [])
+            .unwrap();
+        drop(c);
+        let c = Catalog::open(&p, 65536).unwrap();
+        match c.load_all() {
+            Err(CatalogError::Corrupt { what, .. }) => {
+                assert_eq!(what, "2 records found, 3 recorded")
+            }
+            other => panic!("not detected: {other:?}"),
+        }
+        drop(c);
+        let (_c, recs, why) = Catalog::open_and_load(&p, 65536).unwrap();
+        assert!(matches!(why, Some(CatalogError::Corrupt { .. })));
+        assert!(recs.is_empty());
+    }
+
+    #[test]
+    fn a_catalog_without_a_record_count_loads_and_gets_one() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("c.sqlite");
+        let mut c = Catalog::open(&p, 65536).unwrap();
+        c.commit_run(&[], vec![rec(1), rec(2)], &[]).unwrap();
+        c.conn
+            .execute("DELETE FROM meta WHERE key = 'records'", [])
+            .unwrap();
+        drop(c);
+        let mut c = Catalog::open(&p, 65536).unwrap();
+        assert_eq!(c.load_all().unwrap().len(), 2);
+        c.commit_run(&[], vec![rec(3)], &[]).unwrap();
+        c.forget(Path::new("/data/f1")).unwrap();
+        drop(c);
+        let c = Catalog::open(&p, 65536).unwrap();
+        assert_eq!(c.records, Some(2));
+        assert_eq!(c.load_all().unwrap().len(), 2);
     }
 
     #[test]

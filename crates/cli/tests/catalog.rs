@@ -1174,6 +1174,19 @@ fn catalog_damage(kind: FsKind, cases: &[Damage]) {
             // warning) mean damage went unnoticed.
             assert_read(&format!("{ctx} (undetected)"), &r, &[&new_copy]);
             assert_eq!(r.u("files_known"), n - 1, "{ctx} (undetected): files_known");
+            if r.stderr.contains("damaged and was set aside") {
+                // Found only when the run's commit reached the damaged
+                // page: set aside, and the next run rebuilds it.
+                eprintln!("{ctx}: damage found at commit");
+                assert!(
+                    s.h_with(".broken").exists() && !s.h.exists(),
+                    "{ctx}: the catalog damaged at commit was not set aside"
+                );
+                let rb = format!("{ctx}: rebuilding run");
+                let r = s.run_root(&rb);
+                r.assert_ok(&rb);
+                assert_read(&rb, &r, &refs(&all));
+            }
         }
         if matches!(how, Damage::Version99) {
             assert!(

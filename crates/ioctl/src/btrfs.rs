@@ -293,15 +293,8 @@ pub struct ExtentOwner {
 /// when the answer did not fit (too many references to list).
 pub fn extent_owners(fd: BorrowedFd<'_>, disk_bytenr: u64) -> io::Result<Option<Vec<ExtentOwner>>> {
     for size in LOGICAL_INO_BUFS {
-        let mut data = AlignedBuf::new(size);
-        let mut args = AlignedBuf::new(LOGICAL_INO_ARGS);
-        args.put_u64(0, disk_bytenr);
-        args.put_u64(8, size as u64);
-        args.put_u64(40, LOGICAL_INO_IGNORE_OFFSET);
-        // The kernel writes the answer through this pointer; `data` lives
-        // until after the call.
-        args.put_u64(48, data.as_mut_ptr() as u64);
-        crate::ioctl_buf(fd, BTRFS_IOC_LOGICAL_INO_V2, &mut args)?;
+        let data = logical_ino(fd, disk_bytenr, size)?
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
         let owners = decode_owners(data.as_bytes())
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         if owners.is_some() {
@@ -309,6 +302,26 @@ pub fn extent_owners(fd: BorrowedFd<'_>, disk_bytenr: u64) -> io::Result<Option<
         }
     }
     Ok(None)
+}
+
+/// `BTRFS_IOC_LOGICAL_INO_V2` for every reference to the data extent that
+/// starts at `bytenr`, answered in a `btrfs_data_container` of `size`
+/// bytes; `None` when no extent is allocated there (ENOENT). The one place
+/// both [`extent_owners`] and [`extent_refs`] ask the kernel.
+fn logical_ino(fd: BorrowedFd<'_>, bytenr: u64, size: usize) -> io::Result<Option<AlignedBuf>> {
+    let mut data = AlignedBuf::new(size);
+    let mut args = AlignedBuf::new(LOGICAL_INO_ARGS);
+    args.put_u64(0, bytenr);
+    args.put_u64(8, size as u64);
+    args.put_u64(40, LOGICAL_INO_IGNORE_OFFSET);
+    // The kernel writes the answer through this pointer; `data` lives
+    // until after the call.
+    args.put_u64(48, data.as_mut_ptr() as u64);
+    match crate::ioctl_buf(fd, BTRFS_IOC_LOGICAL_INO_V2, &mut args) {
+        Ok(_) => Ok(Some(data)),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// Decodes a `struct btrfs_data_container` holding (inum, offset, root)
@@ -464,19 +477,11 @@ const CONTAINER_HEADER: usize = 16;
 /// scanned tree count. Needs CAP_SYS_ADMIN; `fd` is any file or directory
 /// of the filesystem. Sees committed state: sync first.
 pub fn extent_refs(fd: BorrowedFd<'_>, bytenr: u64) -> io::Result<u64> {
-    let mut out = AlignedBuf::new(4096);
-    let mut args = AlignedBuf::new(LOGICAL_INO_ARGS);
-    args.put_u64(0, bytenr);
-    args.put_u64(8, 4096);
-    args.put_u64(40, LOGICAL_INO_IGNORE_OFFSET);
-    args.put_u64(48, out.as_mut_ptr() as u64);
-    match crate::ioctl_buf(fd, BTRFS_IOC_LOGICAL_INO_V2, &mut args) {
-        Ok(_) => {}
-        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(0),
-        Err(e) => return Err(e),
+    match logical_ino(fd, bytenr, 4096)? {
+        None => Ok(0),
+        Some(out) => decode_ref_count(out.as_bytes())
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "short logical-ino answer")),
     }
-    decode_ref_count(out.as_bytes())
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "short logical-ino answer"))
 }
 
 /// References in a `btrfs_data_container`: three values per reference,

@@ -53,7 +53,7 @@ const DESC: usize = 20;
 
 /// The u64 the filter sees for a key: both halves folded (keys are
 /// digests, but a caller's keys sharing a low half must not all collide).
-fn probe(key: u128) -> u64 {
+pub(crate) fn probe(key: u128) -> u64 {
     (key as u64) ^ ((key >> 64) as u64).rotate_left(29)
 }
 
@@ -94,13 +94,59 @@ impl RunFilter {
         let Some(p) = &self.parts[Self::part_of(self.shift, key)] else {
             return false;
         };
-        let h = probe(key);
-        if p.bloom_len != 0
-            && !bloom::contains(&self.bloom[p.bloom_off..p.bloom_off + p.bloom_len], h)
-        {
+        if p.bloom_len != 0 && !bloom::contains(self.bloom_of(p), probe(key)) {
             return false;
         }
-        BinaryFuse16Ref::from_dma(&p.desc, &self.mem[p.off..p.off + p.len]).contains(&h)
+        self.fuse_contains(p, key)
+    }
+
+    /// The Bloom filter of `p` (empty in a version-1 partition).
+    #[inline]
+    fn bloom_of(&self, p: &Part) -> &[u8] {
+        self.bloom.get(p.bloom_off..p.bloom_off + p.bloom_len).unwrap_or(&[])
+    }
+
+    /// Hints the CPU to load the Bloom block `key` will be tested in.
+    #[inline]
+    pub fn prefetch(&self, key: u128) {
+        if let Some(p) = &self.parts[Self::part_of(self.shift, key)] {
+            bloom::prefetch(self.bloom_of(p), probe(key));
+        }
+    }
+
+    /// Sets `maybe[i]` for each `keys[i]` the run may hold (leaves the
+    /// others as they are; answers exactly as [`RunFilter::contains`]).
+    /// Memory-level parallelism: each key's Bloom block is prefetched
+    /// [`bloom::PREFETCH_AHEAD`] keys before it is tested, and the fuse
+    /// filter is probed afterwards, in a tight loop over the few keys the
+    /// Bloom filters admitted.
+    pub fn contains_many(&self, keys: &[u128], maybe: &mut [bool]) {
+        let mut admitted = Vec::new();
+        for (i, (&key, m)) in keys.iter().zip(maybe.iter_mut()).enumerate() {
+            if let Some(&next) = keys.get(i + bloom::PREFETCH_AHEAD) {
+                self.prefetch(next);
+            }
+            if *m {
+                continue;
+            }
+            let Some(p) = &self.parts[Self::part_of(self.shift, key)] else {
+                continue;
+            };
+            if p.bloom_len == 0 || bloom::contains(self.bloom_of(p), probe(key)) {
+                admitted.push(i);
+            }
+        }
+        for i in admitted {
+            let key = keys[i];
+            if let Some(p) = &self.parts[Self::part_of(self.shift, key)] {
+                maybe[i] = self.fuse_contains(p, key);
+            }
+        }
+    }
+
+    #[inline]
+    fn fuse_contains(&self, p: &Part, key: u128) -> bool {
+        BinaryFuse16Ref::from_dma(&p.desc, &self.mem[p.off..p.off + p.len]).contains(&probe(key))
     }
 
     /// Bytes of RAM held.

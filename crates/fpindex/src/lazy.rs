@@ -79,7 +79,7 @@ impl Index {
     fn lazy_front(&mut self, b: &mut Batch, rank: usize) -> Result<Option<usize>> {
         let key = b.keys[rank];
         self.stats.lookups += 1;
-        if let Some(e) = self.mem.get(&key) {
+        if let Some(e) = self.mem_get(key) {
             self.stats.memtable_hits += 1;
             b.out[rank] = (!e.is_tombstone()).then_some(e.loc);
             return Ok(None);

@@ -163,7 +163,9 @@ mod tests {
             m.insert(mix(i));
         }
         assert!((0..1000).all(|i| m.contains(mix(i))));
-        let fp = (0..100_000u64).filter(|&i| m.contains(mix(i + (1 << 40)))).count();
+        let fp = (0..100_000u64)
+            .filter(|&i| m.contains(mix(i + (1 << 40))))
+            .count();
         assert!(fp < 4_000, "false positives {fp} per 100000");
         m.clear();
         assert!((0..1000).all(|i| !m.contains(mix(i))));

@@ -103,7 +103,9 @@ impl RunFilter {
     /// The Bloom filter of `p` (empty in a version-1 partition).
     #[inline]
     fn bloom_of(&self, p: &Part) -> &[u8] {
-        self.bloom.get(p.bloom_off..p.bloom_off + p.bloom_len).unwrap_or(&[])
+        self.bloom
+            .get(p.bloom_off..p.bloom_off + p.bloom_len)
+            .unwrap_or(&[])
     }
 
     /// Hints the CPU to load the Bloom block `key` will be tested in.

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::bitmap::Bitmap;
-use crate::cache::Cache;
 use crate::bloom;
+use crate::cache::Cache;
 use crate::error::{corrupt, Ctx, Result};
 use crate::filter::probe;
 use crate::format::{

@@ -193,7 +193,11 @@ fn index_can_move_between_threads() {
 /// answered from the filters) returns exactly what `lookup` returns one
 /// at a time, on random present, deleted and absent keys spread over
 /// several runs and the memtable.
-fn many_matches_one_at_a_time(keys: Vec<u128>, deleted: Vec<usize>, probes: Vec<(bool, usize, u128)>) {
+fn many_matches_one_at_a_time(
+    keys: Vec<u128>,
+    deleted: Vec<usize>,
+    probes: Vec<(bool, usize, u128)>,
+) {
     let mem = Arc::new(MemIo::default());
     let cfg = Config {
         memtable_entries: 97,

@@ -47,6 +47,11 @@ struct Part {
     bloom_len: usize,
 }
 
+/// [`RunFilter::block_at`] of a key whose partition is empty.
+const NO_PART: usize = usize::MAX;
+/// [`RunFilter::block_at`] of a key whose partition has no Bloom filter.
+const NO_BLOOM: usize = usize::MAX - 1;
+
 /// Bytes of a serialized binary fuse descriptor (seed, segment length,
 /// mask, segment count length), the layout xorf's `from_dma` parses.
 const DESC: usize = 20;
@@ -116,25 +121,48 @@ impl RunFilter {
         }
     }
 
+    /// Where `key`'s Bloom block starts in `self.bloom`, or [`NO_PART`]
+    /// (its partition is empty: certainly absent) or [`NO_BLOOM`] (a
+    /// version-1 partition: ask the fuse filter).
+    #[inline]
+    fn block_at(&self, key: u128) -> usize {
+        match &self.parts[Self::part_of(self.shift, key)] {
+            None => NO_PART,
+            Some(p) if p.bloom_len == 0 => NO_BLOOM,
+            Some(p) => {
+                p.bloom_off + bloom::block_of(probe(key), p.bloom_len / bloom::BLOCK) * bloom::BLOCK
+            }
+        }
+    }
+
     /// Sets `maybe[i]` for each `keys[i]` the run may hold (leaves the
     /// others as they are; answers exactly as [`RunFilter::contains`]).
-    /// Memory-level parallelism: each key's Bloom block is prefetched
-    /// [`bloom::PREFETCH_AHEAD`] keys before it is tested, and the fuse
-    /// filter is probed afterwards, in a tight loop over the few keys the
-    /// Bloom filters admitted.
+    /// Memory-level parallelism: the Bloom block of every key is located
+    /// first, each is prefetched [`bloom::PREFETCH_AHEAD`] keys before it
+    /// is tested, and the fuse filter is probed afterwards, in a tight loop
+    /// over the few keys the Bloom filters admitted.
     pub fn contains_many(&self, keys: &[u128], maybe: &mut [bool]) {
+        let at: Vec<usize> = keys.iter().map(|&k| self.block_at(k)).collect();
         let mut admitted = Vec::new();
         for (i, (&key, m)) in keys.iter().zip(maybe.iter_mut()).enumerate() {
-            if let Some(&next) = keys.get(i + bloom::PREFETCH_AHEAD) {
-                self.prefetch(next);
+            if let Some(line) = at
+                .get(i + bloom::PREFETCH_AHEAD)
+                .and_then(|&b| self.bloom.get(b))
+            {
+                onecopy_ioctl::prefetch::prefetch_read(line);
             }
             if *m {
                 continue;
             }
-            let Some(p) = &self.parts[Self::part_of(self.shift, key)] else {
-                continue;
+            let admit = match at[i] {
+                NO_PART => false,
+                NO_BLOOM => true,
+                b => self
+                    .bloom
+                    .get(b..b + bloom::BLOCK)
+                    .is_none_or(|block| bloom::contains(block, probe(key))),
             };
-            if p.bloom_len == 0 || bloom::contains(self.bloom_of(p), probe(key)) {
+            if admit {
                 admitted.push(i);
             }
         }

@@ -525,6 +525,14 @@ impl Index {
     /// filter probe per run.
     fn lookup_probed(&mut self, key: u128, probed: Option<bool>) -> Result<Option<u64>> {
         self.stats.lookups += 1;
+        if probed.is_none() && !self.window.cache_first {
+            // The runs' Bloom blocks load while the memtable and the cache
+            // are asked, and all runs' at once instead of one after another
+            // (not in a duplicate stream, which the cache answers).
+            for r in &self.runs {
+                r.filter.prefetch(key);
+            }
+        }
         if let Some(e) = self.mem_get(key) {
             self.stats.memtable_hits += 1;
             return Ok((!e.is_tombstone()).then_some(e.loc));

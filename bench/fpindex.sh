@@ -4,7 +4,8 @@
 #
 #   bench/fpindex.sh filters [N]        filter candidates: bits/entry, FPR, ns/lookup
 #   bench/fpindex.sh scale [N]          build N entries (default 100 M), then peak RSS
-#                                       of a process that opens and queries them
+#                                       of a process that opens and queries them,
+#                                       as built and after compact()
 #   bench/fpindex.sh trace [V] [M]      the seed's experiment: V versions x M fingerprints
 #                                       (default 10 x 2 M = 20 M) on tmpfs, this disk
 #                                       with O_DIRECT, and a simulated 10 ms device
@@ -28,9 +29,14 @@ scale)
     n=${2:-100000000}
     rm -rf "$DIR/scale"
     peak "$B/fpbench" build "$DIR/scale" "$n"
-    sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true
-    peak "$B/fpbench" rss "$DIR/scale" "$n"
-    peak "$B/fpbench" query "$DIR/scale" "$n"
+    # As built (several runs), then merged into one run.
+    for step in built compact; do
+        [ "$step" = compact ] && peak "$B/fpbench" compact "$DIR/scale"
+        sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true
+        peak "$B/fpbench" rss "$DIR/scale" "$n"
+        peak "$B/fpbench" query "$DIR/scale" "$n"
+        peak "$B/fpbench" negbatch "$DIR/scale" 20000000
+    done
     du -sh "$DIR/scale"
     rm -rf "$DIR/scale"
     ;;

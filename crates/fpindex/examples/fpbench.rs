@@ -4,6 +4,7 @@
 //! fpbench query DIR N            negative / cached positive / cache-missing lookups
 //! fpbench compact DIR            merge all runs into one
 //! fpbench rss DIR N              open and look up with no cache (peak RSS)
+//! fpbench negbatch DIR M         M negative lookups in batches of 4096 (for profiles)
 //! fpbench trace DIR DEVICE V M MODE...
 //!     the seed's experiment: V versions of M fingerprints with backup-stream
 //!     locality, ingested in order (lookup, insert if new), per mode
@@ -168,6 +169,46 @@ fn query(dir: &Path, n: u64) {
         (span * rounds) as f64 / (cpu() - c0).max(0.01) / 1e6,
         s.cache_hits as f64 / s.lookups as f64,
         s.disk_lookups
+    );
+}
+
+/// Only negative lookups in batches of 4096 (`lookup_many`), for
+/// profiles: CPU seconds with and without the lookups, so that the key
+/// generation can be taken out.
+fn negbatch(dir: &Path, m: u64) {
+    let cfg = Config {
+        mode: Mode::Eager,
+        ..Default::default()
+    };
+    let mut ix = Index::open(dir, cfg).expect("open");
+    let batches = m / 4096;
+    let keys = |b: u64| -> Vec<u128> { (0..4096).map(|i| fp(3, b * 4096 + i)).collect() };
+    let c0 = cpu();
+    let mut sink = 0u128;
+    for b in 0..batches {
+        sink ^= keys(b)[b as usize % 4096];
+    }
+    let cpu_keys = cpu() - c0;
+    let c0 = cpu();
+    let t = Instant::now();
+    let mut found = 0;
+    for b in 0..batches {
+        found += ix
+            .lookup_many(&keys(b))
+            .expect("lookup")
+            .iter()
+            .flatten()
+            .count();
+    }
+    let (el, c) = (secs(t.elapsed()), cpu() - c0);
+    let n = (batches * 4096) as f64;
+    println!(
+        "negbatch: {} runs, {n} lookups, {:.2} M per CPU s incl. keys, {:.2} M per CPU s of lookups alone (keys {cpu_keys:.2} s of {c:.2} s), {:.2} M/s wall, found {found} ({})",
+        ix.runs(),
+        n / c.max(0.01) / 1e6,
+        n / (c - cpu_keys).max(0.01) / 1e6,
+        n / el / 1e6,
+        sink & 1
     );
 }
 
@@ -366,6 +407,7 @@ fn main() {
         Some("build") => build(Path::new(&a[2]), num(3)),
         Some("query") => query(Path::new(&a[2]), num(3)),
         Some("rss") => rss(Path::new(&a[2]), num(3)),
+        Some("negbatch") => negbatch(Path::new(&a[2]), num(3)),
         Some("compact") => {
             let cfg = Config {
                 mode: Mode::Eager,

@@ -24,7 +24,7 @@ pub fn blocks_for(keys: usize) -> usize {
 
 /// The block of `h` among `blocks`.
 #[inline]
-fn block_of(h: u64, blocks: usize) -> usize {
+pub fn block_of(h: u64, blocks: usize) -> usize {
     ((h as u128 * blocks as u128) >> 64) as usize
 }
 
@@ -67,6 +67,68 @@ pub fn contains(bloom: &[u8], h: u64) -> bool {
     ok & 1 == 1
 }
 
+/// Distance, in keys, at which batched probes prefetch a key's block:
+/// about one memory latency (~250 ns here) of work on the keys between.
+pub const PREFETCH_AHEAD: usize = 32;
+
+/// Hints the CPU to load the block of `h` in `bloom` (a whole number of
+/// blocks); only timing changes.
+#[inline]
+pub fn prefetch(bloom: &[u8], h: u64) {
+    let blocks = bloom.len() / BLOCK;
+    if let Some(b) = bloom.get(block_of(h, blocks) * BLOCK) {
+        onecopy_ioctl::prefetch::prefetch_read(b);
+    }
+}
+
+/// A blocked Bloom filter that accepts inserts and is cleared as a whole,
+/// in front of the memtable (an exact hash map): an absent key usually
+/// costs one cache line, which a batch can prefetch, instead of a probe
+/// of the map. Sized for `keys` at [`BITS_PER_KEY`]; more keys only raise
+/// its false-positive rate (it never says "absent" for an inserted key).
+pub struct Mutable {
+    buf: Vec<u8>,
+    /// Offset of the first 64-byte-aligned byte of `buf`.
+    off: usize,
+    len: usize,
+}
+
+impl Mutable {
+    pub fn new(keys: usize) -> Self {
+        let len = blocks_for(keys) * BLOCK;
+        let buf = vec![0u8; len + BLOCK];
+        let off = buf.as_ptr().align_offset(BLOCK).min(BLOCK);
+        Mutable { buf, off, len }
+    }
+
+    fn bits(&self) -> &[u8] {
+        &self.buf[self.off..self.off + self.len]
+    }
+
+    pub fn insert(&mut self, h: u64) {
+        insert(&mut self.buf[self.off..self.off + self.len], h);
+    }
+
+    #[inline]
+    pub fn contains(&self, h: u64) -> bool {
+        contains(self.bits(), h)
+    }
+
+    #[inline]
+    pub fn prefetch(&self, h: u64) {
+        prefetch(self.bits(), h);
+    }
+
+    /// Forgets every key (when the memtable is sealed into a run).
+    pub fn clear(&mut self) {
+        self.buf.fill(0);
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.buf.len()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -92,6 +154,21 @@ mod tests {
             .count();
         // About 2.5% at 8 bits per key; far above would be a broken hash.
         assert!(fp < 40_000, "false positives {fp} per million");
+    }
+
+    #[test]
+    fn mutable_filter_admits_its_keys_and_forgets_on_clear() {
+        let mut m = Mutable::new(1000);
+        for i in 0..1000 {
+            m.insert(mix(i));
+        }
+        assert!((0..1000).all(|i| m.contains(mix(i))));
+        let fp = (0..100_000u64)
+            .filter(|&i| m.contains(mix(i + (1 << 40))))
+            .count();
+        assert!(fp < 4_000, "false positives {fp} per 100000");
+        m.clear();
+        assert!((0..1000).all(|i| !m.contains(mix(i))));
     }
 
     proptest! {

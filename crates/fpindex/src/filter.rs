@@ -47,13 +47,18 @@ struct Part {
     bloom_len: usize,
 }
 
+/// [`RunFilter::block_at`] of a key whose partition is empty.
+const NO_PART: usize = usize::MAX;
+/// [`RunFilter::block_at`] of a key whose partition has no Bloom filter.
+const NO_BLOOM: usize = usize::MAX - 1;
+
 /// Bytes of a serialized binary fuse descriptor (seed, segment length,
 /// mask, segment count length), the layout xorf's `from_dma` parses.
 const DESC: usize = 20;
 
 /// The u64 the filter sees for a key: both halves folded (keys are
 /// digests, but a caller's keys sharing a low half must not all collide).
-fn probe(key: u128) -> u64 {
+pub(crate) fn probe(key: u128) -> u64 {
     (key as u64) ^ ((key >> 64) as u64).rotate_left(29)
 }
 
@@ -94,13 +99,84 @@ impl RunFilter {
         let Some(p) = &self.parts[Self::part_of(self.shift, key)] else {
             return false;
         };
-        let h = probe(key);
-        if p.bloom_len != 0
-            && !bloom::contains(&self.bloom[p.bloom_off..p.bloom_off + p.bloom_len], h)
-        {
+        if p.bloom_len != 0 && !bloom::contains(self.bloom_of(p), probe(key)) {
             return false;
         }
-        BinaryFuse16Ref::from_dma(&p.desc, &self.mem[p.off..p.off + p.len]).contains(&h)
+        self.fuse_contains(p, key)
+    }
+
+    /// The Bloom filter of `p` (empty in a version-1 partition).
+    #[inline]
+    fn bloom_of(&self, p: &Part) -> &[u8] {
+        self.bloom
+            .get(p.bloom_off..p.bloom_off + p.bloom_len)
+            .unwrap_or(&[])
+    }
+
+    /// Hints the CPU to load the Bloom block `key` will be tested in.
+    #[inline]
+    pub fn prefetch(&self, key: u128) {
+        if let Some(p) = &self.parts[Self::part_of(self.shift, key)] {
+            bloom::prefetch(self.bloom_of(p), probe(key));
+        }
+    }
+
+    /// Where `key`'s Bloom block starts in `self.bloom`, or [`NO_PART`]
+    /// (its partition is empty: certainly absent) or [`NO_BLOOM`] (a
+    /// version-1 partition: ask the fuse filter).
+    #[inline]
+    fn block_at(&self, key: u128) -> usize {
+        match &self.parts[Self::part_of(self.shift, key)] {
+            None => NO_PART,
+            Some(p) if p.bloom_len == 0 => NO_BLOOM,
+            Some(p) => {
+                p.bloom_off + bloom::block_of(probe(key), p.bloom_len / bloom::BLOCK) * bloom::BLOCK
+            }
+        }
+    }
+
+    /// Sets `maybe[i]` for each `keys[i]` the run may hold (leaves the
+    /// others as they are; answers exactly as [`RunFilter::contains`]).
+    /// Memory-level parallelism: the Bloom block of every key is located
+    /// first, each is prefetched [`bloom::PREFETCH_AHEAD`] keys before it
+    /// is tested, and the fuse filter is probed afterwards, in a tight loop
+    /// over the few keys the Bloom filters admitted.
+    pub fn contains_many(&self, keys: &[u128], maybe: &mut [bool]) {
+        let at: Vec<usize> = keys.iter().map(|&k| self.block_at(k)).collect();
+        let mut admitted = Vec::new();
+        for (i, (&key, m)) in keys.iter().zip(maybe.iter_mut()).enumerate() {
+            if let Some(line) = at
+                .get(i + bloom::PREFETCH_AHEAD)
+                .and_then(|&b| self.bloom.get(b))
+            {
+                onecopy_ioctl::prefetch::prefetch_read(line);
+            }
+            if *m {
+                continue;
+            }
+            let admit = match at[i] {
+                NO_PART => false,
+                NO_BLOOM => true,
+                b => self
+                    .bloom
+                    .get(b..b + bloom::BLOCK)
+                    .is_none_or(|block| bloom::contains(block, probe(key))),
+            };
+            if admit {
+                admitted.push(i);
+            }
+        }
+        for i in admitted {
+            let key = keys[i];
+            if let Some(p) = &self.parts[Self::part_of(self.shift, key)] {
+                maybe[i] = self.fuse_contains(p, key);
+            }
+        }
+    }
+
+    #[inline]
+    fn fuse_contains(&self, p: &Part, key: u128) -> bool {
+        BinaryFuse16Ref::from_dma(&p.desc, &self.mem[p.off..p.off + p.len]).contains(&probe(key))
     }
 
     /// Bytes of RAM held.

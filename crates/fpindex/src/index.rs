@@ -8,8 +8,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::bitmap::Bitmap;
+use crate::bloom;
 use crate::cache::Cache;
 use crate::error::{corrupt, Ctx, Result};
+use crate::filter::probe;
 use crate::format::{
     decode_record, decode_segment_page, encode_record, encode_segment_page, Entry, Manifest, PAGE,
     PER_SEGMENT, RECORD,
@@ -131,6 +133,8 @@ pub struct Index {
     man: Manifest,
     pub(crate) runs: Vec<Arc<Run>>,
     pub(crate) mem: KeyMap<Entry>,
+    /// Every key of `mem` (cleared with it): absent keys skip the map.
+    mem_filter: bloom::Mutable,
     pub(crate) cache: Cache,
     live: Bitmap,
     log_buf: Vec<u8>,
@@ -235,6 +239,7 @@ impl Index {
             io,
             mode: cfg.mode,
             cache: Cache::new(cfg.cache_entries),
+            mem_filter: bloom::Mutable::new(cfg.memtable_entries),
             cfg,
             man,
             runs,
@@ -325,7 +330,18 @@ impl Index {
             self.live.set(e.seq);
             self.man.live += 1;
         }
+        self.mem_filter.insert(probe(e.key));
         self.mem.insert(e.key, e);
+    }
+
+    /// The memtable's entry of `key`: its filter first, the map only for
+    /// keys it admits.
+    #[inline]
+    pub(crate) fn mem_get(&self, key: u128) -> Option<Entry> {
+        if self.mem.is_empty() || !self.mem_filter.contains(probe(key)) {
+            return None;
+        }
+        self.mem.get(&key).copied()
     }
 
     /// Logs and applies one entry state.
@@ -434,8 +450,8 @@ impl Index {
 
     /// The full entry of `key` (memtable, then runs newest first).
     pub fn get(&mut self, key: u128) -> Result<Option<Entry>> {
-        if let Some(e) = self.mem.get(&key) {
-            return Ok((!e.is_tombstone()).then_some(*e));
+        if let Some(e) = self.mem_get(key) {
+            return Ok((!e.is_tombstone()).then_some(e));
         }
         for r in self.runs.iter().rev() {
             if !r.filter.contains(key) {
@@ -456,22 +472,51 @@ impl Index {
         self.lookup_probed(key, None)
     }
 
-    /// Eager lookups of many keys: the filters are probed for the whole
-    /// batch first, run by run, in a tight loop whose independent memory
-    /// accesses overlap (the filter probe is memory-latency bound).
+    /// Eager lookups of many keys, answering exactly as [`Index::lookup`]
+    /// one at a time. The filters (and the memtable's) are probed for the
+    /// whole batch first, run by run, each key's filter block prefetched a
+    /// few dozen keys ahead so that the cache misses overlap (a probe is
+    /// bound by memory latency, not by the CPU); a key that no filter
+    /// admits is answered at once, the others go the way of `lookup`.
     pub fn lookup_many(&mut self, keys: &[u128]) -> Result<Vec<Option<u64>>> {
         let t = self.cfg.timing.then(Instant::now);
         let mut maybe = vec![false; keys.len()];
         for r in &self.runs {
-            for (m, &k) in maybe.iter_mut().zip(keys) {
-                *m |= r.filter.contains(k);
+            r.filter.contains_many(keys, &mut maybe);
+        }
+        let in_mem = self.mem_filter_many(keys);
+        self.lap(t, |s| &mut s.filter_ns);
+        let mut out = Vec::with_capacity(keys.len());
+        for (i, &key) in keys.iter().enumerate() {
+            if maybe[i] || in_mem.get(i).copied().unwrap_or(false) {
+                out.push(self.lookup_probed(key, Some(maybe[i]))?);
+            } else {
+                // In no run and not in the memtable, hence not in the
+                // cache either (it holds only live entries of runs).
+                self.stats.lookups += 1;
+                self.stats.filter_negatives += 1;
+                self.window.note(false);
+                out.push(None);
             }
         }
-        self.lap(t, |s| &mut s.filter_ns);
-        keys.iter()
-            .zip(maybe)
-            .map(|(&k, m)| self.lookup_probed(k, Some(m)))
-            .collect()
+        Ok(out)
+    }
+
+    /// Which of `keys` the memtable's filter admits (empty: none, the
+    /// memtable being empty), blocks prefetched ahead.
+    fn mem_filter_many(&self, keys: &[u128]) -> Vec<bool> {
+        if self.mem.is_empty() {
+            return Vec::new();
+        }
+        let f = &self.mem_filter;
+        let mut out = Vec::with_capacity(keys.len());
+        for (i, &key) in keys.iter().enumerate() {
+            if let Some(&next) = keys.get(i + bloom::PREFETCH_AHEAD) {
+                f.prefetch(probe(next));
+            }
+            out.push(f.contains(probe(key)));
+        }
+        out
     }
 
     /// [`Index::lookup`] with the filters' answer known (`Some`) or not.
@@ -480,7 +525,15 @@ impl Index {
     /// filter probe per run.
     fn lookup_probed(&mut self, key: u128, probed: Option<bool>) -> Result<Option<u64>> {
         self.stats.lookups += 1;
-        if let Some(e) = self.mem.get(&key) {
+        if probed.is_none() && !self.window.cache_first {
+            // The runs' Bloom blocks load while the memtable and the cache
+            // are asked, and all runs' at once instead of one after another
+            // (not in a duplicate stream, which the cache answers).
+            for r in &self.runs {
+                r.filter.prefetch(key);
+            }
+        }
+        if let Some(e) = self.mem_get(key) {
             self.stats.memtable_hits += 1;
             return Ok((!e.is_tombstone()).then_some(e.loc));
         }
@@ -706,6 +759,7 @@ impl Index {
         self.write_manifest(true)?;
         self.runs.push(Arc::new(run));
         self.mem.clear();
+        self.mem_filter.clear();
         self.log_buf.clear();
         self.stats.flushes += 1;
         for name in [log_name(old.log), bitmap_name(old.bitmap)] {

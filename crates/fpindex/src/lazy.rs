@@ -32,6 +32,9 @@ struct Pending {
 
 struct Batch<'k> {
     keys: &'k [u128],
+    /// Whether some run's filter admits each key (probed for the whole
+    /// batch at once, prefetching: see `RunFilter::contains_many`).
+    maybe: Vec<bool>,
     out: Vec<Option<u64>>,
     pending: HashMap<usize, Pending>,
     rings: Vec<Vec<usize>>,
@@ -52,8 +55,15 @@ impl Index {
             Mode::Lazy { ring } => ring.max(1),
             Mode::Eager | Mode::Auto => return self.lookup_many(keys),
         };
+        let t = self.cfg.timing.then(Instant::now);
+        let mut maybe = vec![false; keys.len()];
+        for r in &self.runs {
+            r.filter.contains_many(keys, &mut maybe);
+        }
+        self.lap(t, |s| &mut s.filter_ns);
         let mut b = Batch {
             keys,
+            maybe,
             out: vec![None; keys.len()],
             pending: HashMap::new(),
             rings: vec![Vec::new()],
@@ -79,15 +89,13 @@ impl Index {
     fn lazy_front(&mut self, b: &mut Batch, rank: usize) -> Result<Option<usize>> {
         let key = b.keys[rank];
         self.stats.lookups += 1;
-        if let Some(e) = self.mem.get(&key) {
+        if let Some(e) = self.mem_get(key) {
             self.stats.memtable_hits += 1;
             b.out[rank] = (!e.is_tombstone()).then_some(e.loc);
             return Ok(None);
         }
         let t = self.cfg.timing.then(Instant::now);
-        let maybe = self.runs.iter().any(|r| r.filter.contains(key));
-        let t = self.lap(t, |s| &mut s.filter_ns);
-        if !maybe {
+        if !b.maybe[rank] {
             self.stats.filter_negatives += 1;
             return Ok(None);
         }

@@ -188,3 +188,56 @@ fn index_can_move_between_threads() {
     fn send<T: Send>() {}
     send::<Index>();
 }
+
+/// `lookup_many` (filter blocks prefetched ahead, definite negatives
+/// answered from the filters) returns exactly what `lookup` returns one
+/// at a time, on random present, deleted and absent keys spread over
+/// several runs and the memtable.
+fn many_matches_one_at_a_time(
+    keys: Vec<u128>,
+    deleted: Vec<usize>,
+    probes: Vec<(bool, usize, u128)>,
+) {
+    let mem = Arc::new(MemIo::default());
+    let cfg = Config {
+        memtable_entries: 97,
+        cache_entries: 64,
+        mode: Mode::Eager,
+        ..Default::default()
+    };
+    let mut ix = Index::open_with(Box::new(mem), cfg).unwrap();
+    let mut oracle = HashMap::new();
+    for (i, &k) in keys.iter().enumerate() {
+        if ix.insert(k, i as u64, 0).unwrap() == Inserted::New {
+            oracle.insert(k, i as u64);
+        }
+    }
+    for d in deleted {
+        let k = keys[d % keys.len()];
+        assert_eq!(ix.delete(k).unwrap(), oracle.remove(&k).is_some());
+    }
+    let batch: Vec<u128> = probes
+        .iter()
+        .map(|&(present, i, other)| if present { keys[i % keys.len()] } else { other })
+        .collect();
+    let want: Vec<Option<u64>> = batch.iter().map(|k| oracle.get(k).copied()).collect();
+    ix.clear_cache();
+    let many = ix.lookup_many(&batch).unwrap();
+    ix.clear_cache();
+    let one: Vec<Option<u64>> = batch.iter().map(|&k| ix.lookup(k).unwrap()).collect();
+    assert_eq!(many, one);
+    assert_eq!(many, want);
+    assert!(ix.runs() >= 1, "keys spread over runs and the memtable");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+    #[test]
+    fn lookup_many_equals_lookup(
+        keys in proptest::collection::vec(any::<u128>(), 200..1500),
+        deleted in proptest::collection::vec(any::<usize>(), 0..50),
+        probes in proptest::collection::vec((any::<bool>(), any::<usize>(), any::<u128>()), 1..600),
+    ) {
+        many_matches_one_at_a_time(keys, deleted, probes);
+    }
+}

@@ -16,6 +16,8 @@
 //! * [`process`]: the I/O scheduling priority (`ioprio_set`/`ioprio_get`).
 //! * [`handle`]: `open_by_handle_at`, to name what fanotify reports by
 //!   file handle.
+//! * [`prefetch`]: a software prefetch hint (no memory access, only timing),
+//!   for the fingerprint index's batched filter probes.
 
 pub mod btrfs;
 pub mod changed;
@@ -23,6 +25,7 @@ pub mod dedupe;
 pub mod fiemap;
 pub mod fs;
 pub mod handle;
+pub mod prefetch;
 pub mod process;
 
 /// Little-endian/native field readers used by the decoders. All return

@@ -47,7 +47,7 @@ mod identify;
 mod incremental;
 
 pub use identify::{identify, Existing, APPLICATION_ID};
-pub use incremental::{classify, Classified, Known};
+pub use incremental::{classify, Classified, Classifier, Known};
 
 use std::path::{Path, PathBuf};
 
@@ -405,14 +405,43 @@ impl Catalog {
     }
 
     fn rebuild_if(path: &Path, block_size: u64, own: bool) -> Result<Loaded, CatalogError> {
-        match Catalog::open(path, block_size).and_then(|c| c.load_all().map(|r| (c, r))) {
-            Ok((c, records)) => Ok((c, records, None)),
+        let mut records = Vec::new();
+        let (c, why) = Self::scan_or_rebuild(path, block_size, own, &mut |r| records.push(r))?;
+        if why.is_some() {
+            records = Vec::new();
+        }
+        Ok((c, records, why))
+    }
+
+    /// [`Catalog::open_or_rebuild`] (`own`: [`Catalog::open_or_rebuild_own`])
+    /// that hands every record to `f` as it is checked, one at a time: a
+    /// run reads the catalog once and keeps no list of records. When a
+    /// record fails its check part way, the catalog is set aside and
+    /// rebuilt, and the reason is returned: `f` has then seen some records
+    /// of the old catalog, which the caller must forget.
+    pub fn open_and_scan(
+        path: &Path,
+        block_size: u64,
+        own: bool,
+        f: &mut dyn FnMut(FileRecord),
+    ) -> Result<(Catalog, Option<CatalogError>), CatalogError> {
+        Self::scan_or_rebuild(path, block_size, own, f)
+    }
+
+    fn scan_or_rebuild(
+        path: &Path,
+        block_size: u64,
+        own: bool,
+        f: &mut dyn FnMut(FileRecord),
+    ) -> Result<(Catalog, Option<CatalogError>), CatalogError> {
+        match Catalog::open(path, block_size).and_then(|c| c.for_each(f).map(|()| c)) {
+            Ok(c) => Ok((c, None)),
             Err(e @ CatalogError::Io { .. }) => Err(e),
             Err(e @ CatalogError::NotACatalog { .. }) if !own => Err(e),
             Err(why) => {
                 Self::set_aside(path, own)?;
                 let c = Catalog::open(path, block_size)?;
-                Ok((c, Vec::new(), Some(why)))
+                Ok((c, Some(why)))
             }
         }
     }
@@ -451,6 +480,15 @@ impl Catalog {
 
     /// Every record, checked against its checksum.
     pub fn load_all(&self) -> Result<Vec<FileRecord>, CatalogError> {
+        let mut out = Vec::new();
+        self.for_each(&mut |r| out.push(r))?;
+        Ok(out)
+    }
+
+    /// Hands every record to `f` in storage order, each checked against
+    /// its checksum before it is handed over; stops at the first that
+    /// fails (the records before it have been handed over).
+    pub fn for_each(&self, f: &mut dyn FnMut(FileRecord)) -> Result<(), CatalogError> {
         use std::os::unix::ffi::OsStringExt;
         let sq = |source| CatalogError::Sqlite {
             path: self.path.clone(),
@@ -464,7 +502,6 @@ impl Catalog {
             )
             .map_err(sq)?;
         let mut rows = st.query([]).map_err(sq)?;
-        let mut out = Vec::new();
         while let Some(r) = rows.next().map_err(sq)? {
             let corrupt = |what: &str| CatalogError::Corrupt {
                 path: self.path.clone(),
@@ -499,9 +536,9 @@ impl Catalog {
             if sum != rec.checksum() {
                 return Err(corrupt("checksum mismatch"));
             }
-            out.push(rec);
+            f(rec);
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Writes a run's changes in one transaction: `upserts` replace records

@@ -175,25 +175,20 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
             continue;
         }
         let path = catalog_path(&a, &run.key);
-        let opened = if a.hashfile.is_some() {
-            Catalog::open_and_load(&path, a.block_size)
-        } else {
-            Catalog::open_and_load_own(&path, a.block_size)
-        };
+        // Records are classified as the catalog is read: none is kept.
+        let mut classifier =
+            onecopy_catalog::Classifier::new(&run.key, run.fs, run.fs_block, walked, &roots_abs);
+        let opened = Catalog::open_and_scan(&path, a.block_size, a.hashfile.is_none(), &mut |r| {
+            classifier.offer(r)
+        });
         match opened {
-            Ok((cat, records, why)) => {
+            Ok((cat, why)) => {
                 if let Some(why) = why {
                     ui.warn(&format!("{why}; the catalog was set aside and is rebuilt"));
                     report.catalog_rebuilt = true;
+                    classifier.forget();
                 }
-                let c = onecopy_catalog::classify(
-                    &run.key,
-                    run.fs,
-                    run.fs_block,
-                    records,
-                    walked,
-                    &roots_abs,
-                );
+                let c = classifier.finish();
                 report.files_known += c.known.len() as u64;
                 report.files_renamed += c.renamed;
                 report.catalogs.push(path.display().to_string());
@@ -204,7 +199,8 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
             }
             Err(e) => {
                 ui.warn(&format!("{e}; running without a catalog"));
-                append_moving(&mut to_read, walked);
+                classifier.forget();
+                append_moving(&mut to_read, classifier.finish().to_read);
             }
         }
     }

@@ -159,7 +159,9 @@ impl<'a> Classifier<'a> {
             .iter()
             .take_while(|r| r.0 == subvol)
             .find_map(|&(_, s, e)| {
-                let i = self.walked[s..e].binary_search_by_key(&ino, |w| w.ino).ok()?;
+                let i = self.walked[s..e]
+                    .binary_search_by_key(&ino, |w| w.ino)
+                    .ok()?;
                 Some(s + i)
             })
     }
@@ -300,5 +302,78 @@ impl<'a> Classifier<'a> {
             deleted,
             renamed,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(fs: &str, e: &FileEntry, path: &std::path::Path) -> FileRecord {
+        FileRecord {
+            fs: fs.into(),
+            subvol: e.subvol,
+            ino: e.ino,
+            generation: 0,
+            path: path.to_path_buf(),
+            size: e.size,
+            mtime_ns: e.mtime_ns,
+            ctime_ns: e.ctime_ns,
+            nlink: e.nlink,
+            whole: e.ino as u128,
+            blocks: vec![e.ino as u128],
+            flags: 0,
+            settled: true,
+            last_seen: 1,
+        }
+    }
+
+    /// Records offered in any order are matched to walked files by
+    /// identity; known and to-read lists keep the walk's order, records of
+    /// other filesystems are ignored, unmet records under the roots are
+    /// deleted, and `forget` drops everything offered.
+    #[test]
+    fn records_matched_in_any_order_and_forgotten() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        let mut walked = Vec::new();
+        for i in 0..6 {
+            let p = root.join(format!("f{i}"));
+            std::fs::write(&p, [i as u8; 10]).unwrap();
+            let m = std::fs::metadata(&p).unwrap();
+            walked.push(FileEntry::from_meta(p, &m, 1, 0, 4096));
+        }
+        walked.sort_unstable_by_key(|e| (e.dev, e.ino));
+        let mut recs: Vec<FileRecord> = [4, 1, 3]
+            .iter()
+            .map(|&i| record("fs-a", &walked[i], &walked[i].path))
+            .collect();
+        recs.push(record("fs-b", &walked[0], &walked[0].path));
+        let mut gone = record("fs-a", &walked[5], &root.join("gone"));
+        gone.ino = u64::MAX;
+        recs.push(gone);
+        let roots = [root.clone()];
+        let c = classify("fs-a", 1, 4096, recs.clone(), walked.clone(), &roots);
+        let inos = |v: &[FileEntry]| v.iter().map(|e| e.ino).collect::<Vec<_>>();
+        let known: Vec<u64> = c.known.iter().map(|k| k.file.entry.ino).collect();
+        assert_eq!(known, inos(&[1, 3, 4].map(|i| walked[i].clone())));
+        assert!(c
+            .known
+            .iter()
+            .all(|k| k.file.blocks[0] == k.file.entry.ino as u128));
+        assert_eq!(
+            inos(&c.to_read),
+            inos(&[0, 2, 5].map(|i| walked[i].clone()))
+        );
+        assert_eq!(c.deleted, vec![("fs-a".to_string(), 0, u64::MAX)]);
+
+        let mut cl = Classifier::new("fs-a", 1, 4096, walked.clone(), &roots);
+        for r in recs {
+            cl.offer(r);
+        }
+        cl.forget();
+        let c = cl.finish();
+        assert!(c.known.is_empty() && c.deleted.is_empty());
+        assert_eq!(inos(&c.to_read), inos(&walked));
     }
 }

@@ -18,7 +18,7 @@ use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 
-use onecopy_scan::{FileEntry, FsId, HashedFile};
+use onecopy_scan::{Digests, FileEntry, FsId, HashedFile};
 
 use crate::FileRecord;
 
@@ -53,8 +53,7 @@ fn under_roots(p: &std::path::Path, roots: &[PathBuf]) -> bool {
 fn to_hashed(rec: FileRecord, entry: FileEntry) -> HashedFile {
     HashedFile {
         entry,
-        blocks: rec.blocks.into_boxed_slice(),
-        subs: Box::default(),
+        digests: Digests::new(rec.blocks, &[]),
         whole: rec.whole,
         inode_flags: rec.flags,
         generation: rec.generation,
@@ -95,7 +94,7 @@ struct Hit {
     flags: u32,
     generation: u64,
     whole: u128,
-    blocks: Box<[u128]>,
+    blocks: Digests,
 }
 
 /// [`classify`] one record at a time, as the catalog is read: no list of
@@ -206,7 +205,7 @@ impl<'a> Classifier<'a> {
             flags: rec.flags,
             generation: rec.generation,
             whole: rec.whole,
-            blocks: rec.blocks.into_boxed_slice(),
+            blocks: Digests::new(rec.blocks, &[]),
         });
     }
 
@@ -273,8 +272,7 @@ impl<'a> Classifier<'a> {
                     known.push(Known {
                         file: HashedFile {
                             entry,
-                            blocks: h.blocks,
-                            subs: Box::default(),
+                            digests: h.blocks,
                             whole: h.whole,
                             inode_flags: h.flags,
                             generation: h.generation,
@@ -360,7 +358,7 @@ mod tests {
         assert!(c
             .known
             .iter()
-            .all(|k| k.file.blocks[0] == k.file.entry.ino as u128));
+            .all(|k| k.file.blocks()[0] == k.file.entry.ino as u128));
         assert_eq!(
             inos(&c.to_read),
             inos(&[0, 2, 5].map(|i| walked[i].clone()))

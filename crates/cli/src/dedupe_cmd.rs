@@ -359,7 +359,7 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
                     ctime_ns: f.entry.ctime_ns,
                     nlink: f.entry.nlink,
                     whole: f.whole,
-                    blocks: f.blocks.to_vec(),
+                    blocks: f.blocks().to_vec(),
                     flags: f.inode_flags,
                     settled: settled_now,
                     last_seen: this_run,
@@ -417,8 +417,8 @@ impl PlanInput for PlanView<'_> {
         let (f, r) = (self.files[i as usize], self.roles[i as usize]);
         PlanFile {
             size: f.entry.size,
-            blocks: &f.blocks,
-            subs: &f.subs,
+            blocks: f.blocks(),
+            subs: f.subs(),
             whole: f.whole,
             can_be_dest: r & 1 != 0,
             can_be_src: r & 2 != 0,

@@ -482,4 +482,11 @@ mod digests_tests {
         }
         assert!(Digests::default().subs().is_empty());
     }
+
+    /// The per-file record stays at the size ARCHITECTURE.md states.
+    #[test]
+    fn record_sizes() {
+        assert_eq!(std::mem::size_of::<Digests>(), 24);
+        assert!(std::mem::size_of::<super::HashedFile>() <= 160);
+    }
 }

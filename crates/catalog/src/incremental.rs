@@ -14,12 +14,11 @@
 //! are kept, and used as dedupe sources (never destinations) while their
 //! file still exists unchanged.
 
-use std::collections::HashMap;
 use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 
-use onecopy_scan::{FileEntry, FsId, HashedFile};
+use onecopy_scan::{Digests, FileEntry, FsId, HashedFile};
 
 use crate::FileRecord;
 
@@ -54,8 +53,7 @@ fn under_roots(p: &std::path::Path, roots: &[PathBuf]) -> bool {
 fn to_hashed(rec: FileRecord, entry: FileEntry) -> HashedFile {
     HashedFile {
         entry,
-        blocks: rec.blocks.into_boxed_slice(),
-        subs: Box::default(),
+        digests: Digests::new(rec.blocks, &[]),
         whole: rec.whole,
         inode_flags: rec.flags,
         generation: rec.generation,
@@ -79,33 +77,108 @@ pub fn classify(
     walked: Vec<FileEntry>,
     roots: &[PathBuf],
 ) -> Classified {
-    // The map holds positions, not records (24 B per entry instead of a
-    // second copy of every record); each record is taken out of its slot
-    // once, so its path and digests move on or are freed at that point.
-    let mut records: Vec<Option<FileRecord>> = records.into_iter().map(Some).collect();
-    let mut by_key: HashMap<(u64, u64), u32> = records
-        .iter()
-        .enumerate()
-        .filter_map(|(i, r)| r.as_ref().map(|r| (i, r)))
-        .filter(|(_, r)| r.fs == fs_key)
-        .map(|(i, r)| ((r.subvol, r.ino), i as u32))
-        .collect();
-    let mut out = Classified {
-        // Reserved, not touched: pages are used as records are known.
-        known: Vec::with_capacity(walked.len().min(by_key.len())),
-        ..Classified::default()
-    };
-    let mut take = |key: &(u64, u64)| {
-        let i = by_key.remove(key)?;
-        records[i as usize].take()
-    };
-    // The files to read stay in the walked list (filtered in place, then
-    // shrunk): no second list of every entry.
-    let mut to_read = walked;
-    to_read.retain_mut(|e| {
-        let Some(rec) = take(&(e.subvol, e.ino)) else {
-            return true;
-        };
+    let mut c = Classifier::new(fs_key, fs, fs_block, walked, roots);
+    for r in records {
+        c.offer(r);
+    }
+    c.finish()
+}
+
+/// A catalog record that matched a walked file and is trusted: what the
+/// known file takes from it (its path is not kept).
+struct Hit {
+    /// Position in the walked list.
+    at: u32,
+    dirty: bool,
+    settled: bool,
+    flags: u32,
+    generation: u64,
+    whole: u128,
+    blocks: Digests,
+}
+
+/// [`classify`] one record at a time, as the catalog is read: no list of
+/// records is ever held. Memory: the walked list, plus per trusted record
+/// its block digests and 64 B, plus the records of files outside the
+/// roots. Walked files are found by binary search in the walked list
+/// (sorted by device and inode, each device one subvolume), not by a map.
+pub struct Classifier<'a> {
+    fs_key: &'a str,
+    fs: FsId,
+    fs_block: u64,
+    roots: &'a [PathBuf],
+    walked: Vec<FileEntry>,
+    /// `(subvolume, start, end)`: runs of `walked` of one device and
+    /// subvolume, sorted by inode within; the runs sorted by subvolume.
+    runs: Vec<(u64, usize, usize)>,
+    hits: Vec<Hit>,
+    outside: Vec<Known>,
+    deleted: Vec<(String, u64, u64)>,
+    renamed: u64,
+}
+
+impl<'a> Classifier<'a> {
+    /// `walked`: the walked files of the filesystem (`fs_key`, `fs`,
+    /// `fs_block`). `roots` must be absolute, as the walked paths are.
+    pub fn new(
+        fs_key: &'a str,
+        fs: FsId,
+        fs_block: u64,
+        mut walked: Vec<FileEntry>,
+        roots: &'a [PathBuf],
+    ) -> Classifier<'a> {
+        if !walked.is_sorted_by_key(|e| (e.dev, e.ino)) {
+            walked.sort_unstable_by_key(|e| (e.dev, e.ino));
+        }
+        let mut runs = Vec::new();
+        let mut start = 0;
+        for w in walked.chunk_by(|a, b| (a.dev, a.subvol) == (b.dev, b.subvol)) {
+            runs.push((w[0].subvol, start, start + w.len()));
+            start += w.len();
+        }
+        runs.sort_unstable_by_key(|r| r.0);
+        Classifier {
+            fs_key,
+            fs,
+            fs_block,
+            roots,
+            walked,
+            runs,
+            hits: Vec::new(),
+            outside: Vec::new(),
+            deleted: Vec::new(),
+            renamed: 0,
+        }
+    }
+
+    /// The position in `walked` of the file `(subvol, ino)`.
+    fn find(&self, subvol: u64, ino: u64) -> Option<usize> {
+        let from = self.runs.partition_point(|r| r.0 < subvol);
+        self.runs[from..]
+            .iter()
+            .take_while(|r| r.0 == subvol)
+            .find_map(|&(_, s, e)| {
+                let i = self.walked[s..e]
+                    .binary_search_by_key(&ino, |w| w.ino)
+                    .ok()?;
+                Some(s + i)
+            })
+    }
+
+    /// Takes one catalog record into account (records of other
+    /// filesystems are ignored).
+    pub fn offer(&mut self, rec: FileRecord) {
+        if rec.fs != self.fs_key {
+            return;
+        }
+        match self.find(rec.subvol, rec.ino) {
+            Some(at) => self.offer_walked(at, rec),
+            None => self.offer_unmet(rec),
+        }
+    }
+
+    fn offer_walked(&mut self, at: usize, rec: FileRecord) {
+        let e = &self.walked[at];
         let same_data = rec.size == e.size && rec.mtime_ns == e.mtime_ns;
         // A rename or a new or removed hard link changes ctime but not the
         // data: trusted when the inode generation proves it is the same file.
@@ -120,37 +193,28 @@ pub fn classify(
             false
         };
         if !known {
-            return true;
+            return;
         }
         if rec.path != e.path {
-            out.renamed += 1;
+            self.renamed += 1;
         }
-        let dirty = relinked || rec.ctime_ns != e.ctime_ns;
-        // The entry leaves the list: its path moves, nothing is copied.
-        let entry = FileEntry {
-            path: std::mem::take(&mut e.path),
-            ..e.clone()
-        };
-        out.known.push(Known {
+        self.hits.push(Hit {
+            at: at as u32,
+            dirty: relinked || rec.ctime_ns != e.ctime_ns,
             settled: rec.settled,
-            file: to_hashed(rec, entry),
-            outside_roots: false,
-            dirty,
+            flags: rec.flags,
+            generation: rec.generation,
+            whole: rec.whole,
+            blocks: Digests::new(rec.blocks, &[]),
         });
-        false
-    });
-    to_read.shrink_to_fit();
-    out.to_read = to_read;
-    out.known.shrink_to_fit();
-    // Records the walk did not meet.
-    for (_, i) in by_key {
-        let Some(rec) = records[i as usize].take() else {
-            continue;
-        };
-        let key = (rec.fs.clone(), rec.subvol, rec.ino);
-        if under_roots(&rec.path, roots) {
-            out.deleted.push(key);
-            continue;
+    }
+
+    /// A record the walk did not meet: deleted if under the roots, else a
+    /// source while its file still exists unchanged.
+    fn offer_unmet(&mut self, rec: FileRecord) {
+        if under_roots(&rec.path, self.roots) {
+            self.deleted.push((rec.fs, rec.subvol, rec.ino));
+            return;
         }
         match std::fs::symlink_metadata(&rec.path) {
             Ok(m)
@@ -160,16 +224,154 @@ pub fn classify(
                     && m.mtime() * 1_000_000_000 + m.mtime_nsec() == rec.mtime_ns
                     && m.ctime() * 1_000_000_000 + m.ctime_nsec() == rec.ctime_ns =>
             {
-                let entry = FileEntry::from_meta(rec.path.clone(), &m, fs, rec.subvol, fs_block);
-                out.known.push(Known {
+                let entry =
+                    FileEntry::from_meta(rec.path.clone(), &m, self.fs, rec.subvol, self.fs_block);
+                self.outside.push(Known {
                     settled: rec.settled,
                     file: to_hashed(rec, entry),
                     outside_roots: true,
                     dirty: false,
                 });
             }
-            _ => out.deleted.push(key),
+            _ => self.deleted.push((rec.fs, rec.subvol, rec.ino)),
         }
     }
-    out
+
+    /// Forgets every record offered so far (the catalog turned out
+    /// corrupt part way and was rebuilt): every walked file is read.
+    pub fn forget(&mut self) {
+        self.hits = Vec::new();
+        self.outside = Vec::new();
+        self.deleted = Vec::new();
+        self.renamed = 0;
+    }
+
+    /// The decision: known files in walk order, then those outside the
+    /// roots; files to read in walk order. The walked list is consumed
+    /// from its end and shrinks as it goes: each entry moves (path
+    /// included) into the known or to-read list, never copied.
+    pub fn finish(self) -> Classified {
+        let Classifier {
+            mut walked,
+            mut hits,
+            outside,
+            deleted,
+            renamed,
+            ..
+        } = self;
+        hits.sort_unstable_by_key(|h| h.at);
+        hits.dedup_by_key(|h| h.at);
+        let mut known = Vec::with_capacity(hits.len() + outside.len());
+        let mut to_read = Vec::with_capacity(walked.len().saturating_sub(hits.len()));
+        let mut moved = 0usize;
+        while let Some(entry) = walked.pop() {
+            let at = walked.len() as u32;
+            match hits.last() {
+                Some(h) if h.at == at => {
+                    let h = hits.pop().expect("just seen");
+                    known.push(Known {
+                        file: HashedFile {
+                            entry,
+                            digests: h.blocks,
+                            whole: h.whole,
+                            inode_flags: h.flags,
+                            generation: h.generation,
+                            racy: false,
+                        },
+                        settled: h.settled,
+                        outside_roots: false,
+                        dirty: h.dirty,
+                    });
+                }
+                _ => to_read.push(entry),
+            }
+            moved += 1;
+            if moved.is_multiple_of(1 << 14) {
+                walked.shrink_to_fit();
+                hits.shrink_to_fit();
+            }
+        }
+        known.reverse();
+        to_read.reverse();
+        known.extend(outside);
+        Classified {
+            known,
+            to_read,
+            deleted,
+            renamed,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(fs: &str, e: &FileEntry, path: &std::path::Path) -> FileRecord {
+        FileRecord {
+            fs: fs.into(),
+            subvol: e.subvol,
+            ino: e.ino,
+            generation: 0,
+            path: path.to_path_buf(),
+            size: e.size,
+            mtime_ns: e.mtime_ns,
+            ctime_ns: e.ctime_ns,
+            nlink: e.nlink,
+            whole: e.ino as u128,
+            blocks: vec![e.ino as u128],
+            flags: 0,
+            settled: true,
+            last_seen: 1,
+        }
+    }
+
+    /// Records offered in any order are matched to walked files by
+    /// identity; known and to-read lists keep the walk's order, records of
+    /// other filesystems are ignored, unmet records under the roots are
+    /// deleted, and `forget` drops everything offered.
+    #[test]
+    fn records_matched_in_any_order_and_forgotten() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        let mut walked = Vec::new();
+        for i in 0..6 {
+            let p = root.join(format!("f{i}"));
+            std::fs::write(&p, [i as u8; 10]).unwrap();
+            let m = std::fs::metadata(&p).unwrap();
+            walked.push(FileEntry::from_meta(p, &m, 1, 0, 4096));
+        }
+        walked.sort_unstable_by_key(|e| (e.dev, e.ino));
+        let mut recs: Vec<FileRecord> = [4, 1, 3]
+            .iter()
+            .map(|&i| record("fs-a", &walked[i], &walked[i].path))
+            .collect();
+        recs.push(record("fs-b", &walked[0], &walked[0].path));
+        let mut gone = record("fs-a", &walked[5], &root.join("gone"));
+        gone.ino = u64::MAX;
+        recs.push(gone);
+        let roots = [root.clone()];
+        let c = classify("fs-a", 1, 4096, recs.clone(), walked.clone(), &roots);
+        let inos = |v: &[FileEntry]| v.iter().map(|e| e.ino).collect::<Vec<_>>();
+        let known: Vec<u64> = c.known.iter().map(|k| k.file.entry.ino).collect();
+        assert_eq!(known, inos(&[1, 3, 4].map(|i| walked[i].clone())));
+        assert!(c
+            .known
+            .iter()
+            .all(|k| k.file.blocks()[0] == k.file.entry.ino as u128));
+        assert_eq!(
+            inos(&c.to_read),
+            inos(&[0, 2, 5].map(|i| walked[i].clone()))
+        );
+        assert_eq!(c.deleted, vec![("fs-a".to_string(), 0, u64::MAX)]);
+
+        let mut cl = Classifier::new("fs-a", 1, 4096, walked.clone(), &roots);
+        for r in recs {
+            cl.offer(r);
+        }
+        cl.forget();
+        let c = cl.finish();
+        assert!(c.known.is_empty() && c.deleted.is_empty());
+        assert_eq!(inos(&c.to_read), inos(&walked));
+    }
 }

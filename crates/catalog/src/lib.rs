@@ -51,7 +51,7 @@ mod identify;
 mod incremental;
 
 pub use identify::{identify, Existing, APPLICATION_ID};
-pub use incremental::{classify, Classified, Known};
+pub use incremental::{classify, Classified, Classifier, Known};
 
 use std::path::{Path, PathBuf};
 
@@ -489,14 +489,43 @@ impl Catalog {
     }
 
     fn rebuild_if(path: &Path, block_size: u64, own: bool) -> Result<Loaded, CatalogError> {
-        match Catalog::open(path, block_size).and_then(|c| c.load_all().map(|r| (c, r))) {
-            Ok((c, records)) => Ok((c, records, None)),
+        let mut records = Vec::new();
+        let (c, why) = Self::scan_or_rebuild(path, block_size, own, &mut |r| records.push(r))?;
+        if why.is_some() {
+            records = Vec::new();
+        }
+        Ok((c, records, why))
+    }
+
+    /// [`Catalog::open_or_rebuild`] (`own`: [`Catalog::open_or_rebuild_own`])
+    /// that hands every record to `f` as it is checked, one at a time: a
+    /// run reads the catalog once and keeps no list of records. When a
+    /// record fails its check part way, the catalog is set aside and
+    /// rebuilt, and the reason is returned: `f` has then seen some records
+    /// of the old catalog, which the caller must forget.
+    pub fn open_and_scan(
+        path: &Path,
+        block_size: u64,
+        own: bool,
+        f: &mut dyn FnMut(FileRecord),
+    ) -> Result<(Catalog, Option<CatalogError>), CatalogError> {
+        Self::scan_or_rebuild(path, block_size, own, f)
+    }
+
+    fn scan_or_rebuild(
+        path: &Path,
+        block_size: u64,
+        own: bool,
+        f: &mut dyn FnMut(FileRecord),
+    ) -> Result<(Catalog, Option<CatalogError>), CatalogError> {
+        match Catalog::open(path, block_size).and_then(|c| c.for_each(f).map(|()| c)) {
+            Ok(c) => Ok((c, None)),
             Err(e @ CatalogError::Io { .. }) => Err(e),
             Err(e @ CatalogError::NotACatalog { .. }) if !own => Err(e),
             Err(why) => {
                 Self::set_aside(path, own)?;
                 let c = Catalog::open(path, block_size)?;
-                Ok((c, Vec::new(), Some(why)))
+                Ok((c, Some(why)))
             }
         }
     }
@@ -548,6 +577,17 @@ impl Catalog {
 
     /// Every record, checked against its checksum.
     pub fn load_all(&self) -> Result<Vec<FileRecord>, CatalogError> {
+        let mut out = Vec::new();
+        self.for_each(&mut |r| out.push(r))?;
+        Ok(out)
+    }
+
+    /// Hands every record to `f` in storage order, each checked against
+    /// its checksum before it is handed over; stops at the first that
+    /// fails (the records before it have been handed over). The record
+    /// count and the key index are checked after the last record: their
+    /// error comes after every record was handed over.
+    pub fn for_each(&self, f: &mut dyn FnMut(FileRecord)) -> Result<(), CatalogError> {
         use std::os::unix::ffi::OsStringExt;
         let sq = |source| CatalogError::Sqlite {
             path: self.path.clone(),
@@ -561,7 +601,6 @@ impl Catalog {
             )
             .map_err(sq)?;
         let mut rows = st.query([]).map_err(sq)?;
-        let mut out = Vec::new();
         let mut keys = KeySum::default();
         while let Some(r) = rows.next().map_err(sq)? {
             let corrupt = |what: &str| CatalogError::Corrupt {
@@ -598,7 +637,7 @@ impl Catalog {
                 return Err(corrupt("checksum mismatch"));
             }
             keys.add(&rec.fs, rec.subvol, rec.ino, r.get(15).map_err(sq)?);
-            out.push(rec);
+            f(rec);
         }
         if keys != self.index_keys().map_err(sq)? {
             return Err(CatalogError::Corrupt {
@@ -607,11 +646,11 @@ impl Catalog {
             });
         }
         match self.records {
-            Some(n) if n != out.len() as u64 => Err(CatalogError::Corrupt {
+            Some(n) if n != keys.count => Err(CatalogError::Corrupt {
                 path: self.path.clone(),
-                what: format!("{} records found, {n} recorded", out.len()),
+                what: format!("{} records found, {n} recorded", keys.count),
             }),
-            _ => Ok(out),
+            _ => Ok(()),
         }
     }
 

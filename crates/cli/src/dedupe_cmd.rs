@@ -11,7 +11,7 @@ use anyhow::Result;
 use onecopy_catalog::{Catalog, FileRecord, Known};
 use onecopy_dedupe::{policy, ExecOptions, ExecProgress, Model, RehomeOptions};
 use onecopy_ioctl::fs::{fs_info, FsInfo, FsKind};
-use onecopy_plan::{PlanFile, PlanOptions};
+use onecopy_plan::{PlanFile, PlanInput, PlanOptions};
 use onecopy_scan::{FsId, HashOptions, HashedFile, Progress, WalkOptions};
 
 use crate::args::DedupeArgs;
@@ -175,25 +175,20 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
             continue;
         }
         let path = catalog_path(&a, &run.key);
-        let opened = if a.hashfile.is_some() {
-            Catalog::open_and_load(&path, a.block_size)
-        } else {
-            Catalog::open_and_load_own(&path, a.block_size)
-        };
+        // Records are classified as the catalog is read: none is kept.
+        let mut classifier =
+            onecopy_catalog::Classifier::new(&run.key, run.fs, run.fs_block, walked, &roots_abs);
+        let opened = Catalog::open_and_scan(&path, a.block_size, a.hashfile.is_none(), &mut |r| {
+            classifier.offer(r)
+        });
         match opened {
-            Ok((cat, records, why)) => {
+            Ok((cat, why)) => {
                 if let Some(why) = why {
                     ui.warn(&format!("{why}; the catalog was set aside and is rebuilt"));
                     report.catalog_rebuilt = true;
+                    classifier.forget();
                 }
-                let c = onecopy_catalog::classify(
-                    &run.key,
-                    run.fs,
-                    run.fs_block,
-                    records,
-                    walked,
-                    &roots_abs,
-                );
+                let c = classifier.finish();
                 report.files_known += c.known.len() as u64;
                 report.files_renamed += c.renamed;
                 report.catalogs.push(path.display().to_string());
@@ -204,7 +199,8 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
             }
             Err(e) => {
                 ui.warn(&format!("{e}; running without a catalog"));
-                append_moving(&mut to_read, walked);
+                classifier.forget();
+                append_moving(&mut to_read, classifier.finish().to_read);
             }
         }
     }
@@ -270,7 +266,9 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
         let mut unsettled = vec![false; files.len()];
         if !scan_progress.cancelled() {
             let t = Instant::now();
-            let pfiles: Vec<PlanFile<'_>> = files
+            // Roles once per file (1 B each); the planner's views of the
+            // records are made as it asks for them.
+            let roles: Vec<u8> = files
                 .iter()
                 .zip(&outside)
                 .map(|(f, &out)| {
@@ -280,19 +278,14 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
                             onecopy_dedupe::access::may_dedupe_into(&f.entry.path)
                         });
                     report.files_source_only += denied as u64;
-                    let can_be_dest = roles.can_be_dest;
-                    PlanFile {
-                        size: f.entry.size,
-                        blocks: &f.blocks,
-                        subs: &f.subs,
-                        whole: f.whole,
-                        can_be_dest,
-                        can_be_src: roles.can_be_src,
-                    }
+                    u8::from(roles.can_be_dest) | u8::from(roles.can_be_src) << 1
                 })
                 .collect();
-            let plan = onecopy_plan::plan(
-                &pfiles,
+            let plan = onecopy_plan::plan_input(
+                &PlanView {
+                    files: &files,
+                    roles: &roles,
+                },
                 &PlanOptions {
                     block_size: a.block_size,
                     zero_digest: onecopy_scan::zero_block_digest(a.block_size, run.fs_block),
@@ -300,7 +293,7 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
                     sub_size: run.fs_block,
                 },
             );
-            drop(pfiles);
+            drop(roles);
             *report.phases.entry("plan").or_default() += t.elapsed().as_secs_f64();
             report.add_plan(&plan.stats);
 
@@ -366,7 +359,7 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
                     ctime_ns: f.entry.ctime_ns,
                     nlink: f.entry.nlink,
                     whole: f.whole,
-                    blocks: f.blocks.to_vec(),
+                    blocks: f.blocks().to_vec(),
                     flags: f.inode_flags,
                     settled: settled_now,
                     last_seen: this_run,
@@ -407,6 +400,31 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
     }
     ui.summary(&report);
     Ok(code)
+}
+
+/// The planner's view of one filesystem's records: `roles[i]` holds
+/// `can_be_dest` in bit 0 and `can_be_src` in bit 1 for `files[i]`.
+struct PlanView<'a> {
+    files: &'a [&'a HashedFile],
+    roles: &'a [u8],
+}
+
+impl PlanInput for PlanView<'_> {
+    fn len(&self) -> usize {
+        self.files.len()
+    }
+
+    fn file(&self, i: u32) -> PlanFile<'_> {
+        let (f, r) = (self.files[i as usize], self.roles[i as usize]);
+        PlanFile {
+            size: f.entry.size,
+            blocks: f.blocks(),
+            subs: f.subs(),
+            whole: f.whole,
+            can_be_dest: r & 1 != 0,
+            can_be_src: r & 2 != 0,
+        }
+    }
 }
 
 /// One filesystem's share of the run.

@@ -38,6 +38,29 @@ pub struct PlanFile<'a> {
     pub can_be_src: bool,
 }
 
+/// The files to plan, handed out one at a time: a caller that already
+/// holds its records builds each view when the planner asks for it, so no
+/// list of views (64 B per file) exists next to the records.
+pub trait PlanInput {
+    /// Number of files; indices run from 0 to `len() - 1`.
+    fn len(&self) -> usize;
+    /// Whether there are no files.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The file at index `i` (`i < len()`).
+    fn file(&self, i: u32) -> PlanFile<'_>;
+}
+
+impl PlanInput for [PlanFile<'_>] {
+    fn len(&self) -> usize {
+        <[PlanFile<'_>]>::len(self)
+    }
+    fn file(&self, i: u32) -> PlanFile<'_> {
+        self[i as usize]
+    }
+}
+
 /// Planner settings.
 #[derive(Debug, Clone, Copy)]
 pub struct PlanOptions {
@@ -142,15 +165,15 @@ fn extend(
 /// of the block-sized window at each offset is computed from them, so data
 /// shifted by any multiple of the filesystem block is found), else the
 /// block size. Only the file's block-aligned blocks are indexed.
-fn match_runs(
-    files: &[PlanFile<'_>],
+fn match_runs<F: PlanInput + ?Sized>(
+    files: &F,
     fi: u32,
     opts: &PlanOptions,
     step: u64,
     table: &mut FingerprintTable,
     emit: &mut dyn FnMut(u32, u64, u32, u64, u64),
 ) {
-    let f = &files[fi as usize];
+    let f = files.file(fi);
     let bs = opts.block_size;
     let sub = step;
     let k = (bs / sub) as usize;
@@ -189,7 +212,7 @@ fn match_runs(
             s += 1;
             continue;
         };
-        let g = &files[src.file as usize];
+        let g = files.file(src.file);
         let kb = src.block as usize;
         let dst_off = s as u64 * sub;
         let src_off = kb as u64 * bs;
@@ -203,7 +226,7 @@ fn match_runs(
             s += 1;
             continue;
         }
-        let len = extend(table, g, src, limit, opts.zero_digest, &|j| win(s + j * k));
+        let len = extend(table, &g, src, limit, opts.zero_digest, &|j| win(s + j * k));
         let bytes = (len as u64 * bs)
             .min(g.size - src_off)
             .min(f.size - dst_off);
@@ -214,6 +237,11 @@ fn match_runs(
 
 /// Plans the dedupe of `files` (all on one filesystem).
 pub fn plan(files: &[PlanFile<'_>], opts: &PlanOptions) -> Plan {
+    plan_input(files, opts)
+}
+
+/// [`plan`] over files handed out one at a time by `files`.
+pub fn plan_input<F: PlanInput + ?Sized>(files: &F, opts: &PlanOptions) -> Plan {
     let mut stats = PlanStats::default();
     let mut ops = Vec::new();
     let bs = opts.block_size;
@@ -222,10 +250,13 @@ pub fn plan(files: &[PlanFile<'_>], opts: &PlanOptions) -> Plan {
     // Groups of equal (size, whole digest) as runs of one sorted index
     // list: 4 bytes per file, no map of per-group lists.
     let mut order: Vec<u32> = (0..files.len() as u32)
-        .filter(|&i| !files[i as usize].blocks.is_empty())
+        .filter(|&i| !files.file(i).blocks.is_empty())
         .collect();
-    order.sort_unstable_by_key(|&i| (files[i as usize].size, files[i as usize].whole, i));
-    let key = |i: u32| (files[i as usize].size, files[i as usize].whole);
+    let key = |i: u32| {
+        let f = files.file(i);
+        (f.size, f.whole)
+    };
+    order.sort_unstable_by_key(|&i| (key(i), i));
     let mut groups: Vec<&[u32]> = order
         .chunk_by(|&a, &b| key(a) == key(b))
         .filter(|g| g.len() > 1)
@@ -234,12 +265,12 @@ pub fn plan(files: &[PlanFile<'_>], opts: &PlanOptions) -> Plan {
     let mut copies_of: HashMap<u32, Vec<u32>> = HashMap::new();
     groups.sort_unstable_by_key(|g| g[0]);
     for g in groups {
-        let Some(&src) = g.iter().find(|&&i| files[i as usize].can_be_src) else {
+        let Some(&src) = g.iter().find(|&&i| files.file(i).can_be_src) else {
             continue;
         };
         let dests: Vec<Dest> = g
             .iter()
-            .filter(|&&i| i != src && files[i as usize].can_be_dest)
+            .filter(|&&i| i != src && files.file(i).can_be_dest)
             .map(|&i| Dest { file: i, offset: 0 })
             .collect();
         if dests.is_empty() {
@@ -251,7 +282,7 @@ pub fn plan(files: &[PlanFile<'_>], opts: &PlanOptions) -> Plan {
         copies_of.insert(src, dests.iter().map(|d| d.file).collect::<Vec<u32>>());
         stats.whole_file_groups += 1;
         stats.whole_file_dests += dests.len() as u64;
-        let len = files[src as usize].size;
+        let len = files.file(src).size;
         stats.whole_file_bytes += len * dests.len() as u64;
         ops.push(Op {
             kind: OpKind::WholeFile,
@@ -263,11 +294,9 @@ pub fn plan(files: &[PlanFile<'_>], opts: &PlanOptions) -> Plan {
     }
 
     // Pass 2: block runs over everything not already a whole-file copy.
-    let total_blocks: usize = files
-        .iter()
-        .zip(&covered)
-        .filter(|(_, c)| !**c)
-        .map(|(f, _)| f.blocks.len())
+    let total_blocks: usize = (0..files.len() as u32)
+        .filter(|&i| !covered[i as usize])
+        .map(|i| files.file(i).blocks.len())
         .sum();
     let mut table = FingerprintTable::with_capacity(total_blocks.min(1 << 26));
     // Runs keyed by source range, so equal ranges share one op.
@@ -291,11 +320,11 @@ pub fn plan(files: &[PlanFile<'_>], opts: &PlanOptions) -> Plan {
                 }
             }
         };
-    for (fi, f) in files.iter().enumerate() {
-        if covered[fi] {
+    for fi in 0..files.len() as u32 {
+        if covered[fi as usize] {
             continue;
         }
-        let fi = fi as u32;
+        let f = files.file(fi);
         let shifted = !f.subs.is_empty() && opts.sub_size > 0 && opts.sub_size < bs;
         let step = if shifted { opts.sub_size } else { bs };
         match_runs(

@@ -40,14 +40,8 @@ impl Default for HashOptions {
 pub struct HashedFile {
     /// The file as it was when it was read (stat taken on the open file).
     pub entry: FileEntry,
-    /// One digest per `block_size` block; the last covers the partial tail.
-    pub blocks: Box<[BlockDigest]>,
-    /// One digest per filesystem block (`entry.fs_block`), kept only for
-    /// files read in this run (empty for files known from a catalog) and
-    /// only when a block spans several (empty at `-b 4K` on 4 KiB blocks,
-    /// where every shifted window is a block): 8 bytes per 4 KiB read, for
-    /// matching data at shifted offsets.
-    pub subs: Box<[SubDigest]>,
+    /// The block and sub-block digests, in one allocation.
+    pub digests: Digests,
     /// Digest of the whole content (of the block digests and the size).
     pub whole: u128,
     /// `FS_IOC_GETFLAGS` of the inode (immutable, append-only, nocow ...).
@@ -58,6 +52,65 @@ pub struct HashedFile {
     /// was read: a write racing the read may not show in the timestamps,
     /// so the digests must not be trusted by a later run.
     pub racy: bool,
+}
+
+impl HashedFile {
+    /// One digest per `block_size` block; the last covers the partial tail.
+    pub fn blocks(&self) -> &[BlockDigest] {
+        self.digests.blocks()
+    }
+
+    /// One digest per filesystem block (`entry.fs_block`), kept only for
+    /// files read in this run (empty for files known from a catalog) and
+    /// only when a block spans several (empty at `-b 4K` on 4 KiB blocks,
+    /// where every shifted window is a block): 8 bytes per 4 KiB read, for
+    /// matching data at shifted offsets.
+    pub fn subs(&self) -> &[SubDigest] {
+        self.digests.subs()
+    }
+}
+
+/// A file's block digests followed by its sub-block digests, two to a
+/// slot, in one exactly sized allocation: 24 B per file plus 16 B per
+/// block and 8 B per sub-block, one allocator overhead instead of two.
+#[derive(Debug, Clone, Default)]
+pub struct Digests {
+    slots: Box<[u128]>,
+    blocks: u32,
+    subs: u32,
+}
+
+impl Digests {
+    /// Packs `blocks` (reusing its allocation when it has room) and `subs`.
+    pub fn new(mut blocks: Vec<BlockDigest>, subs: &[SubDigest]) -> Digests {
+        let (nb, ns) = (blocks.len(), subs.len());
+        blocks.reserve_exact(ns.div_ceil(2));
+        for pair in subs.chunks(2) {
+            let mut b = [0u8; 16];
+            b[..8].copy_from_slice(&pair[0].to_ne_bytes());
+            if let Some(second) = pair.get(1) {
+                b[8..].copy_from_slice(&second.to_ne_bytes());
+            }
+            blocks.push(u128::from_ne_bytes(b));
+        }
+        Digests {
+            slots: blocks.into_boxed_slice(),
+            blocks: nb as u32,
+            subs: ns as u32,
+        }
+    }
+
+    pub fn blocks(&self) -> &[BlockDigest] {
+        &self.slots[..self.blocks as usize]
+    }
+
+    pub fn subs(&self) -> &[SubDigest] {
+        // `new` wrote each pair in native byte order, so u64 `i` of the
+        // packed slots is sub-digest `i` (bytemuck checks size and
+        // alignment: a u128 holds two u64s).
+        let all: &[u64] = bytemuck::cast_slice(&self.slots[self.blocks as usize..]);
+        &all[..self.subs as usize]
+    }
 }
 
 /// See [`HashedFile::racy`]: covers the kernel's coarse timestamp clock.
@@ -225,11 +278,17 @@ fn hash_one(entry: FileEntry, bs: usize, buf: &mut [u8], progress: &Progress) ->
     advise_sequential(&f);
     let inode_flags = onecopy_ioctl::fs::inode_flags(f.as_fd()).unwrap_or(0);
     let generation = onecopy_ioctl::fs::inode_generation(f.as_fd()).unwrap_or(0);
-    let mut blocks = Vec::with_capacity(entry.size.div_ceil(bs as u64) as usize);
     let sub = (entry.fs_block as usize).clamp(512, bs);
     // At a block of one sub-block, a window at a sub-block offset is a
     // block: the sub-digests would only repeat what `blocks` says.
     let keep_subs = sub < bs;
+    // Room for the packed sub-digests too: `Digests::new` fills it.
+    let nsub = if keep_subs {
+        entry.size.div_ceil(sub as u64) as usize
+    } else {
+        0
+    };
+    let mut blocks = Vec::with_capacity(entry.size.div_ceil(bs as u64) as usize + nsub.div_ceil(2));
     let mut subs = Vec::with_capacity(if keep_subs {
         entry.size.div_ceil(sub as u64) as usize
     } else {
@@ -269,19 +328,15 @@ fn hash_one(entry: FileEntry, bs: usize, buf: &mut [u8], progress: &Progress) ->
         }
     }
     let whole = whole_digest(&blocks, total);
-    // Sized exactly above: boxing drops the capacity word, not the data.
-    let blocks = blocks.into_boxed_slice();
-    let subs = if keep_subs {
-        subs.into_boxed_slice()
-    } else {
-        Box::default()
-    };
+    if !keep_subs {
+        subs.clear();
+    }
+    let digests = Digests::new(blocks, &subs);
     let racy = entry.mtime_ns.max(entry.ctime_ns) >= read_start - RACY_MARGIN_NS;
     Outcome::Done(
         HashedFile {
             entry,
-            blocks,
-            subs,
+            digests,
             whole,
             inode_flags,
             generation,
@@ -355,17 +410,17 @@ mod tests {
                 .remove(0)
         };
         let small = run(4096);
-        assert_eq!(small.blocks.len(), 6);
-        assert!(small.subs.is_empty());
+        assert_eq!(small.blocks().len(), 6);
+        assert!(small.subs().is_empty());
         let big = run(16384);
-        assert_eq!(big.blocks.len(), 2);
-        assert_eq!(big.subs.len(), 6);
+        assert_eq!(big.blocks().len(), 2);
+        assert_eq!(big.subs().len(), 6);
         // The 4 KiB block digests are what the sub-digests would have given.
-        for (i, b) in small.blocks.iter().enumerate() {
+        for (i, b) in small.blocks().iter().enumerate() {
             let len = (data.len() - i * 4096).min(4096) as u64;
             assert_eq!(
                 *b,
-                window_digest(&big.subs[i..i + 1], len, len == 4096),
+                window_digest(&big.subs()[i..i + 1], len, len == 4096),
                 "block {i}"
             );
         }
@@ -405,5 +460,30 @@ mod tests {
         want.sort_unstable();
         assert_eq!(keys, want);
         assert_eq!(out.skipped.get(&SkipReason::Vanished), Some(&1));
+    }
+}
+
+#[cfg(test)]
+mod digests_tests {
+    use super::Digests;
+
+    /// Blocks and sub-blocks come back as packed, odd counts included.
+    #[test]
+    fn packed_digests_round_trip() {
+        for ns in [0usize, 1, 2, 5] {
+            let blocks: Vec<u128> = (0..3).map(|i| i * (u128::MAX / 7)).collect();
+            let subs: Vec<u64> = (0..ns as u64).map(|i| i * 0x0123_4567_89ab_cdef).collect();
+            let d = Digests::new(blocks.clone(), &subs);
+            assert_eq!(d.blocks(), &blocks[..]);
+            assert_eq!(d.subs(), &subs[..]);
+        }
+        assert!(Digests::default().subs().is_empty());
+    }
+
+    /// The per-file record stays at the size ARCHITECTURE.md states.
+    #[test]
+    fn record_sizes() {
+        assert_eq!(std::mem::size_of::<Digests>(), 24);
+        assert!(std::mem::size_of::<super::HashedFile>() <= 160);
     }
 }

@@ -11,8 +11,8 @@ pub mod longpath;
 mod walk;
 
 pub use hash::{
-    hash_files, window_digest, zero_block_digest, BlockDigest, HashOptions, HashOutput, HashedFile,
-    SubDigest, RACY_MARGIN_NS,
+    hash_files, window_digest, zero_block_digest, BlockDigest, Digests, HashOptions, HashOutput,
+    HashedFile, SubDigest, RACY_MARGIN_NS,
 };
 pub use walk::{validate_excludes, walk, FileEntry, FsId, WalkOptions, WalkOutput};
 

@@ -632,6 +632,10 @@ fn share(
         drop(dests);
         let statuses = match res {
             Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN)) => continue,
+            // The source range past its end: the file may have shrunk.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                vec![Ok(DedupeStatus::Error(libc::EINVAL)); group.len()]
+            }
             Err(e) => {
                 let why = e
                     .raw_os_error()
@@ -643,7 +647,7 @@ fn share(
         };
         let mut finished: Vec<usize> = Vec::new();
         for (&k, st) in group.iter().zip(statuses) {
-            if apply_status(op, &mut pending[k], st, files, progress, rep) {
+            if apply_status(op, src, &mut pending[k], st, files, progress, rep) {
                 finished.push(k);
             }
         }
@@ -655,6 +659,7 @@ fn share(
 /// call failed with that reason); true when the destination is finished.
 fn apply_status(
     op: &Op,
+    src: &File,
     p: &mut Pending,
     st: Result<DedupeStatus, String>,
     files: &mut Files<'_>,
@@ -685,6 +690,14 @@ fn apply_status(
         Ok(DedupeStatus::Same { .. }) => refused(rep, "the kernel shared no bytes".into()),
         Ok(DedupeStatus::Differs) => {
             skip(rep, p.file, DestSkip::DataDiffers);
+            true
+        }
+        // EINVAL for a range past the end of a file another program
+        // has just truncated: a change, not a refusal.
+        Ok(DedupeStatus::Error(libc::EINVAL))
+            if !files.unchanged(op.src, src) || !files.unchanged(p.file, &p.f) =>
+        {
+            skip(rep, p.file, DestSkip::Changed);
             true
         }
         Ok(DedupeStatus::Error(errno)) => refused(rep, describe_errno(errno)),

@@ -94,7 +94,10 @@ impl Mount {
             .unwrap();
         let t = Instant::now();
         while !is_mounted(&s.mnt) {
-            assert!(t.elapsed() < Duration::from_secs(60), "mount did not appear");
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "mount did not appear"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         Mount {
@@ -254,14 +257,20 @@ fn check_listing(dir: &Path, want: &[String], round: &str) {
 fn check_lookups(dir: RawFd, want: &[String], k: usize, round: &str) {
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
     for _ in 0..k {
-        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         let name = &want[(x >> 33) as usize % want.len()];
         let st = stat_at(dir, &c(name)).unwrap_or_else(|e| panic!("{round}: stat {name}: {e}"));
         assert_eq!(st.st_mode & libc::S_IFMT, libc::S_IFREG, "{round}: {name}");
         let want_len = entry_content(name.trim_start_matches("moved-")).len();
         assert_eq!(st.st_size as usize, want_len, "{round}: size of {name}");
         let absent = format!("z{}", &name[1..]);
-        assert_eq!(stat_at(dir, &c(&absent)).err(), Some(libc::ENOENT), "{round}");
+        assert_eq!(
+            stat_at(dir, &c(&absent)).err(),
+            Some(libc::ENOENT),
+            "{round}"
+        );
     }
 }
 
@@ -302,8 +311,7 @@ fn rename_and_unlink(dir: RawFd, n: u64) -> Vec<String> {
             1 if name.len() < 200 => {
                 let to = format!("moved-{name}");
                 // SAFETY: both names are NUL-terminated.
-                let rc =
-                    unsafe { libc::renameat(dir, c(&name).as_ptr(), dir, c(&to).as_ptr()) };
+                let rc = unsafe { libc::renameat(dir, c(&name).as_ptr(), dir, c(&to).as_ptr()) };
                 check(rc, ("renameat", &name));
                 names.push(to);
             }
@@ -339,7 +347,9 @@ fn directory_with_very_many_entries() {
     let mut all: Vec<String> = (0..n).map(entry_name).collect();
     all.sort();
     timed("readdir", || check_listing(&big, &all, "created"));
-    timed("lookups", || check_lookups(d.as_raw_fd(), &all, 10_000, "created"));
+    timed("lookups", || {
+        check_lookups(d.as_raw_fd(), &all, 10_000, "created")
+    });
     let left = timed("rename+unlink 2%", || rename_and_unlink(d.as_raw_fd(), n));
     timed("readdir", || check_listing(&big, &left, "renamed"));
     drop(d);
@@ -352,10 +362,21 @@ fn directory_with_very_many_entries() {
     timed("lookups (cold)", || {
         check_lookups(d.as_raw_fd(), &left, 10_000, "remounted")
     });
-    timed("contents", || check_contents(d.as_raw_fd(), &left, 2_000, "remounted"));
+    timed("contents", || {
+        check_contents(d.as_raw_fd(), &left, 2_000, "remounted")
+    });
     // SAFETY: the name is NUL-terminated.
-    let rc = unsafe { libc::unlinkat(libc::AT_FDCWD, c(big.to_str().unwrap()).as_ptr(), libc::AT_REMOVEDIR) };
-    assert!(rc != 0 && errno() == libc::ENOTEMPTY, "rmdir of a full directory");
+    let rc = unsafe {
+        libc::unlinkat(
+            libc::AT_FDCWD,
+            c(big.to_str().unwrap()).as_ptr(),
+            libc::AT_REMOVEDIR,
+        )
+    };
+    assert!(
+        rc != 0 && errno() == libc::ENOTEMPTY,
+        "rmdir of a full directory"
+    );
     drop(d);
     eprintln!("  mount peak RSS: {} KiB", m.peak_rss_kib());
     m.unmount();
@@ -371,10 +392,19 @@ fn build_deep(root: RawFd, depth: u64) {
     let mut cur = open_dir(root, &c("."));
     for _ in 0..depth {
         // SAFETY: the name is NUL-terminated.
-        check(unsafe { libc::mkdirat(cur.as_raw_fd(), c("d").as_ptr(), 0o755) }, "mkdirat");
+        check(
+            unsafe { libc::mkdirat(cur.as_raw_fd(), c("d").as_ptr(), 0o755) },
+            "mkdirat",
+        );
         cur = open_dir(cur.as_raw_fd(), &c("d"));
     }
-    let f = open_at(cur.as_raw_fd(), &c("f"), libc::O_WRONLY | libc::O_CREAT, 0o644).unwrap();
+    let f = open_at(
+        cur.as_raw_fd(),
+        &c("f"),
+        libc::O_WRONLY | libc::O_CREAT,
+        0o644,
+    )
+    .unwrap();
     write_fd(&f, b"at the bottom");
     // SAFETY: `f` is an open descriptor.
     check(unsafe { libc::fsync(f.as_raw_fd()) }, "fsync");
@@ -384,7 +414,12 @@ fn build_deep(root: RawFd, depth: u64) {
 fn walk_down(root: RawFd) -> (u64, OwnedFd) {
     let mut cur = open_dir(root, &c("."));
     let mut depth = 0;
-    while let Ok(next) = open_at(cur.as_raw_fd(), &c("d"), libc::O_RDONLY | libc::O_DIRECTORY, 0) {
+    while let Ok(next) = open_at(
+        cur.as_raw_fd(),
+        &c("d"),
+        libc::O_RDONLY | libc::O_DIRECTORY,
+        0,
+    ) {
         cur = next;
         depth += 1;
     }
@@ -394,7 +429,10 @@ fn walk_down(root: RawFd) -> (u64, OwnedFd) {
 /// Removes the tree from its bottom `cur` up, through `..`.
 fn remove_deep(mut cur: OwnedFd, depth: u64) {
     // SAFETY: the name is NUL-terminated.
-    check(unsafe { libc::unlinkat(cur.as_raw_fd(), c("f").as_ptr(), 0) }, "unlink f");
+    check(
+        unsafe { libc::unlinkat(cur.as_raw_fd(), c("f").as_ptr(), 0) },
+        "unlink f",
+    );
     for _ in 0..depth {
         let up = open_dir(cur.as_raw_fd(), &c(".."));
         drop(cur);
@@ -433,7 +471,10 @@ fn tree_ten_thousand_levels_deep() {
     drop(f);
     // SAFETY: the name is NUL-terminated.
     let rc = unsafe { libc::unlinkat(root.as_raw_fd(), c("d").as_ptr(), libc::AT_REMOVEDIR) };
-    assert!(rc != 0 && errno() == libc::ENOTEMPTY, "rmdir of the non-empty top");
+    assert!(
+        rc != 0 && errno() == libc::ENOTEMPTY,
+        "rmdir of the non-empty top"
+    );
     timed("remove", || remove_deep(bottom, depth));
     assert_eq!(stat_at(root.as_raw_fd(), &c("d")).err(), Some(libc::ENOENT));
     drop(root);

@@ -212,3 +212,40 @@ mod tests {
         assert!(open_db(&dir.path().join("none.sqlite"), false).is_err());
     }
 }
+
+#[cfg(test)]
+mod index_tests {
+    use super::*;
+
+    fn readdir_plan(conn: &Connection) -> String {
+        let sql = format!("EXPLAIN QUERY PLAN {}", crate::ns::READDIR_SQL);
+        let mut st = conn.prepare(&sql).unwrap();
+        let rows = st
+            .query_map(rusqlite::params![5, 100, 256], |r| r.get::<_, String>(3))
+            .unwrap();
+        rows.map(|r| r.unwrap()).collect::<Vec<_>>().join("; ")
+    }
+
+    /// readdir walks `dirents_order` and never sorts the whole directory,
+    /// also in a store made before the index existed.
+    #[test]
+    fn readdir_uses_an_index_in_new_and_old_stores() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("meta.sqlite");
+        let conn = open_db(&path, true).unwrap();
+        let plan = readdir_plan(&conn);
+        assert!(
+            plan.contains("dirents_order") && !plan.contains("TEMP B-TREE"),
+            "{plan}"
+        );
+        conn.execute_batch("DROP INDEX dirents_order").unwrap();
+        assert!(readdir_plan(&conn).contains("TEMP B-TREE"));
+        drop(conn);
+        let conn = open_db(&path, false).unwrap();
+        let plan = readdir_plan(&conn);
+        assert!(
+            plan.contains("dirents_order") && !plan.contains("TEMP B-TREE"),
+            "{plan}"
+        );
+    }
+}

@@ -9,6 +9,13 @@ use crate::error::{Result, StoreError};
 /// `PRAGMA user_version` of `meta.sqlite`.
 pub const META_VERSION: u64 = 1;
 
+/// Indexes added after format 1 was released; created at open when
+/// missing (an index changes no data, so older binaries still open the
+/// store). `dirents_order` serves `readdir`'s `parent = ? AND id > ?
+/// ORDER BY id`: without it each batch of entries sorted the whole
+/// directory, quadratic in its size.
+const LATER_INDEXES: &str = "CREATE INDEX IF NOT EXISTS dirents_order ON dirents (parent, id);";
+
 const SCHEMA: &str = "
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE inodes (
@@ -20,6 +27,7 @@ CREATE TABLE dirents (
     id INTEGER PRIMARY KEY AUTOINCREMENT, parent INTEGER NOT NULL, name BLOB NOT NULL,
     ino INTEGER NOT NULL, UNIQUE (parent, name));
 CREATE INDEX dirents_ino ON dirents (ino);
+CREATE INDEX dirents_order ON dirents (parent, id);
 CREATE TABLE xattrs (ino INTEGER NOT NULL, name BLOB NOT NULL, value BLOB NOT NULL,
     PRIMARY KEY (ino, name)) WITHOUT ROWID;
 CREATE TABLE extents (ino INTEGER NOT NULL, off INTEGER NOT NULL, len INTEGER NOT NULL,
@@ -62,8 +70,18 @@ pub fn open_db(path: &std::path::Path, create: bool) -> Result<Connection> {
                 supported: META_VERSION,
             });
         }
+        add_later_indexes(&conn);
     }
     Ok(conn)
+}
+
+/// Creates the [`LATER_INDEXES`] a store made by an older binary lacks.
+/// A failure (a full disk, a read-only store) is not fatal: every query
+/// is still correct without them, only slower.
+fn add_later_indexes(conn: &Connection) {
+    if let Err(e) = conn.execute_batch(LATER_INDEXES) {
+        eprintln!("onecopy: could not add indexes to the metadata database: {e}");
+    }
 }
 
 /// Where a chunk's record sits.
@@ -192,5 +210,42 @@ mod tests {
         drop(db);
         assert!(open_db(&dir.path().join("m.sqlite"), false).is_ok());
         assert!(open_db(&dir.path().join("none.sqlite"), false).is_err());
+    }
+}
+
+#[cfg(test)]
+mod index_tests {
+    use super::*;
+
+    fn readdir_plan(conn: &Connection) -> String {
+        let sql = format!("EXPLAIN QUERY PLAN {}", crate::ns::READDIR_SQL);
+        let mut st = conn.prepare(&sql).unwrap();
+        let rows = st
+            .query_map(rusqlite::params![5, 100, 256], |r| r.get::<_, String>(3))
+            .unwrap();
+        rows.map(|r| r.unwrap()).collect::<Vec<_>>().join("; ")
+    }
+
+    /// readdir walks `dirents_order` and never sorts the whole directory,
+    /// also in a store made before the index existed.
+    #[test]
+    fn readdir_uses_an_index_in_new_and_old_stores() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("meta.sqlite");
+        let conn = open_db(&path, true).unwrap();
+        let plan = readdir_plan(&conn);
+        assert!(
+            plan.contains("dirents_order") && !plan.contains("TEMP B-TREE"),
+            "{plan}"
+        );
+        conn.execute_batch("DROP INDEX dirents_order").unwrap();
+        assert!(readdir_plan(&conn).contains("TEMP B-TREE"));
+        drop(conn);
+        let conn = open_db(&path, false).unwrap();
+        let plan = readdir_plan(&conn);
+        assert!(
+            plan.contains("dirents_order") && !plan.contains("TEMP B-TREE"),
+            "{plan}"
+        );
     }
 }

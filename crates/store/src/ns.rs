@@ -6,7 +6,14 @@ use std::sync::atomic::Ordering;
 use rusqlite::{params, OptionalExtension, Row};
 
 use crate::error::{Result, StoreError};
+
 use crate::store::{time_now, Inner, Store};
+
+/// One batch of a directory's entries after offset `?2`, in `dirents.id`
+/// order (index `dirents_order`: each batch costs O(batch + log n)).
+pub(crate) const READDIR_SQL: &str =
+    "SELECT d.id, d.ino, i.kind, d.name FROM dirents d JOIN inodes i ON i.ino = d.ino
+     WHERE d.parent = ?1 AND d.id > ?2 ORDER BY d.id LIMIT ?3";
 
 /// Kinds of inodes, with their numbers in the `inodes` table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -538,10 +545,7 @@ impl Store {
                 next: 2,
             });
         }
-        let mut st = g.db.prepare_cached(
-            "SELECT d.id, d.ino, i.kind, d.name FROM dirents d JOIN inodes i ON i.ino = d.ino
-             WHERE d.parent = ?1 AND d.id > ?2 ORDER BY d.id LIMIT ?3",
-        )?;
+        let mut st = g.db.prepare_cached(READDIR_SQL)?;
         let rows = st.query_map(params![ino, (offset - 2).max(0), max as i64], |r| {
             Ok(DirEntry {
                 next: r.get::<_, i64>(0)? + 2,

@@ -1,0 +1,354 @@
+//! The inline store under concurrency (issue 11), through a real FUSE
+//! mount: many writers and readers on one file and on many. (Rename and
+//! unlink storms, open-unlink-read, `mmap` writes, parallel gc and
+//! `ENOSPC` during compaction are not written yet.) Every case checks each file against its writer's own
+//! record (the word pattern `id<<48 | gen<<32 | offset/8` of
+//! `store_faults.rs`), the errno or exit code, that nothing panicked,
+//! that fsck is clean and that a remount serves the same bytes. Needs
+//! root and /dev/fuse.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use onecopy_testfs::is_root;
+
+const BIN: &str = env!("CARGO_BIN_EXE_onecopy");
+
+fn onecopy(args: &[&str]) -> Output {
+    let out = Command::new(BIN).args(args).output().expect("run onecopy");
+    no_panic(&String::from_utf8_lossy(&out.stderr), args);
+    out
+}
+
+fn no_panic(stderr: &str, what: impl std::fmt::Debug) {
+    assert!(!stderr.contains("panicked"), "{what:?} panicked: {stderr}");
+}
+
+fn can_fuse() -> bool {
+    if !is_root() || !Path::new("/dev/fuse").exists() {
+        eprintln!("skipped: needs root and /dev/fuse");
+        return false;
+    }
+    true
+}
+
+/// xorshift64*, seeded per test (`ONECOPY_FAULT_SEED` replays).
+struct Rng(u64);
+
+impl Rng {
+    fn seeded(what: &str) -> Rng {
+        Rng(onecopy_testfs::seed::replayable("ONECOPY_FAULT_SEED", what) | 1)
+    }
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+struct Scratch {
+    _tmp: tempfile::TempDir,
+    store: PathBuf,
+    mnt: PathBuf,
+}
+
+fn scratch_in(parent: &Path, init_args: &[&str]) -> Scratch {
+    let tmp = tempfile::tempdir_in(parent).unwrap();
+    let store = tmp.path().join("store");
+    let mnt = tmp.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let mut args = vec!["store", "init", store.to_str().unwrap()];
+    args.extend_from_slice(init_args);
+    let out = onecopy(&args);
+    assert!(out.status.success(), "{out:?}");
+    Scratch {
+        _tmp: tmp,
+        store,
+        mnt,
+    }
+}
+
+fn scratch(init_args: &[&str]) -> Scratch {
+    std::fs::create_dir_all("/var/tmp/store-tests").unwrap();
+    scratch_in(Path::new("/var/tmp/store-tests"), init_args)
+}
+
+fn is_mounted(mnt: &Path) -> bool {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let m = mnt.to_str().unwrap();
+    info.lines().any(|l| l.split(' ').nth(4) == Some(m))
+}
+
+/// A foreground mount process whose stderr is kept (checked for panics).
+struct Mount {
+    child: Option<Child>,
+    mnt: PathBuf,
+    stderr: PathBuf,
+}
+
+impl Mount {
+    fn new(s: &Scratch) -> Mount {
+        let stderr = s.store.with_extension("mount-stderr");
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(&stderr)
+            .unwrap();
+        let child = Command::new(BIN)
+            .args(["mount", "-f"])
+            .arg(&s.store)
+            .arg(&s.mnt)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let t = Instant::now();
+        while !is_mounted(&s.mnt) {
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "mount did not appear: {}",
+                std::fs::read_to_string(&stderr).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Mount {
+            child: Some(child),
+            mnt: s.mnt.clone(),
+            stderr,
+        }
+    }
+
+    fn unmount(mut self) {
+        let st = Command::new("fusermount3")
+            .arg("-u")
+            .arg(&self.mnt)
+            .status()
+            .unwrap();
+        assert!(st.success(), "fusermount3 -u");
+        let st = self.child.take().unwrap().wait().unwrap();
+        let text = std::fs::read_to_string(&self.stderr).unwrap_or_default();
+        no_panic(&text, "mount");
+        assert!(st.success(), "mount process exited with {st}: {text}");
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("fusermount3")
+                .args(["-u", "-z"])
+                .arg(&self.mnt)
+                .status();
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn fsck_clean(store: &Path) {
+    let out = onecopy(&["store", "fsck", store.to_str().unwrap()]);
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("0 problems"),
+        "fsck found problems: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The 8-byte word written at offset `off` of file `id` in generation
+/// `gen`: a byte that was never written to the file is found anywhere.
+fn word(id: u64, gen: u64, off: u64) -> [u8; 8] {
+    (id << 48 | (gen & 0xffff) << 32 | (off / 8) & 0xffff_ffff).to_le_bytes()
+}
+
+fn pattern(id: u64, gen: u64, off: u64, len: u64) -> Vec<u8> {
+    (0..len / 8)
+        .flat_map(|i| word(id, gen, off + i * 8))
+        .collect()
+}
+
+/// Offset of the first word of `data` (read at file offset `at`) that is
+/// neither zero nor one of `owner(offset)`'s own words there.
+fn foreign_word(data: &[u8], at: u64, owner: impl Fn(u64) -> u64) -> Option<u64> {
+    data.chunks_exact(8).enumerate().find_map(|(i, w)| {
+        let v = u64::from_le_bytes(w.try_into().unwrap());
+        let off = at + i as u64 * 8;
+        let ok = v == 0 || (v >> 48 == owner(off) && v & 0xffff_ffff == off / 8);
+        (!ok).then_some(off)
+    })
+}
+
+// ---------------------------------------------------------------------
+// Many writers and readers on one file and on many.
+// ---------------------------------------------------------------------
+
+const WRITERS: u64 = 8;
+/// Writer `w` owns the stripes `k * WRITERS + w` of the shared file; a
+/// stripe is not a multiple of the 64 KiB chunk, so writers share chunks.
+const STRIPE: u64 = 24 << 10;
+const STRIPES_EACH: u64 = 12;
+const SHARED_ID: u64 = 1000;
+
+fn stripe_owner(off: u64) -> u64 {
+    SHARED_ID + (off / STRIPE) % WRITERS
+}
+
+/// What one writer left: its own file's bytes, and its stripes of the
+/// shared file by offset.
+type WriterLog = (Vec<u8>, BTreeMap<u64, Vec<u8>>);
+
+/// Writer `w`'s loop: rewrites its stripes of `shared` and its own file
+/// `own-w` (overwrites, appends, truncates), fsyncs now and then and
+/// checks after each step that its own ranges read as it last wrote them.
+/// Returns the final content of `own-w` and of its stripes.
+fn writer(mnt: &Path, w: u64, rounds: u64, seed: u64) -> WriterLog {
+    let mut rng = Rng(seed | 1);
+    let shared = File::options()
+        .read(true)
+        .write(true)
+        .open(mnt.join("shared"))
+        .unwrap();
+    let own_path = mnt.join(format!("own-{w}"));
+    let own = File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&own_path)
+        .unwrap();
+    let mut own_log: Vec<u8> = Vec::new();
+    let mut stripes = BTreeMap::new();
+    for gen in 1..=rounds {
+        let k = rng.below(STRIPES_EACH);
+        let off = (k * WRITERS + w) * STRIPE;
+        let data = pattern(SHARED_ID + w, gen, off, STRIPE);
+        shared.write_all_at(&data, off).unwrap();
+        stripes.insert(off, data);
+        // own file: overwrite or append, sometimes truncate
+        let id = w + 1;
+        if rng.below(8) == 0 {
+            let to = rng.below(own_log.len() as u64 + 1) & !7;
+            own.set_len(to).unwrap();
+            own_log.truncate(to as usize);
+        } else {
+            let off = rng.below(own_log.len() as u64 + 1) & !7;
+            let len = (1 + rng.below(40_000)) * 8;
+            let data = pattern(id, gen, off, len);
+            own.write_all_at(&data, off).unwrap();
+            let end = (off + len) as usize;
+            if own_log.len() < end {
+                own_log.resize(end, 0);
+            }
+            own_log[off as usize..end].copy_from_slice(&data);
+        }
+        if rng.below(6) == 0 {
+            own.sync_all().unwrap();
+            shared.sync_data().unwrap();
+        }
+        check_own(&shared, &own, &stripes, &own_log, w, gen);
+    }
+    (own_log, stripes)
+}
+
+fn check_own(
+    shared: &File,
+    own: &File,
+    stripes: &BTreeMap<u64, Vec<u8>>,
+    own_log: &[u8],
+    w: u64,
+    gen: u64,
+) {
+    for (off, want) in stripes {
+        let mut got = vec![0u8; want.len()];
+        shared.read_exact_at(&mut got, *off).unwrap();
+        assert!(got == *want, "writer {w} gen {gen}: shared@{off} differs");
+    }
+    assert_eq!(own.metadata().unwrap().len(), own_log.len() as u64);
+    let mut got = vec![0u8; own_log.len()];
+    own.read_exact_at(&mut got, 0).unwrap();
+    assert!(got == own_log, "writer {w} gen {gen}: own file differs");
+}
+
+/// Readers of the shared file: every word is zero or the word its
+/// stripe's owner writes at that offset, whatever the interleaving.
+fn reader(mnt: &Path, stop: &AtomicBool, reads: &AtomicU64) {
+    let f = File::open(mnt.join("shared")).unwrap();
+    let len = STRIPES_EACH * WRITERS * STRIPE;
+    let mut rng = Rng(reads.fetch_add(1, Ordering::SeqCst) * 7919 + 17);
+    while !stop.load(Ordering::SeqCst) {
+        let at = rng.below(len) & !7;
+        let mut buf = vec![0u8; (len - at).min(300 << 10) as usize];
+        let n = f.read_at(&mut buf, at).unwrap();
+        if let Some(bad) = foreign_word(&buf[..n & !7], at, stripe_owner) {
+            panic!("reader: shared@{bad} holds a word nobody wrote there");
+        }
+        reads.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+fn check_writers_results(mnt: &Path, results: &[WriterLog], when: &str) {
+    let shared = std::fs::read(mnt.join("shared")).unwrap();
+    assert_eq!(
+        shared.len() as u64,
+        STRIPES_EACH * WRITERS * STRIPE,
+        "{when}"
+    );
+    if let Some(bad) = foreign_word(&shared, 0, stripe_owner) {
+        panic!("{when}: shared@{bad} holds a word nobody wrote there");
+    }
+    for (w, (own, stripes)) in results.iter().enumerate() {
+        let got = std::fs::read(mnt.join(format!("own-{w}"))).unwrap();
+        assert!(got == *own, "{when}: own-{w} differs from its writer's log");
+        for (off, want) in stripes {
+            let got = &shared[*off as usize..*off as usize + want.len()];
+            assert!(got == want.as_slice(), "{when}: shared@{off} (writer {w})");
+        }
+    }
+}
+
+#[test]
+fn many_writers_and_readers_on_one_file_and_on_many() {
+    if !can_fuse() {
+        return;
+    }
+    let mut rng = Rng::seeded("writers");
+    let s = scratch(&[]);
+    let m = Mount::new(&s);
+    let shared = File::create(s.mnt.join("shared")).unwrap();
+    shared.set_len(STRIPES_EACH * WRITERS * STRIPE).unwrap();
+    drop(shared);
+    let stop = AtomicBool::new(false);
+    let reads = AtomicU64::new(0);
+    let seeds: Vec<u64> = (0..WRITERS).map(|_| rng.next()).collect();
+    let results = std::thread::scope(|sc| {
+        let readers: Vec<_> = (0..2)
+            .map(|_| sc.spawn(|| reader(&s.mnt, &stop, &reads)))
+            .collect();
+        let writers: Vec<_> = (0..WRITERS)
+            .map(|w| {
+                let (mnt, seed) = (&s.mnt, seeds[w as usize]);
+                sc.spawn(move || writer(mnt, w, 30, seed))
+            })
+            .collect();
+        let r: Vec<_> = writers.into_iter().map(|h| h.join().unwrap()).collect();
+        stop.store(true, Ordering::SeqCst);
+        readers.into_iter().for_each(|h| h.join().unwrap());
+        r
+    });
+    assert!(reads.load(Ordering::SeqCst) > 2, "the readers never ran");
+    check_writers_results(&s.mnt, &results, "mounted");
+    m.unmount();
+    fsck_clean(&s.store);
+    let m = Mount::new(&s);
+    check_writers_results(&s.mnt, &results, "remounted");
+    m.unmount();
+}

@@ -8,16 +8,13 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use onecopy_testfs::{checksum_file, checksum_tree, is_root, write_random};
+use onecopy_testfs::{checksum_file, checksum_tree, write_random};
 
-const BIN: &str = env!("CARGO_BIN_EXE_onecopy");
-
-fn onecopy(args: &[&str]) -> Output {
-    Command::new(BIN).args(args).output().expect("run onecopy")
-}
+mod store_common;
+use store_common::*;
 
 fn run(cmd: &str, args: &[&str], dir: Option<&Path>) -> Output {
     let mut c = Command::new(cmd);
@@ -33,135 +30,6 @@ fn run(cmd: &str, args: &[&str], dir: Option<&Path>) -> Output {
         String::from_utf8_lossy(&out.stderr)
     );
     out
-}
-
-fn can_fuse() -> bool {
-    if !is_root() || !Path::new("/dev/fuse").exists() {
-        eprintln!("skipped: needs root and /dev/fuse");
-        return false;
-    }
-    true
-}
-
-/// A store in a scratch directory, and its mount point.
-struct Scratch {
-    _tmp: tempfile::TempDir,
-    store: PathBuf,
-    mnt: PathBuf,
-}
-
-fn scratch(init_args: &[&str]) -> Scratch {
-    std::fs::create_dir_all("/var/tmp/store-tests").unwrap();
-    let tmp = tempfile::tempdir_in("/var/tmp/store-tests").unwrap();
-    let store = tmp.path().join("store");
-    let mnt = tmp.path().join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
-    let mut args = vec!["store", "init", store.to_str().unwrap()];
-    args.extend_from_slice(init_args);
-    let out = onecopy(&args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Scratch {
-        _tmp: tmp,
-        store,
-        mnt,
-    }
-}
-
-fn is_mounted(mnt: &Path) -> bool {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let m = mnt.to_str().unwrap();
-    info.lines().any(|l| l.split(' ').nth(4) == Some(m))
-}
-
-/// A foreground mount process (so a test can kill it).
-struct Mount {
-    child: Option<Child>,
-    mnt: PathBuf,
-}
-
-impl Mount {
-    fn new(s: &Scratch) -> Mount {
-        let child = Command::new(BIN)
-            .args(["mount", "-f"])
-            .arg(&s.store)
-            .arg(&s.mnt)
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        let t = Instant::now();
-        while !is_mounted(&s.mnt) {
-            assert!(
-                t.elapsed() < Duration::from_secs(30),
-                "mount did not appear"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Mount {
-            child: Some(child),
-            mnt: s.mnt.clone(),
-        }
-    }
-
-    /// Unmounts and waits for the process to commit and exit.
-    fn unmount(mut self) {
-        let st = Command::new("fusermount3")
-            .arg("-u")
-            .arg(&self.mnt)
-            .status()
-            .unwrap();
-        assert!(st.success(), "fusermount3 -u");
-        let st = self.child.take().unwrap().wait().unwrap();
-        assert!(st.success(), "mount process exited with {st}");
-    }
-
-    /// kill -9 of the mount process; the dead mount is detached.
-    fn kill(mut self) {
-        let mut c = self.child.take().unwrap();
-        c.kill().unwrap();
-        c.wait().unwrap();
-        let _ = Command::new("fusermount3")
-            .args(["-u", "-z"])
-            .arg(&self.mnt)
-            .status();
-        assert!(!is_mounted(&self.mnt));
-    }
-}
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = Command::new("fusermount3")
-                .args(["-u", "-z"])
-                .arg(&self.mnt)
-                .status();
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn stats(store: &Path) -> serde_json::Value {
-    let out = onecopy(&["store", "stats", store.to_str().unwrap(), "--json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
-fn fsck_clean(store: &Path) {
-    let out = onecopy(&["store", "fsck", store.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "fsck found problems: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// A source tree of real files: this repository's crates, plus large

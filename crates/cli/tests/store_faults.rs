@@ -13,191 +13,15 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use onecopy_testfs::{is_root, FsKind, LoopFs};
+use onecopy_testfs::{FsKind, LoopFs};
 
-const BIN: &str = env!("CARGO_BIN_EXE_onecopy");
-
-fn onecopy(args: &[&str]) -> Output {
-    let out = Command::new(BIN).args(args).output().expect("run onecopy");
-    no_panic(&String::from_utf8_lossy(&out.stderr), args);
-    out
-}
-
-fn no_panic(stderr: &str, what: impl std::fmt::Debug) {
-    assert!(!stderr.contains("panicked"), "{what:?} panicked: {stderr}");
-}
-
-fn can_fuse() -> bool {
-    if !is_root() || !Path::new("/dev/fuse").exists() {
-        eprintln!("skipped: needs root and /dev/fuse");
-        return false;
-    }
-    true
-}
-
-/// A small deterministic generator (xorshift64*), seeded per test so a
-/// failure can be replayed with `ONECOPY_FAULT_SEED`.
-struct Rng(u64);
-
-impl Rng {
-    fn seeded(what: &str) -> Rng {
-        Rng(onecopy_testfs::seed::replayable("ONECOPY_FAULT_SEED", what) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
-
-/// A store in a scratch directory and its mount point.
-struct Scratch {
-    _tmp: tempfile::TempDir,
-    store: PathBuf,
-    mnt: PathBuf,
-}
-
-fn scratch_in(parent: &Path, init_args: &[&str]) -> Scratch {
-    let tmp = tempfile::tempdir_in(parent).unwrap();
-    let store = tmp.path().join("store");
-    let mnt = tmp.path().join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
-    let mut args = vec!["store", "init", store.to_str().unwrap()];
-    args.extend_from_slice(init_args);
-    let out = onecopy(&args);
-    assert!(out.status.success(), "{out:?}");
-    Scratch {
-        _tmp: tmp,
-        store,
-        mnt,
-    }
-}
-
-fn scratch(init_args: &[&str]) -> Scratch {
-    std::fs::create_dir_all("/var/tmp/store-tests").unwrap();
-    scratch_in(Path::new("/var/tmp/store-tests"), init_args)
-}
-
-fn is_mounted(mnt: &Path) -> bool {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let m = mnt.to_str().unwrap();
-    info.lines().any(|l| l.split(' ').nth(4) == Some(m))
-}
-
-/// A foreground mount process whose stderr is kept (checked for panics).
-struct Mount {
-    child: Option<Child>,
-    mnt: PathBuf,
-    stderr: PathBuf,
-}
-
-impl Mount {
-    fn new(s: &Scratch) -> Mount {
-        Self::with_args(s, &[])
-    }
-
-    fn with_args(s: &Scratch, extra: &[&str]) -> Mount {
-        let stderr = s.store.with_extension("mount-stderr");
-        let child = Command::new(BIN)
-            .args(["mount", "-f"])
-            .args(extra)
-            .arg(&s.store)
-            .arg(&s.mnt)
-            .stdout(Stdio::null())
-            .stderr(
-                File::options()
-                    .create(true)
-                    .append(true)
-                    .open(&stderr)
-                    .unwrap(),
-            )
-            .spawn()
-            .unwrap();
-        let t = Instant::now();
-        while !is_mounted(&s.mnt) {
-            assert!(
-                t.elapsed() < Duration::from_secs(30),
-                "mount did not appear: {}",
-                std::fs::read_to_string(&stderr).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Mount {
-            child: Some(child),
-            mnt: s.mnt.clone(),
-            stderr,
-        }
-    }
-
-    fn check_stderr(&self) {
-        no_panic(
-            &std::fs::read_to_string(&self.stderr).unwrap_or_default(),
-            "mount",
-        );
-    }
-
-    fn unmount(mut self) {
-        let st = Command::new("fusermount3")
-            .arg("-u")
-            .arg(&self.mnt)
-            .status()
-            .unwrap();
-        assert!(st.success(), "fusermount3 -u");
-        let st = self.child.take().unwrap().wait().unwrap();
-        self.check_stderr();
-        assert!(st.success(), "mount process exited with {st}");
-    }
-
-    fn kill(mut self) {
-        let mut c = self.child.take().unwrap();
-        c.kill().unwrap();
-        c.wait().unwrap();
-        let _ = Command::new("fusermount3")
-            .args(["-u", "-z"])
-            .arg(&self.mnt)
-            .status();
-        self.check_stderr();
-        assert!(!is_mounted(&self.mnt));
-    }
-}
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = Command::new("fusermount3")
-                .args(["-u", "-z"])
-                .arg(&self.mnt)
-                .status();
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn fsck_clean(store: &Path) {
-    let out = onecopy(&["store", "fsck", store.to_str().unwrap()]);
-    assert!(
-        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("0 problems"),
-        "fsck found problems: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn stats(store: &Path) -> serde_json::Value {
-    let out = onecopy(&["store", "stats", store.to_str().unwrap(), "--json"]);
-    assert!(out.status.success(), "{out:?}");
-    serde_json::from_slice(&out.stdout).unwrap()
-}
+mod store_common;
+use store_common::*;
 
 fn container_bytes_on_disk(store: &Path) -> u64 {
     let mut n = 0;
@@ -219,16 +43,6 @@ fn container_bytes_on_disk(store: &Path) -> u64 {
 // offset, so a byte never written to the file is detected wherever it
 // lands. Offsets and lengths are multiples of 8.
 // ---------------------------------------------------------------------
-
-fn word(id: u64, gen: u64, off: u64) -> [u8; 8] {
-    (id << 48 | (gen & 0xffff) << 32 | (off / 8) & 0xffff_ffff).to_le_bytes()
-}
-
-fn pattern(id: u64, gen: u64, off: u64, len: u64) -> Vec<u8> {
-    (0..len / 8)
-        .flat_map(|i| word(id, gen, off + i * 8))
-        .collect()
-}
 
 /// A word that is neither zero nor this file's own word at `off`.
 fn foreign_word(id: u64, data: &[u8]) -> Option<u64> {

@@ -10,154 +10,17 @@
 
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::time::Instant;
 
-use onecopy_testfs::is_root;
-
-const BIN: &str = env!("CARGO_BIN_EXE_onecopy");
-
-fn onecopy(args: &[&str]) -> Output {
-    let out = Command::new(BIN).args(args).output().expect("run onecopy");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
-    out
-}
-
-fn can_fuse() -> bool {
-    if !is_root() || !Path::new("/dev/fuse").exists() {
-        eprintln!("skipped: needs root and /dev/fuse");
-        return false;
-    }
-    true
-}
+mod store_common;
+use store_common::*;
 
 fn env_count(var: &str, default: u64) -> u64 {
     std::env::var(var)
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-/// A store in a scratch directory under /var/tmp and its mount point.
-struct Scratch {
-    _tmp: tempfile::TempDir,
-    store: PathBuf,
-    mnt: PathBuf,
-}
-
-fn scratch() -> Scratch {
-    std::fs::create_dir_all("/var/tmp/store-tests").unwrap();
-    let tmp = tempfile::tempdir_in("/var/tmp/store-tests").unwrap();
-    let store = tmp.path().join("store");
-    let mnt = tmp.path().join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
-    let out = onecopy(&["store", "init", store.to_str().unwrap()]);
-    assert!(out.status.success(), "{out:?}");
-    Scratch {
-        _tmp: tmp,
-        store,
-        mnt,
-    }
-}
-
-fn is_mounted(mnt: &Path) -> bool {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let m = mnt.to_str().unwrap();
-    info.lines().any(|l| l.split(' ').nth(4) == Some(m))
-}
-
-/// A foreground mount process; its stderr is checked for panics.
-struct Mount {
-    child: Option<Child>,
-    mnt: PathBuf,
-    stderr: PathBuf,
-}
-
-impl Mount {
-    fn new(s: &Scratch) -> Mount {
-        let stderr = s.store.with_extension("mount-stderr");
-        let child = Command::new(BIN)
-            .args(["mount", "-f"])
-            .arg(&s.store)
-            .arg(&s.mnt)
-            .stdout(Stdio::null())
-            .stderr(
-                std::fs::File::options()
-                    .create(true)
-                    .append(true)
-                    .open(&stderr)
-                    .unwrap(),
-            )
-            .spawn()
-            .unwrap();
-        let t = Instant::now();
-        while !is_mounted(&s.mnt) {
-            assert!(
-                t.elapsed() < Duration::from_secs(60),
-                "mount did not appear"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Mount {
-            child: Some(child),
-            mnt: s.mnt.clone(),
-            stderr,
-        }
-    }
-
-    /// The mount process's peak resident set (VmHWM), in KiB.
-    fn peak_rss_kib(&self) -> u64 {
-        let pid = self.child.as_ref().unwrap().id();
-        let st = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-        st.lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
-            .and_then(|v| v.split_whitespace().next()?.parse().ok())
-            .unwrap()
-    }
-
-    fn unmount(mut self) {
-        let st = Command::new("fusermount3")
-            .arg("-u")
-            .arg(&self.mnt)
-            .status()
-            .unwrap();
-        assert!(st.success(), "fusermount3 -u");
-        let st = self.child.take().unwrap().wait().unwrap();
-        let err = std::fs::read_to_string(&self.stderr).unwrap_or_default();
-        assert!(!err.contains("panicked"), "mount panicked: {err}");
-        assert!(st.success(), "mount process exited with {st}");
-    }
-}
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = Command::new("fusermount3")
-                .args(["-u", "-z"])
-                .arg(&self.mnt)
-                .status();
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn fsck_clean(store: &Path) {
-    let out = onecopy(&["store", "fsck", store.to_str().unwrap()]);
-    assert!(
-        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("0 problems"),
-        "fsck found problems: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn stats(store: &Path) -> serde_json::Value {
-    let out = onecopy(&["store", "stats", store.to_str().unwrap(), "--json"]);
-    assert!(out.status.success(), "{out:?}");
-    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 /// Prints how long a phase took and returns its result.
@@ -338,7 +201,7 @@ fn directory_with_very_many_entries() {
     }
     let n = env_count("ONECOPY_SCALE_ENTRIES", 100_000);
     eprintln!("directory of {n} entries");
-    let s = scratch();
+    let s = scratch(&[]);
     let m = Mount::new(&s);
     let big = s.mnt.join("big");
     std::fs::create_dir(&big).unwrap();
@@ -455,7 +318,7 @@ fn tree_ten_thousand_levels_deep() {
     }
     let depth = env_count("ONECOPY_SCALE_DEPTH", 10_000);
     eprintln!("tree of {depth} levels");
-    let s = scratch();
+    let s = scratch(&[]);
     let m = Mount::new(&s);
     let root = open_dir(libc::AT_FDCWD, &c(s.mnt.to_str().unwrap()));
     timed("build", || build_deep(root.as_raw_fd(), depth));

@@ -1,0 +1,216 @@
+//! What the store's integration tests share: running `onecopy`, a store
+//! in a scratch directory, a foreground mount (its stderr checked for
+//! panics), a replayable random source, fsck and stats. Each test file
+//! uses part of it.
+#![allow(dead_code)]
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use onecopy_testfs::is_root;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_onecopy");
+
+pub fn onecopy(args: &[&str]) -> Output {
+    let out = Command::new(BIN).args(args).output().expect("run onecopy");
+    no_panic(&String::from_utf8_lossy(&out.stderr), args);
+    out
+}
+
+pub fn no_panic(stderr: &str, what: impl std::fmt::Debug) {
+    assert!(!stderr.contains("panicked"), "{what:?} panicked: {stderr}");
+}
+
+pub fn can_fuse() -> bool {
+    if !is_root() || !Path::new("/dev/fuse").exists() {
+        eprintln!("skipped: needs root and /dev/fuse");
+        return false;
+    }
+    true
+}
+
+/// A small deterministic generator (xorshift64*), seeded per test so a
+/// failure can be replayed with `ONECOPY_FAULT_SEED`.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn seeded(what: &str) -> Rng {
+        Rng(onecopy_testfs::seed::replayable("ONECOPY_FAULT_SEED", what) | 1)
+    }
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// A store in a scratch directory and its mount point.
+pub struct Scratch {
+    _tmp: tempfile::TempDir,
+    pub store: PathBuf,
+    pub mnt: PathBuf,
+}
+
+pub fn scratch_in(parent: &Path, init_args: &[&str]) -> Scratch {
+    let tmp = tempfile::tempdir_in(parent).unwrap();
+    let store = tmp.path().join("store");
+    let mnt = tmp.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let mut args = vec!["store", "init", store.to_str().unwrap()];
+    args.extend_from_slice(init_args);
+    let out = onecopy(&args);
+    assert!(out.status.success(), "{out:?}");
+    Scratch {
+        _tmp: tmp,
+        store,
+        mnt,
+    }
+}
+
+pub fn scratch(init_args: &[&str]) -> Scratch {
+    std::fs::create_dir_all("/var/tmp/store-tests").unwrap();
+    scratch_in(Path::new("/var/tmp/store-tests"), init_args)
+}
+
+pub fn is_mounted(mnt: &Path) -> bool {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let m = mnt.to_str().unwrap();
+    info.lines().any(|l| l.split(' ').nth(4) == Some(m))
+}
+
+/// A foreground mount process whose stderr is kept (checked for panics).
+pub struct Mount {
+    child: Option<Child>,
+    pub mnt: PathBuf,
+    stderr: PathBuf,
+}
+
+impl Mount {
+    pub fn new(s: &Scratch) -> Mount {
+        Self::with_args(s, &[])
+    }
+
+    pub fn with_args(s: &Scratch, extra: &[&str]) -> Mount {
+        let stderr = s.store.with_extension("mount-stderr");
+        let child = Command::new(BIN)
+            .args(["mount", "-f"])
+            .args(extra)
+            .arg(&s.store)
+            .arg(&s.mnt)
+            .stdout(Stdio::null())
+            .stderr(
+                File::options()
+                    .create(true)
+                    .append(true)
+                    .open(&stderr)
+                    .unwrap(),
+            )
+            .spawn()
+            .unwrap();
+        let t = Instant::now();
+        while !is_mounted(&s.mnt) {
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "mount did not appear: {}",
+                std::fs::read_to_string(&stderr).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Mount {
+            child: Some(child),
+            mnt: s.mnt.clone(),
+            stderr,
+        }
+    }
+
+    /// The mount process's peak resident set (VmHWM), in KiB.
+    pub fn peak_rss_kib(&self) -> u64 {
+        let pid = self.child.as_ref().unwrap().id();
+        let st = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        st.lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap()
+    }
+
+    fn check_stderr(&self) {
+        no_panic(
+            &std::fs::read_to_string(&self.stderr).unwrap_or_default(),
+            "mount",
+        );
+    }
+
+    pub fn unmount(mut self) {
+        let st = Command::new("fusermount3")
+            .arg("-u")
+            .arg(&self.mnt)
+            .status()
+            .unwrap();
+        assert!(st.success(), "fusermount3 -u");
+        let st = self.child.take().unwrap().wait().unwrap();
+        self.check_stderr();
+        assert!(st.success(), "mount process exited with {st}");
+    }
+
+    pub fn kill(mut self) {
+        let mut c = self.child.take().unwrap();
+        c.kill().unwrap();
+        c.wait().unwrap();
+        let _ = Command::new("fusermount3")
+            .args(["-u", "-z"])
+            .arg(&self.mnt)
+            .status();
+        self.check_stderr();
+        assert!(!is_mounted(&self.mnt));
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("fusermount3")
+                .args(["-u", "-z"])
+                .arg(&self.mnt)
+                .status();
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+pub fn fsck_clean(store: &Path) {
+    let out = onecopy(&["store", "fsck", store.to_str().unwrap()]);
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("0 problems"),
+        "fsck found problems: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+pub fn stats(store: &Path) -> serde_json::Value {
+    let out = onecopy(&["store", "stats", store.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{out:?}");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The 8-byte word written at offset `off` of file `id` in generation
+/// `gen` by the fault and concurrency tests: a word read back is zero or
+/// carries its file's id and its own offset, so a byte that was never
+/// written to the file is found wherever it lands.
+pub fn word(id: u64, gen: u64, off: u64) -> [u8; 8] {
+    (id << 48 | (gen & 0xffff) << 32 | (off / 8) & 0xffff_ffff).to_le_bytes()
+}
+
+/// `len / 8` words of file `id`, generation `gen`, from offset `off`.
+pub fn pattern(id: u64, gen: u64, off: u64, len: u64) -> Vec<u8> {
+    (0..len / 8)
+        .flat_map(|i| word(id, gen, off + i * 8))
+        .collect()
+}

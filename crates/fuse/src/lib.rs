@@ -76,10 +76,18 @@ pub fn serve_store(
     let committer = {
         let (store, stop) = (store.clone(), stop.clone());
         std::thread::spawn(move || {
+            // The same error every second (a poisoned store fails every
+            // commit until remounted) is reported once.
+            let mut last = String::new();
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 std::thread::sleep(Duration::from_secs(1));
-                if let Err(e) = store.flush_all(false) {
-                    eprintln!("onecopy: periodic commit failed: {e}");
+                match store.flush_all(false) {
+                    Err(e) if e.to_string() != last => {
+                        last = e.to_string();
+                        eprintln!("onecopy: periodic commit failed: {last}");
+                    }
+                    Err(_) => {}
+                    Ok(()) => last.clear(),
                 }
             }
         })

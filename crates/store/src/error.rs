@@ -58,6 +58,11 @@ pub enum StoreError {
     TooBig,
     #[error("no space left on device")]
     NoSpace,
+    #[error(
+        "container {container}: a sync failed earlier ({why}); nothing is committed until \
+         the store is reopened (unmount and mount again: the last commit is replayed)"
+    )]
+    Poisoned { container: u64, why: String },
 }
 
 impl StoreError {

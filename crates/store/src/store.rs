@@ -35,6 +35,33 @@ pub(crate) struct Inner {
     pub open_count: HashMap<u64, u32>,
     pub writer: Writer,
     pub counters: WriteCounters,
+    /// Set when a container sync failed. The kernel may have dropped the
+    /// pages it could not write while a later sync of the same file
+    /// succeeds (its error is reported once), so the open transaction,
+    /// which may reference those bytes, must never commit: every later
+    /// commit (and so every `fsync`) fails with `EIO` until the store is
+    /// reopened, which replays the last good commit.
+    pub poisoned: Option<Poison>,
+}
+
+/// Why the store stopped committing (see [`Inner::poisoned`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Poison {
+    pub container: u64,
+    pub why: String,
+}
+
+impl Inner {
+    /// `Err` once a container sync has failed (see [`Inner::poisoned`]).
+    fn check_poison(&self) -> Result<()> {
+        match &self.poisoned {
+            Some(p) => Err(StoreError::Poisoned {
+                container: p.container,
+                why: p.why.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
 }
 
 /// The open container chunks are appended to.
@@ -188,6 +215,7 @@ impl Store {
                 open_count: HashMap::new(),
                 writer,
                 counters,
+                poisoned: None,
             }),
             cache: ChunkCache::new(CACHE_BYTES),
             has_caps: AtomicBool::new(has_caps),
@@ -216,9 +244,13 @@ impl Store {
     /// writers do not wait for the disk); with `durable` the commit itself
     /// is too (synchronous=FULL), as `fsync` requires.
     pub fn commit(&self, durable: bool) -> Result<()> {
-        let pending: Vec<u64> = self.lock().writer.unsynced.iter().copied().collect();
+        let pending: Vec<u64> = {
+            let g = self.lock();
+            g.check_poison()?;
+            g.writer.unsynced.iter().copied().collect()
+        };
         for id in pending {
-            self.containers.sync(id)?;
+            self.sync_container(id)?;
         }
         let mut g = self.lock();
         self.commit_locked(&mut g, durable)
@@ -246,12 +278,33 @@ impl Store {
         r
     }
 
+    /// Syncs container `id`; a failure poisons the store (see
+    /// [`Inner::poisoned`]).
+    fn sync_container(&self, id: u64) -> Result<()> {
+        self.containers.sync(id).inspect_err(|e| {
+            let mut g = self.lock();
+            if g.poisoned.is_none() {
+                g.poisoned = Some(Poison {
+                    container: id,
+                    why: e.to_string(),
+                });
+            }
+        })
+    }
+
     fn commit_and_begin(&self, g: &mut Inner, durable: bool) -> Result<()> {
-        // An id leaves `unsynced` only once its sync succeeded: a failed
-        // sync (ENOSPC, EIO) must fail every later commit's sync too,
-        // never let it commit metadata over unsynced bytes.
+        // A failed sync (ENOSPC, EIO) poisons the store: the bytes it
+        // should have made durable may be gone even if a later sync of
+        // the same container succeeds, so nothing is committed again.
+        g.check_poison()?;
         while let Some(&id) = g.writer.unsynced.first() {
-            self.containers.sync(id)?;
+            if let Err(e) = self.containers.sync(id) {
+                g.poisoned = Some(Poison {
+                    container: id,
+                    why: e.to_string(),
+                });
+                return Err(e);
+            }
             g.writer.unsynced.remove(&id);
         }
         let (id, len) = (g.writer.id, g.writer.len);

@@ -276,3 +276,45 @@ fn minimal_acl_sets_the_mode() {
         .setxattr(a, b"system.posix_acl_access", b"junk", false, false)
         .is_err());
 }
+
+/// Two gcs at once (two `store gc` on one mount run in two threads of
+/// the mount process) both succeed, lose nothing and leave no leak.
+#[test]
+fn concurrent_gcs_both_succeed() {
+    let (_d, s) = new_store("fixed:16K", "none");
+    let mut keep = Vec::new();
+    for round in 0..12u64 {
+        for i in 0..6u64 {
+            let name = format!("f{round}-{i}");
+            let data = pseudo(200_000, round * 100 + i);
+            let ino = file(&s, &name, &data);
+            if i % 3 == 0 {
+                keep.push((ino, data));
+            } else {
+                s.unlink(1, name.as_bytes()).unwrap();
+            }
+        }
+        let (a, b) = std::thread::scope(|sc| {
+            let a = sc.spawn(|| s.gc());
+            let b = s.gc();
+            (a.join().unwrap(), b)
+        });
+        a.unwrap_or_else(|e| panic!("round {round}: first gc: {e}"));
+        b.unwrap_or_else(|e| panic!("round {round}: second gc: {e}"));
+        for (ino, data) in &keep {
+            assert!(read_all(&s, *ino) == *data, "round {round}: ino {ino}");
+        }
+    }
+    assert!(s.fsck(false).unwrap().problems.is_empty());
+    s.gc().unwrap();
+    assert_eq!(s.stats().unwrap().unreferenced_chunks, 0);
+    for e in s.readdir(1, 0, usize::MAX).unwrap() {
+        if e.name != b"." && e.name != b".." {
+            s.unlink(1, &e.name).unwrap();
+        }
+    }
+    s.gc().unwrap();
+    let st = s.stats().unwrap();
+    assert_eq!((st.chunks, st.stored_bytes), (0, 0), "leak: {st:?}");
+    assert!(st.containers <= 1, "{st:?}");
+}

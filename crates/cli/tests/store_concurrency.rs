@@ -1,7 +1,7 @@
 //! The inline store under concurrency (issue 11), through a real FUSE
-//! mount: many writers and readers on one file and on many. (Rename and
+//! mount: many writers and readers on one file and on many (rename and
 //! unlink storms, open-unlink-read, `mmap` writes, parallel gc and
-//! `ENOSPC` during compaction are not written yet.) Every case checks each file against its writer's own
+//! `ENOSPC` during compaction are in `store_storms.rs`). Every case checks each file against its writer's own
 //! record (the word pattern `id<<48 | gen<<32 | offset/8` of
 //! `store_faults.rs`), the errno or exit code, that nothing panicked,
 //! that fsck is clean and that a remount serves the same bytes. Needs

@@ -146,13 +146,26 @@ impl Mount {
         );
     }
 
+    /// Unmounts (not lazily). A descriptor of the mount duplicated into a
+    /// child another test thread is spawning (between its fork and exec)
+    /// makes the unmount fail with "busy" for a moment: retried briefly.
     pub fn unmount(mut self) {
-        let st = Command::new("fusermount3")
-            .arg("-u")
-            .arg(&self.mnt)
-            .status()
-            .unwrap();
-        assert!(st.success(), "fusermount3 -u");
+        let mut tries = 0;
+        loop {
+            let out = Command::new("fusermount3")
+                .arg("-u")
+                .arg(&self.mnt)
+                .output()
+                .unwrap();
+            if out.status.success() {
+                break;
+            }
+            tries += 1;
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(tries < 20 && err.contains("busy"), "fusermount3 -u: {err}");
+            eprintln!("fusermount3 -u (try {tries}): {err}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
         let st = self.child.take().unwrap().wait().unwrap();
         self.check_stderr();
         assert!(st.success(), "mount process exited with {st}");

@@ -808,8 +808,9 @@ fn container_bytes_on_disk(store: &Path) -> u64 {
 }
 
 /// Fills the filesystem holding `ballast` (allocated blocks, not delayed
-/// allocation, whose reservations overestimate), then frees enough that
-/// about `leave` bytes are free.
+/// allocation, whose reservations overestimate) until it is full, then
+/// frees `leave` bytes. (`statvfs` then shows more: ext4 keeps a reserve
+/// that even root's writes do not get.)
 fn fill_leaving(ballast: &Path, leave: u64) {
     use rustix::fs::{fallocate, statvfs, FallocateFlags};
     let f = File::create(ballast).unwrap();
@@ -819,17 +820,55 @@ fn fill_leaving(ballast: &Path, leave: u64) {
             at += step;
         }
     }
-    f.sync_all().unwrap();
-    let st = statvfs(ballast).unwrap();
-    let free = st.f_bfree * st.f_frsize;
-    f.set_len(at.saturating_sub(leave.saturating_sub(free)))
-        .unwrap();
+    f.set_len(at.saturating_sub(leave)).unwrap();
     f.sync_all().unwrap();
     let st = statvfs(ballast).unwrap();
     eprintln!(
         "ballast {at} bytes, {} bytes free",
         st.f_bfree * st.f_frsize
     );
+}
+
+/// Writes 64 files of 128 KiB (ids from `first`) in order, fsync'd: each
+/// 1 MiB container holds about 8; then deletes 5 of every 8, leaving
+/// containers about 3/8 live, under gc's 50% threshold, so gc compacts
+/// them. Returns what is left.
+fn fragment(mnt: &Path, first: u64) -> BTreeMap<u64, Vec<u8>> {
+    let mut kept = BTreeMap::new();
+    for id in first..first + 64 {
+        let data = pattern(id + 1, 1, 0, 128 << 10);
+        let f = File::create(mnt.join(format!("f{id}"))).unwrap();
+        f.write_all_at(&data, 0).unwrap();
+        f.sync_all().unwrap();
+        kept.insert(id, data);
+    }
+    for id in first..first + 64 {
+        if id % 8 >= 3 {
+            std::fs::remove_file(mnt.join(format!("f{id}"))).unwrap();
+            kept.remove(&id);
+        }
+    }
+    kept
+}
+
+fn check_files(mnt: &Path, kept: &BTreeMap<u64, Vec<u8>>, when: &str) {
+    for (id, data) in kept {
+        let got = std::fs::read(mnt.join(format!("f{id}"))).unwrap();
+        assert!(got == *data, "f{id} {when}");
+    }
+}
+
+/// A gc that must fail for want of space: exit 4, saying so.
+fn gc_fails_full(store: &Path, how: &str) {
+    let out = gc(store);
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "{how} gc on a full disk: {out:?}"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("No space left"), "{how} gc's message: {err}");
+    eprintln!("{how} gc on the full disk: {}", err.trim());
 }
 
 #[test]
@@ -839,52 +878,39 @@ fn enospc_during_compaction_then_gc_completes() {
     }
     let lo = LoopFs::new(FsKind::Ext4, 64 << 20).unwrap();
     let s = scratch_in(lo.path(), &["--compress", "none", "--container-size", "1M"]);
-    let m = Mount::new(&s);
-    // 64 files of 128 KiB, written in order: each 1 MiB container holds
-    // about 8; deleting 5 of every 8 leaves containers about 3/8 live,
-    // under gc's 50% threshold, so gc compacts them.
-    let mut kept = BTreeMap::new();
-    for id in 0..64u64 {
-        let data = pattern(id + 1, 1, 0, 128 << 10);
-        let f = File::create(s.mnt.join(format!("f{id}"))).unwrap();
-        f.write_all_at(&data, 0).unwrap();
-        f.sync_all().unwrap();
-        kept.insert(id, data);
-    }
-    for id in 0..64u64 {
-        if id % 8 >= 3 {
-            std::fs::remove_file(s.mnt.join(format!("f{id}"))).unwrap();
-            kept.remove(&id);
-        }
-    }
-    m.unmount();
-    let before = container_bytes_on_disk(&s.store);
-    // Room for less than one container's live chunks: the copy fails
-    // part way through the first compaction.
     let ballast = lo.path().join("ballast");
+    // Offline: room for less than one container's live chunks, so the
+    // copy fails part way through the first compaction; the store stays
+    // consistent.
+    let m = Mount::new(&s);
+    let mut kept = fragment(&s.mnt, 0);
+    m.unmount();
     fill_leaving(&ballast, 200 << 10);
-    let out = gc(&s.store);
-    assert_eq!(out.status.code(), Some(4), "gc on a full disk: {out:?}");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("No space left"), "gc's message: {err}");
-    eprintln!("gc on the full disk: {}", err.trim());
+    gc_fails_full(&s.store, "offline");
     fsck_clean(&s.store);
     let m = Mount::new(&s);
-    for (id, data) in &kept {
-        assert!(
-            std::fs::read(s.mnt.join(format!("f{id}"))).unwrap() == *data,
-            "f{id} after the failed gc"
-        );
-    }
+    check_files(&s.mnt, &kept, "after the failed offline gc");
+    // Online: gc in the mount process runs out of space while copying;
+    // the mount keeps serving, and gc completes once space is freed.
+    std::fs::remove_file(&ballast).unwrap();
+    kept.extend(fragment(&s.mnt, 100));
+    fill_leaving(&ballast, 200 << 10);
+    gc_fails_full(&s.store, "online");
+    check_files(&s.mnt, &kept, "while mounted after the failed online gc");
     m.unmount();
-    // Space freed: gc completes and frees the dead bytes.
+    fsck_clean(&s.store);
+    let before = container_bytes_on_disk(&s.store);
+    let m = Mount::new(&s);
+    check_files(&s.mnt, &kept, "after a remount");
     std::fs::remove_file(&ballast).unwrap();
     let out = gc(&s.store);
-    assert!(out.status.success(), "{out:?}");
+    assert!(out.status.success(), "online, space freed: {out:?}");
     eprintln!(
-        "gc once space is freed: {}",
+        "online gc once space is freed: {}",
         String::from_utf8_lossy(&out.stdout).trim()
     );
+    check_files(&s.mnt, &kept, "after the online gc completed");
+    m.unmount();
     fsck_clean(&s.store);
     let after = container_bytes_on_disk(&s.store);
     eprintln!("container bytes: {before} before, {after} after");
@@ -896,11 +922,6 @@ fn enospc_during_compaction_then_gc_completes() {
     let st = stats(&s.store);
     assert_eq!(st["unreferenced_chunks"].as_u64(), Some(0), "{st}");
     let m = Mount::new(&s);
-    for (id, data) in &kept {
-        assert!(
-            std::fs::read(s.mnt.join(format!("f{id}"))).unwrap() == *data,
-            "f{id} after gc"
-        );
-    }
+    check_files(&s.mnt, &kept, "after gc");
     m.unmount();
 }

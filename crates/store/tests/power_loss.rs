@@ -496,8 +496,12 @@ fn failed_sync_then_success(chunking: &str, rounds: usize) {
     let mut failed_after = 0;
     for round in 0..rounds {
         let lossy = Arc::new(Lossy::new(&dir.join("containers"), u64::MAX));
-        lossy.st.lock().unwrap().fail_sync = Some(1 + rng.below(25));
         let s = Store::open_with(&dir, lossy.clone()).unwrap();
+        {
+            // A sync of the workload fails (one at open would fail the open).
+            let mut st = lossy.st.lock().unwrap();
+            st.fail_sync = Some(st.syncs + 1 + rng.below(25));
+        }
         let mut wrng = Rng(rng.next() | 1);
         let mut after = 0;
         while after < 40 {

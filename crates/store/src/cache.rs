@@ -38,6 +38,12 @@ impl ChunkCache {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Forgets everything (after a rolled-back commit: the containers
+    /// written in it are strays whose ids gc may free for reuse).
+    pub fn clear(&self) {
+        *self.lock() = CacheInner::default();
+    }
+
     pub fn get(&self, loc: &ChunkLoc) -> Option<Arc<Vec<u8>>> {
         self.lock().map.get(&(loc.container, loc.offset)).cloned()
     }

@@ -271,11 +271,60 @@ impl Store {
     /// crash, and the caller gets the error); a new one is begun so that
     /// service resumes once space is freed.
     pub(crate) fn commit_locked(&self, g: &mut Inner, durable: bool) -> Result<()> {
+        let inos = inode_seq(&g.db)?;
         let r = self.commit_and_begin(g, durable);
         if g.db.is_autocommit() {
             g.db.execute_batch("BEGIN")?;
+            self.after_rollback(g, inos)?;
         }
         r
+    }
+
+    /// After a COMMIT that rolled back, the memory of the store is brought
+    /// back to the last commit, as a reopen would: the open container may
+    /// be one whose row was rolled back (chunks appended to it later would
+    /// be committed into a container gc deletes as a stray), so the
+    /// writer moves on to a new container; inode numbers handed out in
+    /// the lost transaction are never handed out again (`inos`, the
+    /// highest before the COMMIT: the kernel may still cache those inodes,
+    /// and a write buffer of one would be flushed into the new file);
+    /// write buffers of inodes that no longer exist are dropped, and the
+    /// read cache forgets the rolled-back containers.
+    fn after_rollback(&self, g: &mut Inner, inos: i64) -> Result<()> {
+        g.db.execute(
+            "UPDATE sqlite_sequence SET seq = MAX(seq, ?1) WHERE name = 'inodes'",
+            [inos],
+        )?;
+        // No container I/O here (the disk may still be full): the open
+        // container of the last commit is sealed at its committed length
+        // (the lost transaction may have appended to it), and the writer
+        // starts a new container at its next record.
+        let open: Option<(u64, u64)> =
+            g.db.query_row(
+                "SELECT id, length FROM containers WHERE sealed = 0 ORDER BY id DESC LIMIT 1",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+        g.db.execute("UPDATE containers SET sealed = 1 WHERE sealed = 0", [])?;
+        let (id, len) = open.unwrap_or((g.writer.id, g.writer.len));
+        g.writer = Writer {
+            id,
+            len,
+            unsynced: BTreeSet::new(),
+            tainted: true,
+        };
+        let gone: Vec<u64> = g
+            .dirty
+            .keys()
+            .copied()
+            .filter(|&ino| matches!(g.attr(ino), Err(StoreError::NotFound)))
+            .collect();
+        for ino in gone {
+            g.dirty.remove(&ino);
+        }
+        self.cache.clear();
+        Ok(())
     }
 
     /// Syncs container `id`; a failure poisons the store (see
@@ -507,6 +556,18 @@ fn replay(db: &Connection, cs: &dyn ContainerStore) -> Result<Writer> {
         db.execute("UPDATE containers SET sealed = 1 WHERE id = ?1", [id])?;
     }
     new_container(db, cs, BTreeSet::new())
+}
+
+/// The highest inode number handed out so far (AUTOINCREMENT's counter).
+fn inode_seq(db: &Connection) -> Result<i64> {
+    let seq: Option<i64> = db
+        .query_row(
+            "SELECT seq FROM sqlite_sequence WHERE name = 'inodes'",
+            [],
+            |r| r.get(0),
+        )
+        .optional()?;
+    Ok(seq.unwrap_or(1))
 }
 
 fn to_sql(e: StoreError) -> rusqlite::Error {

@@ -35,33 +35,13 @@ pub(crate) struct Inner {
     pub open_count: HashMap<u64, u32>,
     pub writer: Writer,
     pub counters: WriteCounters,
-    /// Set when a container sync failed. The kernel may have dropped the
-    /// pages it could not write while a later sync of the same file
-    /// succeeds (its error is reported once), so the open transaction,
-    /// which may reference those bytes, must never commit: every later
-    /// commit (and so every `fsync`) fails with `EIO` until the store is
-    /// reopened, which replays the last good commit.
-    pub poisoned: Option<Poison>,
 }
 
-/// Why the store stopped committing (see [`Inner::poisoned`]).
+/// Why the store stopped committing (see [`Store::poison`]).
 #[derive(Debug, Clone)]
 pub(crate) struct Poison {
     pub container: u64,
     pub why: String,
-}
-
-impl Inner {
-    /// `Err` once a container sync has failed (see [`Inner::poisoned`]).
-    fn check_poison(&self) -> Result<()> {
-        match &self.poisoned {
-            Some(p) => Err(StoreError::Poisoned {
-                container: p.container,
-                why: p.why.clone(),
-            }),
-            None => Ok(()),
-        }
-    }
 }
 
 /// The open container chunks are appended to.
@@ -87,6 +67,15 @@ pub struct Store {
     /// Whether any inode may have a `security.capability` xattr (set at
     /// open from the database, and before any such xattr is written).
     pub(crate) has_caps: AtomicBool,
+    /// Set when a container sync failed. The kernel may have dropped the
+    /// pages it could not write while a later sync of the same file
+    /// succeeds (its error is reported once, to one caller), so the open
+    /// transaction, which may reference those bytes, must never commit:
+    /// every later commit (and so every `fsync`) fails with `EIO` until the
+    /// store is reopened, which replays the last good commit. Every
+    /// container sync runs holding this lock, so a sync that succeeds
+    /// after another's failure consumed the error still sees the poison.
+    poison: Mutex<Option<Poison>>,
     _lock: File,
 }
 
@@ -215,10 +204,10 @@ impl Store {
                 open_count: HashMap::new(),
                 writer,
                 counters,
-                poisoned: None,
             }),
             cache: ChunkCache::new(CACHE_BYTES),
             has_caps: AtomicBool::new(has_caps),
+            poison: Mutex::new(None),
             _lock: lock,
         };
         store.remove_orphans()?;
@@ -244,11 +233,7 @@ impl Store {
     /// writers do not wait for the disk); with `durable` the commit itself
     /// is too (synchronous=FULL), as `fsync` requires.
     pub fn commit(&self, durable: bool) -> Result<()> {
-        let pending: Vec<u64> = {
-            let g = self.lock();
-            g.check_poison()?;
-            g.writer.unsynced.iter().copied().collect()
-        };
+        let pending: Vec<u64> = self.lock().writer.unsynced.iter().copied().collect();
         for id in pending {
             self.sync_container(id)?;
         }
@@ -327,17 +312,33 @@ impl Store {
         Ok(())
     }
 
+    /// `Err` once a container sync has failed (see [`Store::poison`]).
+    fn check_poison(&self) -> Result<()> {
+        let p = self.poison.lock().unwrap_or_else(|e| e.into_inner());
+        match &*p {
+            Some(p) => Err(StoreError::Poisoned {
+                container: p.container,
+                why: p.why.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// Syncs container `id`; a failure poisons the store (see
-    /// [`Inner::poisoned`]).
+    /// [`Store::poison`]), and a poisoned store syncs nothing.
     fn sync_container(&self, id: u64) -> Result<()> {
+        let mut p = self.poison.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = &*p {
+            return Err(StoreError::Poisoned {
+                container: p.container,
+                why: p.why.clone(),
+            });
+        }
         self.containers.sync(id).inspect_err(|e| {
-            let mut g = self.lock();
-            if g.poisoned.is_none() {
-                g.poisoned = Some(Poison {
-                    container: id,
-                    why: e.to_string(),
-                });
-            }
+            *p = Some(Poison {
+                container: id,
+                why: e.to_string(),
+            });
         })
     }
 
@@ -345,17 +346,13 @@ impl Store {
         // A failed sync (ENOSPC, EIO) poisons the store: the bytes it
         // should have made durable may be gone even if a later sync of
         // the same container succeeds, so nothing is committed again.
-        g.check_poison()?;
         while let Some(&id) = g.writer.unsynced.first() {
-            if let Err(e) = self.containers.sync(id) {
-                g.poisoned = Some(Poison {
-                    container: id,
-                    why: e.to_string(),
-                });
-                return Err(e);
-            }
+            self.sync_container(id)?;
             g.writer.unsynced.remove(&id);
         }
+        // Also when nothing was left to sync: another thread's sync (of
+        // these very bytes) may have failed; this waits for it.
+        self.check_poison()?;
         let (id, len) = (g.writer.id, g.writer.len);
         g.db.execute(
             "UPDATE containers SET length = ?2 WHERE id = ?1",

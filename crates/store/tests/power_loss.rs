@@ -52,6 +52,9 @@ struct LossState {
     /// marked clean, so the bytes are lost at the next power cut although
     /// a later sync of the same file succeeds.
     fail_sync: Option<u64>,
+    /// How long the failing sync takes (other threads' syncs run
+    /// meanwhile).
+    fail_pause: std::time::Duration,
     syncs: u64,
     /// (container, from, to): bytes a failed sync lost.
     lost: Vec<(u64, u64, u64)>,
@@ -86,6 +89,7 @@ impl Lossy {
                 dead: false,
                 durable,
                 fail_sync: None,
+                fail_pause: std::time::Duration::ZERO,
                 syncs: 0,
                 lost: Vec::new(),
             }),
@@ -165,6 +169,9 @@ impl ContainerStore for Lossy {
         let from = st.durable.get(&id).copied().unwrap_or(0);
         if st.fail_sync == Some(st.syncs) && len > from {
             st.lost.push((id, from, len));
+            let pause = st.fail_pause;
+            drop(st);
+            std::thread::sleep(pause);
             return Err(cut());
         }
         if st.fail_sync == Some(st.syncs) {
@@ -542,4 +549,45 @@ fn failed_sync_poisons_until_reopened_fixed() {
 #[test]
 fn failed_sync_poisons_until_reopened_cdc() {
     failed_sync_then_success("cdc:2K/8K/32K", 12);
+}
+
+/// An `fsync` whose container sync runs while another thread's sync of
+/// the same container is failing (Linux reports the error to one caller
+/// only; the other's sync succeeds) must fail too, and nothing of the
+/// poisoned transaction may be committed.
+#[test]
+fn an_fsync_racing_a_failed_sync_fails_too() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("store");
+    let cfg = StoreConfig {
+        chunking: "fixed:4K".parse().unwrap(),
+        container_size: 1 << 20,
+        ..StoreConfig::default()
+    };
+    Store::init(&dir, &cfg).unwrap();
+    let lossy = Arc::new(Lossy::new(&dir.join("containers"), u64::MAX));
+    let s = Store::open_with(&dir, lossy.clone()).unwrap();
+    let a = s.mknod(1, b"f1", node()).unwrap().ino;
+    s.write(a, 0, &pattern(1, 1, 0, 64 << 10)).unwrap();
+    s.flush_file(a).unwrap();
+    {
+        let mut st = lossy.st.lock().unwrap();
+        st.fail_sync = Some(st.syncs + 1);
+        st.fail_pause = std::time::Duration::from_millis(300);
+    }
+    let (first, second) = std::thread::scope(|sc| {
+        let h = sc.spawn(|| s.commit(false));
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let second = s.fsync(a);
+        (h.join().unwrap(), second)
+    });
+    assert!(first.is_err(), "the failing sync's commit succeeded");
+    let e = second.expect_err("an fsync racing the failed sync succeeded");
+    assert_eq!(e.errno(), libc::EIO, "{e}");
+    drop(s);
+    lossy.lose_unsynced();
+    let s = Store::open(&dir).unwrap();
+    assert!(s.lookup(1, b"f1").is_err(), "f1 was committed after the sync failed");
+    let mut rec = Record::default();
+    check(&s, &mut rec, 0);
 }

@@ -316,9 +316,14 @@ impl Filesystem for StoreFs {
     ) {
         // chmod by a non-root caller outside the file's group drops setgid
         // (what the VFS does for local filesystems).
-        let mode = mode.map(|m| match self.store.getattr(ino.0) {
-            Ok(a) if req.uid() != 0 && m & 0o2000 != 0 && !in_group(req, a.gid) => m & !0o2000,
-            _ => m,
+        let mode = mode.map(|m| {
+            if req.uid() == 0 || m & 0o2000 == 0 {
+                return m;
+            }
+            match self.store.getattr(ino.0) {
+                Ok(a) if !in_group(req, a.gid) => m & !0o2000,
+                _ => m,
+            }
         });
         let set = SetAttr {
             perm: mode,
@@ -449,11 +454,7 @@ impl Filesystem for StoreFs {
         reply: ReplyCreate,
     ) {
         let n = node(req, mode, umask, 0);
-        let r = self
-            .store
-            .mknod(parent.0, name.as_bytes(), n)
-            .and_then(|a| self.store.open_file(a.ino));
-        match r {
+        match self.store.create_open(parent.0, name.as_bytes(), n) {
             Ok(a) => reply.created(
                 &TTL,
                 &fattr(&a),

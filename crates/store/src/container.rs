@@ -108,6 +108,30 @@ pub fn decode(rec: &[u8], container: u64, offset: u64) -> Result<(Hash, Vec<u8>)
     Ok((rec[..32].try_into().unwrap(), raw))
 }
 
+/// Checks a raw record read in two parts, `header` (its
+/// [`RECORD_HEADER`] bytes) and `payload`, the bytes the index expects:
+/// the header must say raw, with this length, and its CRC must match.
+pub fn check_raw(header: &[u8], payload: &[u8], container: u64, offset: u64) -> Result<()> {
+    let bad = |why| damaged(container, offset, why);
+    if header.len() != RECORD_HEADER {
+        return Err(bad("short record"));
+    }
+    let u32_at = |i: usize| u32::from_le_bytes(header[i..i + 4].try_into().unwrap());
+    if u32_at(32) as usize != payload.len() || u32_at(36) as usize != payload.len() {
+        return Err(bad("length differs from the index"));
+    }
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&header[..44]);
+    crc.update(payload);
+    if crc.finalize() != u32_at(44) {
+        return Err(bad("checksum mismatch"));
+    }
+    if header[40] != Codec::Raw as u8 {
+        return Err(bad("length differs from the index"));
+    }
+    Ok(())
+}
+
 /// [`decode`] straight into `out`, whose length is the raw length the
 /// caller expects (from the index): no allocation, and a raw record costs
 /// one copy. Every check of [`decode`] applies; a record of another raw
@@ -143,6 +167,19 @@ pub trait ContainerStore: Send + Sync {
     fn append(&self, id: u64, bytes: &[u8]) -> Result<()>;
     /// Reads `len` bytes at `offset`.
     fn read(&self, id: u64, offset: u64, len: usize) -> Result<Vec<u8>>;
+    /// Reads the bytes at `offset` into `bufs` in turn (as many bytes as
+    /// they hold). The default reads with [`ContainerStore::read`] and
+    /// copies; a backend that can scatter (`preadv`) saves the copy.
+    fn read_into(&self, id: u64, offset: u64, bufs: &mut [&mut [u8]]) -> Result<()> {
+        let len = bufs.iter().map(|b| b.len()).sum();
+        let data = self.read(id, offset, len)?;
+        let mut at = 0;
+        for b in bufs.iter_mut() {
+            b.copy_from_slice(&data[at..at + b.len()]);
+            at += b.len();
+        }
+        Ok(())
+    }
     /// Makes everything appended to `id` durable.
     fn sync(&self, id: u64) -> Result<()>;
     /// Current length of container `id` (None if it does not exist).
@@ -242,6 +279,30 @@ impl ContainerStore for LocalDir {
             }
         }
         Ok(buf)
+    }
+
+    /// One `preadv` (more only after a short read): payloads land in
+    /// their final buffers.
+    fn read_into(&self, id: u64, offset: u64, bufs: &mut [&mut [u8]]) -> Result<()> {
+        let f = self.file(id)?;
+        let mut slices: Vec<std::io::IoSliceMut<'_>> = bufs
+            .iter_mut()
+            .map(|b| std::io::IoSliceMut::new(b))
+            .collect();
+        let mut rest = &mut slices[..];
+        let mut at = offset;
+        while rest.iter().any(|s| !s.is_empty()) {
+            match rustix::io::preadv(&*f, rest, at) {
+                Ok(0) => return Err(damaged(id, offset, "container shorter than the record")),
+                Ok(n) => {
+                    std::io::IoSliceMut::advance_slices(&mut rest, n);
+                    at += n as u64;
+                }
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(StoreError::io(self.path(id))(e.into())),
+            }
+        }
+        Ok(())
     }
 
     fn sync(&self, id: u64) -> Result<()> {

@@ -31,7 +31,7 @@ pub struct MountArgs {
     #[arg(short = 'f', long)]
     pub foreground: bool,
     /// FUSE worker threads.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = onecopy_fuse::DEFAULT_THREADS)]
     pub threads: usize,
     /// Mount options, comma-separated: ro, nosuid, nodev, noexec, noatime,
     /// sync, dirsync, threads=N; fstab's defaults, auto, noauto, user,

@@ -1,13 +1,23 @@
 //! Mounts the null filesystem (writes discarded) on the same FUSE crate and
 //! settings as the store: the FUSE ceiling in bench/store.sh.
-//! Usage: nullfs MOUNTPOINT (foreground; unmount with fusermount3 -u).
+//! Usage: nullfs MOUNTPOINT [THREADS] (foreground; unmount with
+//! fusermount3 -u). THREADS defaults to the store mount's default.
 
 fn main() {
-    let Some(mnt) = std::env::args_os().nth(1) else {
-        eprintln!("usage: nullfs MOUNTPOINT");
+    let mut args = std::env::args_os().skip(1);
+    let Some(mnt) = args.next() else {
+        eprintln!("usage: nullfs MOUNTPOINT [THREADS]");
         std::process::exit(2);
     };
-    let config = onecopy_fuse::mount_config("onecopy-null", 4);
+    let threads = match args.next().map(|t| t.to_string_lossy().parse::<usize>()) {
+        None => onecopy_fuse::DEFAULT_THREADS,
+        Some(Ok(n)) if n > 0 => n,
+        Some(_) => {
+            eprintln!("nullfs: THREADS must be a positive number");
+            std::process::exit(2);
+        }
+    };
+    let config = onecopy_fuse::mount_config("onecopy-null", threads);
     if let Err(e) = onecopy_fuse::serve(onecopy_fuse::NullFs::default(), mnt.as_ref(), &config) {
         eprintln!("nullfs: {e}");
         std::process::exit(3);

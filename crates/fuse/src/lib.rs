@@ -40,6 +40,9 @@ impl StoreFs {
     }
 }
 
+/// FUSE worker threads of a mount unless told otherwise.
+pub const DEFAULT_THREADS: usize = 4;
+
 /// Mount options and threads used for every onecopy mount.
 pub fn mount_config(fsname: &str, threads: usize) -> Config {
     let mut c = Config::default();
@@ -141,6 +144,16 @@ pub(crate) fn tune(config: &mut KernelConfig) {
         .set_max_readahead(4 << 20)
         .or_else(|max| config.set_max_readahead(max));
     let _ = config.set_max_background(64);
+}
+
+/// The answer to `FLUSH`, sent at every `close(2)` after the kernel wrote
+/// the file's dirty pages (whose errors `close` returns): ENOSYS, so the
+/// kernel stops sending it, one round trip less per file closed. The
+/// store has nothing to do there: a file's buffer is stored at `release`
+/// and made durable by `fsync`; POSIX locks are the kernel's (no lock
+/// calls are implemented), so no lock owner needs the call either.
+pub(crate) fn flush_reply(reply: ReplyEmpty) {
+    reply.error(Errno::ENOSYS)
 }
 
 fn errno(e: StoreError) -> Errno {
@@ -311,9 +324,14 @@ impl Filesystem for StoreFs {
     ) {
         // chmod by a non-root caller outside the file's group drops setgid
         // (what the VFS does for local filesystems).
-        let mode = mode.map(|m| match self.store.getattr(ino.0) {
-            Ok(a) if req.uid() != 0 && m & 0o2000 != 0 && !in_group(req, a.gid) => m & !0o2000,
-            _ => m,
+        let mode = mode.map(|m| {
+            if req.uid() == 0 || m & 0o2000 == 0 {
+                return m;
+            }
+            match self.store.getattr(ino.0) {
+                Ok(a) if !in_group(req, a.gid) => m & !0o2000,
+                _ => m,
+            }
         });
         let set = SetAttr {
             perm: mode,
@@ -444,11 +462,7 @@ impl Filesystem for StoreFs {
         reply: ReplyCreate,
     ) {
         let n = node(req, mode, umask, 0);
-        let r = self
-            .store
-            .mknod(parent.0, name.as_bytes(), n)
-            .and_then(|a| self.store.open_file(a.ino));
-        match r {
+        match self.store.create_open(parent.0, name.as_bytes(), n) {
             Ok(a) => reply.created(
                 &TTL,
                 &fattr(&a),
@@ -500,7 +514,7 @@ impl Filesystem for StoreFs {
         _lo: LockOwner,
         reply: ReplyEmpty,
     ) {
-        reply.ok()
+        flush_reply(reply)
     }
 
     fn release(

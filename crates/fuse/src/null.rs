@@ -1,57 +1,99 @@
 //! A filesystem on the same FUSE crate and settings whose files discard
 //! what is written: the ceiling a FUSE store can reach on this machine.
+//! It keeps a tree of names and attributes in memory (so `cp -a` of a
+//! tree runs on it) and nothing else: reads return zeros, xattrs are
+//! accepted and forgotten.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
 use std::sync::Mutex;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyEntry, ReplyOpen,
-    ReplyWrite, Request, WriteFlags,
+    KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyEmpty, ReplyEntry,
+    ReplyOpen, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
-/// Files that only remember their names and sizes.
-#[derive(Default)]
+/// Names and attributes only.
 pub struct NullFs {
-    files: Mutex<HashMap<Vec<u8>, (u64, u64)>>,
+    inner: Mutex<Tree>,
 }
 
-fn attr(ino: u64, size: u64, dir: bool) -> FileAttr {
+struct Tree {
+    names: HashMap<(u64, Vec<u8>), u64>,
+    attrs: HashMap<u64, FileAttr>,
+    next: u64,
+}
+
+impl Default for NullFs {
+    fn default() -> Self {
+        let mut attrs = HashMap::new();
+        attrs.insert(1, attr(1, FileType::Directory, 0o755, 0, 0));
+        NullFs {
+            inner: Mutex::new(Tree {
+                names: HashMap::new(),
+                attrs,
+                next: 2,
+            }),
+        }
+    }
+}
+
+fn attr(ino: u64, kind: FileType, perm: u32, uid: u32, gid: u32) -> FileAttr {
+    let now = SystemTime::now();
     FileAttr {
         ino: INodeNo(ino),
-        size,
-        blocks: size.div_ceil(512),
-        atime: UNIX_EPOCH,
-        mtime: UNIX_EPOCH,
-        ctime: UNIX_EPOCH,
-        crtime: UNIX_EPOCH,
-        kind: if dir {
-            FileType::Directory
-        } else {
-            FileType::RegularFile
-        },
-        perm: if dir { 0o755 } else { 0o644 },
-        nlink: if dir { 2 } else { 1 },
-        uid: 0,
-        gid: 0,
+        size: 0,
+        blocks: 0,
+        atime: now,
+        mtime: now,
+        ctime: now,
+        crtime: now,
+        kind,
+        perm: (perm & 0o7777) as u16,
+        nlink: if kind == FileType::Directory { 2 } else { 1 },
+        uid,
+        gid,
         rdev: 0,
         blksize: 128 * 1024,
         flags: 0,
     }
 }
 
-const TTL: Duration = Duration::from_secs(1);
+fn tor(t: TimeOrNow) -> SystemTime {
+    match t {
+        TimeOrNow::SpecificTime(t) => t,
+        TimeOrNow::Now => SystemTime::now(),
+    }
+}
 
 impl NullFs {
-    fn by_ino(&self, ino: u64) -> Option<u64> {
-        self.files
-            .lock()
-            .unwrap()
-            .values()
-            .find(|v| v.0 == ino)
-            .map(|v| v.1)
+    fn tree(&self) -> std::sync::MutexGuard<'_, Tree> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Adds `name` in `parent` (EEXIST if taken).
+    fn add(
+        &self,
+        req: &Request,
+        parent: u64,
+        name: &OsStr,
+        kind: FileType,
+        mode: u32,
+    ) -> Result<FileAttr, Errno> {
+        let mut t = self.tree();
+        let key = (parent, name.as_bytes().to_vec());
+        if t.names.contains_key(&key) {
+            return Err(Errno::EEXIST);
+        }
+        let ino = t.next;
+        t.next += 1;
+        let a = attr(ino, kind, mode, req.uid(), req.gid());
+        t.names.insert(key, ino);
+        t.attrs.insert(ino, a);
+        Ok(a)
     }
 }
 
@@ -61,20 +103,17 @@ impl Filesystem for NullFs {
         Ok(())
     }
 
-    fn lookup(&self, _req: &Request, _parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        use std::os::unix::ffi::OsStrExt;
-        match self.files.lock().unwrap().get(name.as_bytes()) {
-            Some(&(ino, size)) => reply.entry(&TTL, &attr(ino, size, false), Generation(0)),
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let t = self.tree();
+        match t.names.get(&(parent.0, name.as_bytes().to_vec())) {
+            Some(ino) => reply.entry(&crate::TTL, &t.attrs[ino], Generation(0)),
             None => reply.error(Errno::ENOENT),
         }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        if ino.0 == 1 {
-            return reply.attr(&TTL, &attr(1, 0, true));
-        }
-        match self.by_ino(ino.0) {
-            Some(size) => reply.attr(&TTL, &attr(ino.0, size, false)),
+        match self.tree().attrs.get(&ino.0) {
+            Some(a) => reply.attr(&crate::TTL, a),
             None => reply.error(Errno::ENOENT),
         }
     }
@@ -83,28 +122,48 @@ impl Filesystem for NullFs {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _mode: Option<u32>,
-        _uid: Option<u32>,
-        _gid: Option<u32>,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
         size: Option<u64>,
-        _atime: Option<fuser::TimeOrNow>,
-        _mtime: Option<fuser::TimeOrNow>,
-        _ctime: Option<std::time::SystemTime>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
         _fh: Option<FileHandle>,
-        _crtime: Option<std::time::SystemTime>,
-        _chgtime: Option<std::time::SystemTime>,
-        _bkuptime: Option<std::time::SystemTime>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let mut files = self.files.lock().unwrap();
-        for v in files.values_mut() {
-            if v.0 == ino.0 {
-                v.1 = size.unwrap_or(v.1);
-                return reply.attr(&TTL, &attr(v.0, v.1, false));
-            }
+        let mut t = self.tree();
+        let Some(a) = t.attrs.get_mut(&ino.0) else {
+            return reply.error(Errno::ENOENT);
+        };
+        if let Some(m) = mode {
+            a.perm = (m & 0o7777) as u16;
         }
-        reply.attr(&TTL, &attr(1, 0, true))
+        a.uid = uid.unwrap_or(a.uid);
+        a.gid = gid.unwrap_or(a.gid);
+        a.size = size.unwrap_or(a.size);
+        a.atime = atime.map_or(a.atime, tor);
+        a.mtime = mtime.map_or(a.mtime, tor);
+        reply.attr(&crate::TTL, a)
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        match self.add(req, parent.0, name, FileType::Directory, mode & !umask) {
+            Ok(a) => reply.entry(&crate::TTL, &a, Generation(0)),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -113,25 +172,24 @@ impl Filesystem for NullFs {
 
     fn create(
         &self,
-        _req: &Request,
-        _parent: INodeNo,
+        req: &Request,
+        parent: INodeNo,
         name: &OsStr,
-        _mode: u32,
-        _umask: u32,
+        mode: u32,
+        umask: u32,
         _flags: i32,
         reply: ReplyCreate,
     ) {
-        use std::os::unix::ffi::OsStrExt;
-        let mut files = self.files.lock().unwrap();
-        let ino = files.len() as u64 + 2;
-        let e = *files.entry(name.as_bytes().to_vec()).or_insert((ino, 0));
-        reply.created(
-            &TTL,
-            &attr(e.0, e.1, false),
-            Generation(0),
-            FileHandle(0),
-            FopenFlags::empty(),
-        )
+        match self.add(req, parent.0, name, FileType::RegularFile, mode & !umask) {
+            Ok(a) => reply.created(
+                &crate::TTL,
+                &a,
+                Generation(0),
+                FileHandle(0),
+                FopenFlags::empty(),
+            ),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn write(
@@ -147,10 +205,8 @@ impl Filesystem for NullFs {
         reply: ReplyWrite,
     ) {
         let end = offset + data.len() as u64;
-        for v in self.files.lock().unwrap().values_mut() {
-            if v.0 == ino.0 {
-                v.1 = v.1.max(end);
-            }
+        if let Some(a) = self.tree().attrs.get_mut(&ino.0) {
+            a.size = a.size.max(end);
         }
         reply.written(data.len() as u32)
     }
@@ -166,8 +222,68 @@ impl Filesystem for NullFs {
         _lo: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let len = self.by_ino(ino.0).unwrap_or(0);
+        let len = self.tree().attrs.get(&ino.0).map_or(0, |a| a.size);
         let n = len.saturating_sub(offset).min(size as u64) as usize;
         reply.data(&vec![0; n])
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lo: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        crate::flush_reply(reply)
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok()
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _value: &[u8],
+        _flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok()
+    }
+
+    fn getxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _size: u32,
+        reply: ReplyXattr,
+    ) {
+        reply.error(Errno::ENODATA)
+    }
+
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: ReplyXattr) {
+        if size == 0 {
+            reply.size(0)
+        } else {
+            reply.data(&[])
+        }
+    }
+
+    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.ok()
     }
 }

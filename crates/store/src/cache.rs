@@ -72,12 +72,16 @@ impl ChunkCache {
 }
 
 /// Worker threads used for hashing and compression: the cores available,
-/// at most 8.
+/// at most 8. Asked once: `available_parallelism` reads cgroup files on
+/// every call, which cost more than hashing a small file's page.
 fn workers() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
-        .min(8)
+    static WORKERS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *WORKERS.get_or_init(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+            .min(8)
+    })
 }
 
 /// `items.iter().map(f).collect()`, spread over the cores in contiguous

@@ -5,7 +5,6 @@
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -63,39 +62,100 @@ pub fn encode(hash: &Hash, raw: &[u8], compress: Compress) -> Encoded {
     }
 }
 
-/// Checks and decodes one record (header and payload). Any mismatch is an
-/// error: a damaged chunk never decodes to wrong bytes.
-pub fn decode(rec: &[u8], container: u64, offset: u64) -> Result<(Hash, Vec<u8>)> {
-    let damaged = |why: &str| StoreError::Damaged {
-        container,
-        offset,
-        why: why.to_string(),
-    };
+/// Checks a record's framing and checksum: (raw length, codec byte,
+/// payload). Any mismatch is an error.
+fn check(rec: &[u8], container: u64, offset: u64) -> Result<(usize, u8, &[u8])> {
     if rec.len() < RECORD_HEADER {
-        return Err(damaged("short record"));
+        return Err(damaged(container, offset, "short record"));
     }
     let u32_at = |i: usize| u32::from_le_bytes(rec[i..i + 4].try_into().unwrap());
     let (raw_len, stored_len) = (u32_at(32) as usize, u32_at(36) as usize);
     if rec.len() != RECORD_HEADER + stored_len {
-        return Err(damaged("length mismatch"));
+        return Err(damaged(container, offset, "length mismatch"));
     }
     let payload = &rec[RECORD_HEADER..];
     let mut crc = crc32fast::Hasher::new();
     crc.update(&rec[..44]);
     crc.update(payload);
     if crc.finalize() != u32_at(44) {
-        return Err(damaged("checksum mismatch"));
+        return Err(damaged(container, offset, "checksum mismatch"));
     }
-    let raw = match rec[40] {
+    Ok((raw_len, rec[40], payload))
+}
+
+fn damaged(container: u64, offset: u64, why: &str) -> StoreError {
+    StoreError::Damaged {
+        container,
+        offset,
+        why: why.to_string(),
+    }
+}
+
+/// Checks and decodes one record (header and payload). Any mismatch is an
+/// error: a damaged record never decodes to wrong bytes.
+pub fn decode(rec: &[u8], container: u64, offset: u64) -> Result<(Hash, Vec<u8>)> {
+    let (raw_len, codec, payload) = check(rec, container, offset)?;
+    let bad = |why| damaged(container, offset, why);
+    let raw = match codec {
         0 => payload.to_vec(),
-        1 => zstd::bulk::decompress(payload, raw_len).map_err(|_| damaged("zstd"))?,
-        2 => lz4_flex::block::decompress(payload, raw_len).map_err(|_| damaged("lz4"))?,
-        _ => return Err(damaged("unknown codec")),
+        1 => zstd::bulk::decompress(payload, raw_len).map_err(|_| bad("zstd"))?,
+        2 => lz4_flex::block::decompress(payload, raw_len).map_err(|_| bad("lz4"))?,
+        _ => return Err(bad("unknown codec")),
     };
     if raw.len() != raw_len {
-        return Err(damaged("decoded length"));
+        return Err(bad("decoded length"));
     }
     Ok((rec[..32].try_into().unwrap(), raw))
+}
+
+/// Checks a raw record read in two parts, `header` (its
+/// [`RECORD_HEADER`] bytes) and `payload`, the bytes the index expects:
+/// the header must say raw, with this length, and its CRC must match.
+pub fn check_raw(header: &[u8], payload: &[u8], container: u64, offset: u64) -> Result<()> {
+    let bad = |why| damaged(container, offset, why);
+    if header.len() != RECORD_HEADER {
+        return Err(bad("short record"));
+    }
+    let u32_at = |i: usize| u32::from_le_bytes(header[i..i + 4].try_into().unwrap());
+    if u32_at(32) as usize != payload.len() || u32_at(36) as usize != payload.len() {
+        return Err(bad("length differs from the index"));
+    }
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&header[..44]);
+    crc.update(payload);
+    if crc.finalize() != u32_at(44) {
+        return Err(bad("checksum mismatch"));
+    }
+    if header[40] != Codec::Raw as u8 {
+        return Err(bad("length differs from the index"));
+    }
+    Ok(())
+}
+
+/// [`decode`] straight into `out`, whose length is the raw length the
+/// caller expects (from the index): no allocation, and a raw record costs
+/// one copy. Every check of [`decode`] applies; a record of another raw
+/// length is damaged. On error `out` holds unspecified bytes.
+pub fn decode_into(rec: &[u8], container: u64, offset: u64, out: &mut [u8]) -> Result<()> {
+    let (raw_len, codec, payload) = check(rec, container, offset)?;
+    let bad = |why| damaged(container, offset, why);
+    if raw_len != out.len() {
+        return Err(bad("length differs from the index"));
+    }
+    let n = match codec {
+        0 if payload.len() == raw_len => {
+            out.copy_from_slice(payload);
+            raw_len
+        }
+        0 => return Err(bad("decoded length")),
+        1 => zstd::bulk::decompress_to_buffer(payload, out).map_err(|_| bad("zstd"))?,
+        2 => lz4_flex::block::decompress_into(payload, out).map_err(|_| bad("lz4"))?,
+        _ => return Err(bad("unknown codec")),
+    };
+    if n != raw_len {
+        return Err(bad("decoded length"));
+    }
+    Ok(())
 }
 
 /// Where container files live. Containers are never overwritten: a store
@@ -107,6 +167,19 @@ pub trait ContainerStore: Send + Sync {
     fn append(&self, id: u64, bytes: &[u8]) -> Result<()>;
     /// Reads `len` bytes at `offset`.
     fn read(&self, id: u64, offset: u64, len: usize) -> Result<Vec<u8>>;
+    /// Reads the bytes at `offset` into `bufs` in turn (as many bytes as
+    /// they hold). The default reads with [`ContainerStore::read`] and
+    /// copies; a backend that can scatter (`preadv`) saves the copy.
+    fn read_into(&self, id: u64, offset: u64, bufs: &mut [&mut [u8]]) -> Result<()> {
+        let len = bufs.iter().map(|b| b.len()).sum();
+        let data = self.read(id, offset, len)?;
+        let mut at = 0;
+        for b in bufs.iter_mut() {
+            b.copy_from_slice(&data[at..at + b.len()]);
+            at += b.len();
+        }
+        Ok(())
+    }
     /// Makes everything appended to `id` durable.
     fn sync(&self, id: u64) -> Result<()>;
     /// Current length of container `id` (None if it does not exist).
@@ -189,21 +262,47 @@ impl ContainerStore for LocalDir {
             .map_err(StoreError::io(self.path(id)))
     }
 
+    /// Reads into a buffer that is not zeroed first (reads of up to 8 MiB
+    /// are the read path's main cost besides the copies).
     fn read(&self, id: u64, offset: u64, len: usize) -> Result<Vec<u8>> {
         let f = self.file(id)?;
-        let mut buf = vec![0; len];
-        f.read_exact_at(&mut buf, offset).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                StoreError::Damaged {
-                    container: id,
-                    offset,
-                    why: "container shorter than the record".into(),
+        let mut buf = Vec::with_capacity(len);
+        while buf.len() < len {
+            let at = offset + buf.len() as u64;
+            match rustix::io::pread(&*f, rustix::buffer::spare_capacity(&mut buf), at) {
+                Ok(0) => {
+                    return Err(damaged(id, offset, "container shorter than the record"));
                 }
-            } else {
-                StoreError::io(self.path(id))(e)
+                Ok(_) => {}
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(StoreError::io(self.path(id))(e.into())),
             }
-        })?;
+        }
         Ok(buf)
+    }
+
+    /// One `preadv` (more only after a short read): payloads land in
+    /// their final buffers.
+    fn read_into(&self, id: u64, offset: u64, bufs: &mut [&mut [u8]]) -> Result<()> {
+        let f = self.file(id)?;
+        let mut slices: Vec<std::io::IoSliceMut<'_>> = bufs
+            .iter_mut()
+            .map(|b| std::io::IoSliceMut::new(b))
+            .collect();
+        let mut rest = &mut slices[..];
+        let mut at = offset;
+        while rest.iter().any(|s| !s.is_empty()) {
+            match rustix::io::preadv(&*f, rest, at) {
+                Ok(0) => return Err(damaged(id, offset, "container shorter than the record")),
+                Ok(n) => {
+                    std::io::IoSliceMut::advance_slices(&mut rest, n);
+                    at += n as u64;
+                }
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(StoreError::io(self.path(id))(e.into())),
+            }
+        }
+        Ok(())
     }
 
     fn sync(&self, id: u64) -> Result<()> {
@@ -271,6 +370,33 @@ mod tests {
                     assert!(decode(&bad, 1, 16).is_err(), "flip at {i} undetected");
                 }
                 assert!(decode(&enc.bytes[..enc.bytes.len() - 1], 1, 16).is_err());
+            }
+        }
+    }
+
+    /// `decode_into` accepts exactly what `decode` accepts, with the same
+    /// bytes, and refuses an output of another length.
+    #[test]
+    fn decode_into_agrees_with_decode() {
+        for compress in [Compress::Zstd, Compress::Lz4, Compress::None] {
+            let raw: Vec<u8> = (0..5000u32).map(|i| ((i * 7919) >> 3) as u8).collect();
+            let hash = *blake3::hash(&raw).as_bytes();
+            let enc = encode(&hash, &raw, compress);
+            let mut out = vec![0u8; raw.len()];
+            decode_into(&enc.bytes, 1, 16, &mut out).unwrap();
+            assert_eq!(out, raw);
+            for n in [raw.len() - 1, raw.len() + 1] {
+                let mut out = vec![0u8; n];
+                assert!(decode_into(&enc.bytes, 1, 16, &mut out).is_err());
+            }
+            for i in 0..enc.bytes.len() {
+                let mut bad = enc.bytes.clone();
+                bad[i] ^= 0x04;
+                let mut out = vec![0u8; raw.len()];
+                let got = decode_into(&bad, 1, 16, &mut out).map(|_| out);
+                let want = decode(&bad, 1, 16).map(|(_, r)| r);
+                assert_eq!(got.is_ok(), want.is_ok(), "flip at {i}");
+                assert!(got.is_err(), "flip at {i} undetected");
             }
         }
     }

@@ -104,6 +104,13 @@ pub(crate) const CAPS: &[u8] = b"security.capability";
 const ATTR_COLS: &str =
     "ino, kind, perm, uid, gid, nlink, size, atime_ns, mtime_ns, ctime_ns, rdev";
 
+/// The attributes of the inode a name points to, in one statement (a
+/// name only ever sits in a directory, so a hit needs no check of the
+/// parent).
+const LOOKUP_SQL: &str = "SELECT i.ino, i.kind, i.perm, i.uid, i.gid, i.nlink, i.size, i.atime_ns,
+     i.mtime_ns, i.ctime_ns, i.rdev FROM dirents d JOIN inodes i ON i.ino = d.ino
+     WHERE d.parent = ?1 AND d.name = ?2";
+
 fn attr_of(r: &Row) -> rusqlite::Result<Attr> {
     Ok(Attr {
         ino: r.get(0)?,
@@ -232,9 +239,13 @@ impl Store {
     /// The inode named `name` in directory `parent`.
     pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr> {
         let g = self.lock();
+        let mut st = g.db.prepare_cached(LOOKUP_SQL)?;
+        if let Some(a) = st.query_row(params![parent, name], attr_of).optional()? {
+            return Ok(a);
+        }
+        // Not found: the parent decides between ENOENT and ENOTDIR.
         g.dir_attr(parent)?;
-        let ino = g.child(parent, name)?.ok_or(StoreError::NotFound)?;
-        self.attr_with_dirty(&g, ino)
+        Err(StoreError::NotFound)
     }
 
     /// An inode's attributes.
@@ -251,6 +262,15 @@ impl Store {
     pub fn mknod(&self, parent: u64, name: &[u8], node: NewNode) -> Result<Attr> {
         let g = self.lock();
         self.create_locked(&g, parent, name, node, None)
+    }
+
+    /// Creates a file and opens it (`open(O_CREAT)`), under one lock:
+    /// [`Store::mknod`] then [`Store::open_file`].
+    pub fn create_open(&self, parent: u64, name: &[u8], node: NewNode) -> Result<Attr> {
+        let mut g = self.lock();
+        let a = self.create_locked(&g, parent, name, node, None)?;
+        *g.open_count.entry(a.ino).or_default() += 1;
+        Ok(a)
     }
 
     /// Creates a symbolic link to `target`.
@@ -297,6 +317,7 @@ impl Store {
         let t = time_now();
         let is_dir = node.kind == Kind::Dir;
         let size = target.map_or(0, |t| t.len() as u64);
+        let nlink = if is_dir { 2 } else { 1 };
         g.db.prepare_cached(
             "INSERT INTO inodes (kind, perm, uid, gid, nlink, size, atime_ns, mtime_ns, ctime_ns,
              rdev, target) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, ?7, ?8, ?9)",
@@ -306,7 +327,7 @@ impl Store {
             perm,
             node.uid,
             gid,
-            if is_dir { 2 } else { 1 },
+            nlink,
             size,
             t,
             node.rdev,
@@ -318,7 +339,20 @@ impl Store {
             g.add_nlink(parent, 1)?;
         }
         g.touch(parent, true)?;
-        g.attr(ino)
+        // Exactly the row just inserted (no read back).
+        Ok(Attr {
+            ino,
+            kind: node.kind,
+            perm,
+            uid: node.uid,
+            gid,
+            nlink,
+            size,
+            atime_ns: t,
+            mtime_ns: t,
+            ctime_ns: t,
+            rdev: node.rdev,
+        })
     }
 
     /// The target of a symbolic link.
@@ -571,22 +605,34 @@ impl Store {
             self.truncate_locked(&mut g, ino, size)?;
         }
         let t = time_now();
-        let perm = set.perm.map_or(a.perm, |p| p & 0o7777);
+        let new = Attr {
+            perm: set.perm.map_or(a.perm, |p| p & 0o7777),
+            uid: set.uid.unwrap_or(a.uid),
+            gid: set.gid.unwrap_or(a.gid),
+            size: set.size.unwrap_or(a.size),
+            atime_ns: set.atime_ns.unwrap_or(a.atime_ns),
+            mtime_ns: set
+                .mtime_ns
+                .unwrap_or(if set.size.is_some() { t } else { a.mtime_ns }),
+            ctime_ns: set.ctime_ns.unwrap_or(t),
+            ..a
+        };
         g.db.prepare_cached(
             "UPDATE inodes SET perm = ?2, uid = ?3, gid = ?4, atime_ns = ?5, mtime_ns = ?6,
              ctime_ns = ?7 WHERE ino = ?1",
         )?
         .execute(params![
             ino,
-            perm,
-            set.uid.unwrap_or(a.uid),
-            set.gid.unwrap_or(a.gid),
-            set.atime_ns.unwrap_or(a.atime_ns),
-            set.mtime_ns
-                .unwrap_or(if set.size.is_some() { t } else { a.mtime_ns }),
-            set.ctime_ns.unwrap_or(t),
+            new.perm,
+            new.uid,
+            new.gid,
+            new.atime_ns,
+            new.mtime_ns,
+            new.ctime_ns,
         ])?;
-        self.attr_with_dirty(&g, ino)
+        // The row as updated: truncate_locked set the size, nothing else
+        // changed under the lock.
+        Ok(new)
     }
 
     /// Sets an extended attribute (`create`: must not exist; `replace`:
@@ -606,13 +652,13 @@ impl Store {
         let a = g.attr(ino)?;
         if name == b"system.posix_acl_access" {
             let (perm, minimal) = acl_mode(value).ok_or(StoreError::Invalid)?;
-            g.db.prepare_cached("UPDATE inodes SET perm = ?2 WHERE ino = ?1")?
-                .execute(params![ino, (a.perm & 0o7000) | perm])?;
+            g.db.prepare_cached("UPDATE inodes SET perm = ?2, ctime_ns = ?3 WHERE ino = ?1")?
+                .execute(params![ino, (a.perm & 0o7000) | perm, time_now()])?;
             if minimal {
                 // An ACL that says no more than the mode is the mode.
                 g.db.prepare_cached("DELETE FROM xattrs WHERE ino = ?1 AND name = ?2")?
                     .execute(params![ino, name])?;
-                return g.touch(ino, false);
+                return Ok(());
             }
         }
         let exists =

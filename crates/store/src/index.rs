@@ -539,3 +539,259 @@ fn confirm(db: &Connection, id: ChunkId, hash: &Hash) -> Result<Option<(ChunkId,
         .filter(|(h, _)| h == hash)
         .map(|(_, loc)| (id, loc)))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::{Kind, NewNode, Store, StoreConfig};
+
+    fn cfg(quota: Option<u64>) -> StoreConfig {
+        StoreConfig {
+            chunking: "fixed:4K".parse().unwrap(),
+            container_size: 1 << 20,
+            index_quota: quota,
+            // Flushes and merges of the index every few dozen chunks.
+            index_memtable: Some(16),
+            ..StoreConfig::default()
+        }
+    }
+
+    fn store(quota: Option<u64>) -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        Store::init(dir.path(), &cfg(quota)).unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        (dir, s)
+    }
+
+    /// `n` distinct 4 KiB chunks from `seed`.
+    fn data(n: usize, seed: u64) -> Vec<u8> {
+        let mut out = Vec::with_capacity(n * 4096);
+        let mut i = 0u64;
+        while out.len() < n * 4096 {
+            out.extend_from_slice(blake3::hash(&[seed, i].map(u64::to_le_bytes).concat()).as_bytes());
+            i += 1;
+        }
+        out
+    }
+
+    fn put(s: &Store, name: &str, bytes: &[u8]) -> u64 {
+        let node = NewNode {
+            kind: Kind::File,
+            perm: 0o644,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+        };
+        let ino = s.mknod(1, name.as_bytes(), node).unwrap().ino;
+        s.open_file(ino).unwrap();
+        s.write(ino, 0, bytes).unwrap();
+        s.release_file(ino).unwrap();
+        ino
+    }
+
+    fn clean(s: &Store) {
+        let r = s.fsck(false).unwrap();
+        assert!(r.problems.is_empty(), "{:?}", r.problems);
+    }
+
+    /// Dedupe is answered by the index across reopens, with many index
+    /// flushes and merges; its entries are exactly the chunks.
+    #[test]
+    fn index_answers_dedupe_across_reopens() {
+        let (dir, s) = store(None);
+        let a = data(300, 1);
+        put(&s, "a", &a);
+        s.flush_all(true).unwrap();
+        let st = s.stats().unwrap();
+        assert_eq!((st.chunks, st.index_entries), (300, 300));
+        drop(s);
+        let s = Store::open(dir.path()).unwrap();
+        let new_before = s.stats().unwrap().written_new_bytes;
+        let b = put(&s, "b", &a);
+        assert_eq!(s.stats().unwrap().written_new_bytes, new_before);
+        assert_eq!(s.stats().unwrap().chunks, 300);
+        assert!(s.read(b, 0, a.len()).unwrap() == a);
+        clean(&s);
+        assert!(s.lock().index.is_settled());
+    }
+
+    /// A kill after commits that were never made durable for the index:
+    /// the rows above W are replayed at open, so nothing is lost, and the
+    /// index matches the rows. Also with W lost entirely.
+    #[test]
+    fn rows_beyond_the_watermark_are_replayed() {
+        let (dir, s) = store(None);
+        let a = data(100, 2);
+        put(&s, "a", &a);
+        // Committed, not durable: the index has not seen these rows.
+        s.commit(false).unwrap();
+        assert_eq!(s.lock().index.figures().entries, 0);
+        drop(s);
+        let s = Store::open(dir.path()).unwrap();
+        assert_eq!(s.lock().index.figures().entries, 100);
+        let new_before = s.stats().unwrap().written_new_bytes;
+        put(&s, "b", &a);
+        assert_eq!(s.stats().unwrap().written_new_bytes, new_before);
+        clean(&s);
+        {
+            let g = s.lock();
+            super::set_meta(&g.db, "index_synced", 0).unwrap();
+        }
+        s.commit(true).unwrap();
+        drop(s);
+        let s = Store::open(dir.path()).unwrap();
+        clean(&s);
+        assert_eq!(s.stats().unwrap().index_entries, 100);
+    }
+
+    /// An index entry pointing at the wrong row is a miss (the row's full
+    /// BLAKE3 differs), never a false duplicate; it is replaced.
+    #[test]
+    fn stale_entry_is_a_miss_never_a_false_duplicate() {
+        let (dir, s) = store(None);
+        let a = data(10, 3);
+        put(&s, "a", &a);
+        s.flush_all(true).unwrap();
+        drop(s);
+        let b = data(1, 4);
+        let kb = super::key_of(blake3::hash(&b).as_bytes());
+        {
+            let mut fp = onecopy_fpindex::Index::open(
+                &dir.path().join(super::INDEX_DIR),
+                onecopy_fpindex::Config::default(),
+            )
+            .unwrap();
+            // Chunk 1 holds other bytes.
+            fp.insert(kb, 1, 0).unwrap();
+            fp.commit().unwrap();
+        }
+        let s = Store::open(dir.path()).unwrap();
+        assert!(!s.fsck(false).unwrap().problems.is_empty());
+        let ino = put(&s, "b", &b);
+        assert!(s.read(ino, 0, 4096).unwrap() == b);
+        assert_eq!(s.stats().unwrap().chunks, 11);
+        clean(&s);
+    }
+
+    /// A lost index is found by fsck and rebuilt by fsck --repair.
+    #[test]
+    fn fsck_finds_a_lost_index_and_repair_rebuilds_it() {
+        let (dir, s) = store(None);
+        let a = data(50, 5);
+        put(&s, "a", &a);
+        s.flush_all(true).unwrap();
+        drop(s);
+        std::fs::remove_dir_all(dir.path().join(super::INDEX_DIR)).unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        let r = s.fsck(false).unwrap();
+        assert_eq!(r.problems.len(), 50, "{:?}", r.problems);
+        let r = s.fsck(true).unwrap();
+        assert_eq!(r.repaired, 50);
+        clean(&s);
+        let new_before = s.stats().unwrap().written_new_bytes;
+        put(&s, "b", &a);
+        assert_eq!(s.stats().unwrap().written_new_bytes, new_before);
+        drop(s);
+        let s = Store::open(dir.path()).unwrap();
+        clean(&s);
+    }
+
+    /// Over the quota, new chunks are stored without dedupe, counted, and
+    /// not replayed into the index at open.
+    #[test]
+    fn quota_stores_new_chunks_without_dedupe() {
+        let (dir, s) = store(Some(20));
+        let a = data(30, 6);
+        put(&s, "a", &a);
+        s.flush_all(true).unwrap();
+        let st = s.stats().unwrap();
+        assert_eq!(st.index_entries, 20);
+        assert_eq!(st.index_quota, Some(20));
+        assert_eq!(st.index_quota_skipped, 10);
+        assert_eq!(st.unindexed_chunks, 10);
+        let b = put(&s, "b", &a);
+        s.flush_all(true).unwrap();
+        // The 20 indexed chunks dedupe, the 10 others are stored again.
+        assert_eq!(s.stats().unwrap().chunks, 40);
+        assert!(s.read(b, 0, a.len()).unwrap() == a);
+        clean(&s);
+        drop(s);
+        let s = Store::open(dir.path()).unwrap();
+        assert_eq!(s.stats().unwrap().index_entries, 20);
+        clean(&s);
+    }
+
+    /// prune --days 0 drops the entries of chunks referenced once (not of
+    /// shared ones); they stay readable; a reopen does not bring them back;
+    /// gc's deletions leave the index too.
+    #[test]
+    fn prune_and_gc_remove_entries() {
+        let (dir, s) = store(None);
+        let a = data(20, 7);
+        let u = data(10, 8);
+        put(&s, "a1", &a);
+        put(&s, "a2", &a);
+        let ui = put(&s, "u", &u);
+        s.flush_all(true).unwrap();
+        assert_eq!(s.stats().unwrap().index_entries, 30);
+        // Entries are born now: prune those older than "in 2 seconds".
+        std::thread::sleep(Duration::from_millis(1100));
+        assert_eq!(s.prune_index(Duration::ZERO).unwrap(), 10);
+        let st = s.stats().unwrap();
+        assert_eq!((st.index_entries, st.unindexed_chunks), (20, 10));
+        assert!(s.read(ui, 0, u.len()).unwrap() == u);
+        clean(&s);
+        drop(s);
+        let s = Store::open(dir.path()).unwrap();
+        assert_eq!(s.stats().unwrap().index_entries, 20);
+        clean(&s);
+        s.unlink(1, b"a1").unwrap();
+        s.unlink(1, b"a2").unwrap();
+        s.gc().unwrap();
+        let st = s.stats().unwrap();
+        assert_eq!((st.chunks, st.index_entries), (10, 0));
+        clean(&s);
+    }
+
+    /// A format-1 store (unique hash index, no index directory) is
+    /// migrated at open: same data, dedupe through the new index.
+    #[test]
+    fn format_1_store_is_migrated() {
+        let (dir, s) = store(None);
+        let a = data(40, 9);
+        let ino = put(&s, "a", &a);
+        s.flush_all(true).unwrap();
+        drop(s);
+        // Turn it into what the format-1 code wrote.
+        {
+            let db = rusqlite::Connection::open(dir.path().join("meta.sqlite")).unwrap();
+            db.execute_batch(
+                "CREATE TABLE c1 (id INTEGER PRIMARY KEY AUTOINCREMENT, hash BLOB NOT NULL UNIQUE,
+                   container INTEGER NOT NULL, offset INTEGER NOT NULL, stored_len INTEGER NOT NULL,
+                   raw_len INTEGER NOT NULL, refs INTEGER NOT NULL);
+                 INSERT INTO c1 SELECT id, hash, container, offset, stored_len, raw_len, refs FROM chunks;
+                 DROP TABLE chunks; ALTER TABLE c1 RENAME TO chunks;
+                 CREATE INDEX chunks_container ON chunks (container);
+                 DROP TABLE index_drops;
+                 DELETE FROM meta WHERE key LIKE 'index_%';
+                 UPDATE meta SET value = '1' WHERE key = 'format';
+                 PRAGMA user_version = 1;",
+            )
+            .unwrap();
+        }
+        std::fs::remove_dir_all(dir.path().join(super::INDEX_DIR)).unwrap();
+        let json = dir.path().join("store.json");
+        let text = std::fs::read_to_string(&json).unwrap();
+        std::fs::write(&json, text.replace("\"format\": 2", "\"format\": 1")).unwrap();
+        assert_eq!(Store::read_config(dir.path()).unwrap().format, 1);
+        let s = Store::open(dir.path()).unwrap();
+        assert_eq!(Store::read_config(dir.path()).unwrap().format, 2);
+        assert!(s.read(ino, 0, a.len()).unwrap() == a);
+        assert_eq!(s.stats().unwrap().index_entries, 40);
+        let new_before = s.stats().unwrap().written_new_bytes;
+        put(&s, "b", &a);
+        assert_eq!(s.stats().unwrap().written_new_bytes, new_before);
+        clean(&s);
+    }
+}

@@ -311,7 +311,13 @@ fn kill_rounds(chunking: &str, rounds: usize) {
     }
     let runs = std::fs::read_dir(s.store.join("index"))
         .unwrap()
-        .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with("run-"))
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with("run-")
+        })
         .count();
     assert!(runs >= 1, "the fingerprint index never wrote a run");
     // No leak: after gc every stored chunk is referenced, and once every

@@ -216,9 +216,8 @@ impl StoreIndex {
             };
             self.apply(db, Op::Drop(u128::from_le_bytes(k), id))?;
         }
-        let mut st = db.prepare(
-            "SELECT id, hash FROM chunks WHERE id > ?1 AND indexed = 1 ORDER BY id",
-        )?;
+        let mut st =
+            db.prepare("SELECT id, hash FROM chunks WHERE id > ?1 AND indexed = 1 ORDER BY id")?;
         let mut rows = st.query([self.synced])?;
         while let Some(r) = rows.next()? {
             let (id, hash): (ChunkId, Vec<u8>) = (r.get(0)?, r.get(1)?);
@@ -470,7 +469,10 @@ impl StoreIndex {
         while let Some(r) = rows.next()? {
             let (id, hash, indexed): (ChunkId, Vec<u8>, i64) = (r.get(0)?, r.get(1)?, r.get(2)?);
             let Ok(h) = Hash::try_from(hash.as_slice()) else {
-                problems.push(format!("chunk {id} has a fingerprint of {} bytes", hash.len()));
+                problems.push(format!(
+                    "chunk {id} has a fingerprint of {} bytes",
+                    hash.len()
+                ));
                 continue;
             };
             let k = key_of(&h);
@@ -569,7 +571,9 @@ mod tests {
         let mut out = Vec::with_capacity(n * 4096);
         let mut i = 0u64;
         while out.len() < n * 4096 {
-            out.extend_from_slice(blake3::hash(&[seed, i].map(u64::to_le_bytes).concat()).as_bytes());
+            out.extend_from_slice(
+                blake3::hash(&[seed, i].map(u64::to_le_bytes).concat()).as_bytes(),
+            );
             i += 1;
         }
         out

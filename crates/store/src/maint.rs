@@ -6,8 +6,8 @@ use serde::Serialize;
 
 use crate::container::{self, Hash, CONTAINER_HEADER};
 use crate::error::{Result, StoreError};
-use crate::meta::ChunkLoc;
 use crate::index::{set_meta, IndexFigures};
+use crate::meta::ChunkLoc;
 use crate::store::{Inner, Store};
 
 /// What `store stats` reports.
@@ -190,7 +190,8 @@ impl Store {
     pub fn prune(&self) -> Result<u64> {
         let mut g = self.lock();
         let dead: Vec<(u64, Vec<u8>)> = {
-            let mut st = g.db.prepare("SELECT id, hash FROM chunks WHERE refs <= 0")?;
+            let mut st =
+                g.db.prepare("SELECT id, hash FROM chunks WHERE refs <= 0")?;
             let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
             rows.collect::<rusqlite::Result<_>>()?
         };
@@ -336,7 +337,7 @@ impl Store {
         rep.problems.extend(found.iter().cloned());
         if repair {
             set_meta(&g.db, "index_synced", 0)?;
-            self.commit_locked(&mut **g, true)?;
+            self.commit_locked(g, true)?;
             let Inner { db, index, .. } = &mut **g;
             index.rebuild(db)?;
             rep.repaired += found.len() as u64;

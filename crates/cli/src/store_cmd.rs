@@ -59,7 +59,7 @@ pub enum StoreAction {
         #[arg(long, value_name = "N")]
         index_quota: Option<u64>,
         /// Entries the fingerprint index buffers in RAM before writing a
-        /// sorted run (about 80 bytes each; default 262144).
+        /// sorted run (about 80 bytes each; default 65536).
         #[arg(long, value_name = "N", hide = true)]
         index_memtable: Option<usize>,
     },

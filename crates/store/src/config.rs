@@ -144,7 +144,7 @@ pub struct StoreConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub index_quota: Option<u64>,
     /// Entries the fingerprint index keeps in its memtable before sealing
-    /// it into a run (default 262,144; tests set a few hundred so that
+    /// it into a run (default 65,536; tests set a few hundred so that
     /// flushes and merges happen often).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub index_memtable: Option<usize>,

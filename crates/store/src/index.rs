@@ -37,10 +37,11 @@ use crate::meta::{ChunkId, ChunkIndex, ChunkLoc, SqlIndex};
 
 /// The index's directory inside the store.
 pub const INDEX_DIR: &str = "index";
-/// Memtable entries by default (about 80 B each while in RAM: 20 MiB).
-pub const DEFAULT_MEMTABLE: usize = 1 << 18;
-/// Locality-cache entries (about 60 B each: 15 MiB at most).
-const CACHE_ENTRIES: usize = 1 << 18;
+/// Memtable entries by default (about 80 B each while in RAM, with the
+/// hash map's slack ~8 MiB): 4 GiB of 64 KiB chunks per sealed run.
+pub const DEFAULT_MEMTABLE: usize = 1 << 16;
+/// Locality-cache entries (about 60 B each: 8 MiB at most).
+const CACHE_ENTRIES: usize = 1 << 17;
 /// Operations waiting for a durable commit beyond which the next commit
 /// is made durable (bounds `waiting` to a few MiB).
 const MAX_WAITING: usize = 1 << 16;

@@ -49,6 +49,10 @@ const MAX_WAITING: usize = 1 << 16;
 /// applied operations, or at a durable commit this long after the last.
 const SYNC_OPS: usize = 1 << 16;
 const SYNC_EVERY: Duration = Duration::from_secs(5);
+/// Operations applied by one unforced durable commit (an `fsync`): the
+/// rest wait for the next, so that a burst (gc deleting thousands of
+/// rows) does not stall one writer behind the store's lock for all of it.
+const APPLY_SLICE: usize = 2048;
 
 /// The index key of a chunk: the first 16 bytes of its BLAKE3-256.
 pub fn key_of(hash: &Hash) -> u128 {
@@ -326,11 +330,20 @@ impl StoreIndex {
     /// index, which is committed when enough has accumulated (or `force`).
     /// Database writes (W, marks, journal) go into the open transaction.
     /// On an error the operations not applied stay queued for next time.
+    /// Unless `force`, at most [`APPLY_SLICE`] operations are applied, the
+    /// oldest first; the rest stay queued in order (W then covers only the
+    /// applied inserts, whose ids are below every queued one).
     pub fn made_durable(&mut self, db: &Connection, force: bool) -> Result<()> {
-        let ops = std::mem::take(&mut self.committed_ops);
+        let n = if force {
+            self.committed_ops.len()
+        } else {
+            self.committed_ops.len().min(APPLY_SLICE)
+        };
+        let ops: Vec<Op> = self.committed_ops.drain(..n).collect();
         for (i, &op) in ops.iter().enumerate() {
             if let Err(e) = self.apply(db, op) {
-                self.committed_ops = ops[i..].to_vec();
+                let rest = std::mem::take(&mut self.committed_ops);
+                self.committed_ops = ops[i..].iter().copied().chain(rest).collect();
                 return Err(e);
             }
         }

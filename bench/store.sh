@@ -34,7 +34,8 @@ fio_seq() { # DIR RW OUT
     fio --name=s --filename="$1/f" --size="$SIZE" --rw="$2" --bs=1M --ioengine=psync \
         --refill_buffers --randseed=42 --end_fsync=1 --output-format=json > "$3"
 }
-mount_store() { $O store init "$work/s" "$@" >/dev/null; $O mount "$work/s" "$work/mnt"; }
+# STORE_INIT_ARGS: extra `store init` options (e.g. --index-memtable 256).
+mount_store() { $O store init "$work/s" ${STORE_INIT_ARGS:-} "$@" >/dev/null; $O mount "$work/s" "$work/mnt"; }
 umount_store() { fusermount3 -u "$work/mnt"; while pgrep -f "mount $work/s" >/dev/null; do sleep 0.2; done; }
 
 if want fio; then

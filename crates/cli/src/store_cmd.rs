@@ -53,6 +53,15 @@ pub enum StoreAction {
         /// Target size of a container file.
         #[arg(long, default_value = "4M")]
         container_size: String,
+        /// Fingerprint index quota in entries (chunks): above it, new
+        /// chunks are stored without dedupe (as ZFS dedup_table_quota);
+        /// `store stats` counts them. Default: no quota.
+        #[arg(long, value_name = "N")]
+        index_quota: Option<u64>,
+        /// Entries the fingerprint index buffers in RAM before writing a
+        /// sorted run (about 80 bytes each; default 65536).
+        #[arg(long, value_name = "N", hide = true)]
+        index_memtable: Option<usize>,
     },
     /// Logical and stored bytes, dedupe and compression ratios, chunks.
     Stats {
@@ -76,8 +85,15 @@ pub enum StoreAction {
     /// is damaged.
     Scrub { dir: PathBuf },
     /// Drop index entries of chunks nobody references (gc reclaims their
-    /// bytes).
-    Prune { dir: PathBuf },
+    /// bytes); with --days, also the fingerprint index entries of chunks
+    /// referenced once and indexed more than DAYS days ago (as ZFS
+    /// ddtprune): they stay stored, but a new copy is no longer deduped.
+    Prune {
+        dir: PathBuf,
+        /// Age in days (0: every chunk referenced once).
+        #[arg(long, value_name = "DAYS")]
+        days: Option<u64>,
+    },
 }
 
 /// Maps a store error to its exit code.
@@ -112,12 +128,21 @@ fn act(action: StoreAction) -> Result<u8, StoreError> {
             compress,
             verify,
             container_size,
+            index_quota,
+            index_memtable,
         } => {
+            if index_memtable == Some(0) {
+                return Err(StoreError::BadOption(
+                    "--index-memtable must be at least 1".into(),
+                ));
+            }
             let cfg = StoreConfig {
                 chunking: chunking.parse::<Chunking>()?,
                 compress: compress.parse::<Compress>()?,
                 verify,
                 container_size: onecopy_store::config::parse_size(&container_size)? as u64,
+                index_quota,
+                index_memtable,
                 ..StoreConfig::default()
             };
             if let Some(entry) = foreign_entry(&dir) {
@@ -184,9 +209,15 @@ fn act(action: StoreAction) -> Result<u8, StoreError> {
                 code::PROBLEMS
             })
         }
-        StoreAction::Prune { dir } => {
-            let n = Store::open(&dir)?.prune()?;
+        StoreAction::Prune { dir, days } => {
+            let s = Store::open(&dir)?;
+            let n = s.prune()?;
             println!("pruned {n} unreferenced index entries");
+            if let Some(days) = days {
+                let age = std::time::Duration::from_secs(days.saturating_mul(86_400));
+                let n = s.prune_index(age)?;
+                println!("pruned {n} entries of chunks referenced once, older than {days} days");
+            }
             Ok(code::OK)
         }
     }
@@ -274,6 +305,14 @@ fn print_stats(s: &onecopy_store::Stats) {
         "index entries:      {} ({:.1} bytes of RAM each)",
         s.index_entries, s.index_ram_bytes_per_entry
     );
+    match s.index_quota {
+        Some(q) => println!(
+            "index quota:        {q} entries ({} chunks stored without dedupe over it)",
+            s.index_quota_skipped
+        ),
+        None => println!("index quota:        none"),
+    }
+    println!("chunks not indexed: {}", s.unindexed_chunks);
     println!("written new:        {}", s.written_new_bytes);
     println!("written duplicate:  {}", s.written_duplicate_bytes);
     println!("written zero:       {}", s.written_zero_bytes);

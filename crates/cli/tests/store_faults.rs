@@ -277,7 +277,16 @@ fn kill_9_at_random_points_of_a_mixed_workload() {
 }
 
 fn kill_rounds(chunking: &str, rounds: usize) {
-    let s = scratch(&["--chunking", chunking, "--container-size", "1M"]);
+    // A 16-entry memtable: the fingerprint index writes a run, and merges
+    // runs, every few dozen chunks, so kills land in those too.
+    let s = scratch(&[
+        "--chunking",
+        chunking,
+        "--container-size",
+        "1M",
+        "--index-memtable",
+        "16",
+    ]);
     let mut rng = Rng::seeded(chunking);
     let rec = Arc::new(Mutex::new(Record::default()));
     for round in 0..rounds {
@@ -300,6 +309,17 @@ fn kill_rounds(chunking: &str, rounds: usize) {
         check_after_restart(&s.mnt, &rec, round);
         m.unmount();
     }
+    let runs = std::fs::read_dir(s.store.join("index"))
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with("run-")
+        })
+        .count();
+    assert!(runs >= 1, "the fingerprint index never wrote a run");
     // No leak: after gc every stored chunk is referenced, and once every
     // file is gone gc leaves no chunk and at most the open container.
     let out = onecopy(&["store", "gc", s.store.to_str().unwrap()]);

@@ -348,3 +348,67 @@ fn errors_are_one_liners_with_exit_codes() {
     );
     umount_and_check(&p("fresh"), &p("mnt"));
 }
+
+/// The index quota and prune are store options: over the quota new chunks
+/// are stored without dedupe and counted; `prune --days 0` drops the
+/// entries of chunks referenced once (they still read back); fsck stays
+/// clean throughout.
+#[test]
+fn index_quota_and_prune_through_the_cli() {
+    if !can_fuse() {
+        return;
+    }
+    let t = tmp();
+    let (store, mnt) = (t.path().join("store"), t.path().join("mnt"));
+    std::fs::create_dir(&mnt).unwrap();
+    let _guard = Unmount(vec![mnt.clone()]);
+    let st = store.to_str().unwrap();
+    ok(
+        &onecopy(&["store", "init", st, "--index-quota", "40"]),
+        "init --index-quota",
+    );
+    ok(&onecopy(&["mount", st, mnt.to_str().unwrap()]), "mount");
+    // 64 distinct 64 KiB chunks: 40 indexed, 24 over the quota.
+    write_random(&mnt.join("a"), 4 * MIB, 21).unwrap();
+    umount_and_check(&store, &mnt);
+    let json = |out: &Output| -> serde_json::Value { serde_json::from_slice(&out.stdout).unwrap() };
+    let s = json(&onecopy(&["store", "stats", st, "--json"]));
+    assert_eq!(s["index_quota"], 40, "{s}");
+    assert_eq!(s["index_entries"], 40, "{s}");
+    assert_eq!(s["index_quota_skipped"], 24, "{s}");
+    assert_eq!(s["unindexed_chunks"], 24, "{s}");
+    // Entries are born this second; prune those older than now.
+    std::thread::sleep(Duration::from_millis(1100));
+    let out = onecopy(&["store", "prune", st, "--days", "0"]);
+    ok(&out, "prune --days 0");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("pruned 40 entries"),
+        "{out:?}"
+    );
+    let s = json(&onecopy(&["store", "stats", st, "--json"]));
+    assert_eq!(
+        (s["index_entries"].as_u64(), s["chunks"].as_u64()),
+        (Some(0), Some(64)),
+        "{s}"
+    );
+    ok(&onecopy(&["store", "fsck", st]), "fsck after prune");
+    ok(
+        &onecopy(&["mount", st, mnt.to_str().unwrap()]),
+        "mount again",
+    );
+    let sum = checksum_file(&mnt.join("a")).unwrap();
+    std::fs::copy(mnt.join("a"), mnt.join("b")).unwrap();
+    assert_eq!(checksum_file(&mnt.join("b")).unwrap(), sum);
+    umount_and_check(&store, &mnt);
+    // Nothing was indexed any more, so the copy was stored again.
+    let s = json(&onecopy(&["store", "stats", st, "--json"]));
+    assert_eq!(s["chunks"], 128, "{s}");
+    let bad = onecopy(&[
+        "store",
+        "init",
+        t.path().join("x").to_str().unwrap(),
+        "--index-quota",
+        "lots",
+    ]);
+    assert_eq!(bad.status.code(), Some(2), "{bad:?}");
+}

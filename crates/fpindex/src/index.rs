@@ -701,16 +701,25 @@ impl Index {
     /// Deletes every entry referenced once and inserted before `older_than`
     /// (ZFS `ddtprune`); returns how many. Durable when it returns.
     pub fn prune(&mut self, older_than: u32) -> Result<u64> {
-        let victims: Vec<Entry> = self
-            .scan()?
-            .into_iter()
-            .filter(|e| !e.is_tombstone() && e.refs == 1 && e.born < older_than)
-            .collect();
+        let victims = self.prune_candidates(older_than)?;
         for &e in &victims {
             self.delete_entry(e)?;
         }
         self.commit()?;
         Ok(victims.len() as u64)
+    }
+
+    /// What [`Index::prune`] would delete: the live entries referenced
+    /// once and inserted before `older_than`. A caller that keeps its own
+    /// record of what is indexed (the store) marks them there durably
+    /// first, then deletes them, so a crash in between leaves nothing
+    /// unaccounted for.
+    pub fn prune_candidates(&self, older_than: u32) -> Result<Vec<Entry>> {
+        Ok(self
+            .scan()?
+            .into_iter()
+            .filter(|e| !e.is_tombstone() && e.refs == 1 && e.born < older_than)
+            .collect())
     }
 
     /// Every entry's newest state (tombstones included), in key order.

@@ -4,8 +4,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, StoreError};
 
-/// Store format this code writes and reads.
-pub const FORMAT: u64 = 1;
+/// Store format this code writes. Format 2 (fingerprint lookups through
+/// `onecopy-fpindex` in `DIR/index`, no unique hash index in SQLite).
+pub const FORMAT: u64 = 2;
+/// Oldest store format this code opens; a format-1 store is migrated to
+/// format 2 when opened for writing.
+pub const FORMAT_MIN: u64 = 1;
 /// Magic string in `store.json`.
 pub const MAGIC: &str = "onecopy-store";
 
@@ -135,6 +139,15 @@ pub struct StoreConfig {
     pub verify: bool,
     /// Target size of a container file.
     pub container_size: u64,
+    /// Fingerprint index quota: once this many chunks are indexed, new
+    /// chunks are stored without dedupe (ZFS `dedup_table_quota`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index_quota: Option<u64>,
+    /// Entries the fingerprint index keeps in its memtable before sealing
+    /// it into a run (default 65,536; tests set a few hundred so that
+    /// flushes and merges happen often).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index_memtable: Option<usize>,
 }
 
 impl Default for StoreConfig {
@@ -146,6 +159,8 @@ impl Default for StoreConfig {
             compress: Compress::default(),
             verify: false,
             container_size: 4 << 20,
+            index_quota: None,
+            index_memtable: None,
         }
     }
 }

@@ -11,7 +11,7 @@ use crate::cache::par_map;
 use crate::config::Chunking;
 use crate::container::{self, Encoded, Hash};
 use crate::error::{Result, StoreError};
-use crate::meta::{ChunkId, ChunkIndex, ChunkLoc, SqlIndex};
+use crate::meta::{ChunkId, ChunkLoc};
 use crate::ns::Kind;
 use crate::store::{decode_loc, time_now, Inner, Store};
 
@@ -151,18 +151,25 @@ impl Store {
             }
         });
         let unknown: Vec<usize> = {
-            let g = self.lock();
-            let idx = SqlIndex(&g.db);
+            // Distinct fingerprints of the snapshot, looked up in one batch.
             let mut seen = HashSet::new();
-            let mut out = Vec::new();
+            let (mut at, mut hashes) = (Vec::new(), Vec::new());
             for (i, cut) in cuts.iter().enumerate() {
                 if let Cut::Data(_, h) = cut {
-                    if seen.insert(*h) && idx.lookup(h)?.is_none() {
-                        out.push(i);
+                    if seen.insert(*h) {
+                        at.push(i);
+                        hashes.push(*h);
                     }
                 }
             }
-            out
+            let mut g = self.lock();
+            let Inner { db, index, .. } = &mut *g;
+            let found = index.lookup_many(db, &hashes)?;
+            at.into_iter()
+                .zip(found)
+                .filter(|(_, f)| f.is_none())
+                .map(|(i, _)| i)
+                .collect()
         };
         let compress = self.cfg.compress;
         let mut encoded: HashMap<Hash, Encoded> = par_map(&unknown, |&i| match cuts[i] {

@@ -12,6 +12,12 @@ pub enum StoreError {
         #[source]
         source: std::io::Error,
     },
+    #[error("{path}: fingerprint index: {source}")]
+    Index {
+        path: PathBuf,
+        #[source]
+        source: onecopy_fpindex::Error,
+    },
     #[error("metadata database: {0}")]
     Db(#[from] rusqlite::Error),
     #[error("{path}: not an onecopy store ({why})")]
@@ -85,6 +91,10 @@ impl StoreError {
                 Some(libc::EDQUOT) => libc::EDQUOT,
                 _ => libc::EIO,
             },
+            StoreError::Index {
+                source: onecopy_fpindex::Error::Io { source, .. },
+                ..
+            } if source.raw_os_error() == Some(libc::ENOSPC) => libc::ENOSPC,
             StoreError::Db(rusqlite::Error::SqliteFailure(e, _))
                 if e.code == rusqlite::ErrorCode::DiskFull =>
             {

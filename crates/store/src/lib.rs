@@ -10,6 +10,7 @@ pub mod config;
 pub mod container;
 mod data;
 pub mod error;
+mod index;
 mod maint;
 pub mod meta;
 mod ns;

@@ -4,10 +4,11 @@
 use rusqlite::params;
 use serde::Serialize;
 
-use crate::container::{self, CONTAINER_HEADER};
+use crate::container::{self, Hash, CONTAINER_HEADER};
 use crate::error::{Result, StoreError};
+use crate::index::{set_meta, IndexFigures};
 use crate::meta::ChunkLoc;
-use crate::store::Store;
+use crate::store::{Inner, Store};
 
 /// What `store stats` reports.
 #[derive(Debug, Clone, Serialize)]
@@ -31,10 +32,19 @@ pub struct Stats {
     pub dedupe_ratio: f64,
     /// unique / stored.
     pub compression_ratio: f64,
-    /// Fingerprint index entries (one per stored chunk).
+    /// Fingerprint index entries (one per indexed chunk).
     pub index_entries: u64,
-    /// RAM the index holds per entry (SQLite keeps it on disk: page cache only).
+    /// RAM the index holds per entry: its filters, directories and
+    /// liveness bitmap (`onecopy-fpindex`; the memtable of recent entries
+    /// and the locality cache are bounded apart). Recorded at the index's
+    /// last commit when the store is mounted by another process.
     pub index_ram_bytes_per_entry: f64,
+    /// The index's quota (entries), if any (`store init --index-quota`).
+    pub index_quota: Option<u64>,
+    /// New chunks stored without dedupe because the index was at its quota.
+    pub index_quota_skipped: u64,
+    /// Chunks the index does not hold (refused by the quota, or pruned).
+    pub unindexed_chunks: u64,
     /// Bytes written as new chunks, found duplicate, and kept as holes.
     pub written_new_bytes: u64,
     pub written_duplicate_bytes: u64,
@@ -79,7 +89,12 @@ pub struct ScrubReport {
     pub damaged_ids: Vec<(u64, String)>,
 }
 
-fn compute_stats(db: &rusqlite::Connection, c: &crate::store::WriteCounters) -> Result<Stats> {
+fn compute_stats(
+    db: &rusqlite::Connection,
+    c: &crate::store::WriteCounters,
+    index: Option<IndexFigures>,
+    quota: Option<u64>,
+) -> Result<Stats> {
     let q = |sql: &str| -> Result<u64> {
         Ok(db
             .query_row(sql, [], |r| r.get::<_, Option<i64>>(0))?
@@ -89,6 +104,16 @@ fn compute_stats(db: &rusqlite::Connection, c: &crate::store::WriteCounters) -> 
     let unique = q("SELECT SUM(raw_len) FROM chunks WHERE refs > 0")?;
     let stored = q("SELECT SUM(stored_len) FROM chunks WHERE refs > 0")?;
     let chunks = q("SELECT COUNT(*) FROM chunks")?;
+    let v2: u64 = db.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    let unindexed = if v2 >= 2 {
+        q("SELECT COUNT(*) FROM chunks WHERE indexed = 0")?
+    } else {
+        0
+    };
+    let index = index.unwrap_or(IndexFigures {
+        entries: chunks - unindexed,
+        ..IndexFigures::default()
+    });
     let ratio = |a: u64, b: u64| if b == 0 { 1.0 } else { a as f64 / b as f64 };
     Ok(Stats {
         files: q("SELECT COUNT(*) FROM inodes WHERE kind = 1")?,
@@ -103,8 +128,15 @@ fn compute_stats(db: &rusqlite::Connection, c: &crate::store::WriteCounters) -> 
         unreferenced_chunks: q("SELECT COUNT(*) FROM chunks WHERE refs <= 0")?,
         dedupe_ratio: ratio(referenced, unique),
         compression_ratio: ratio(unique, stored),
-        index_entries: chunks,
-        index_ram_bytes_per_entry: 0.0,
+        index_entries: index.entries,
+        index_ram_bytes_per_entry: if index.entries == 0 {
+            0.0
+        } else {
+            index.ram_bytes as f64 / index.entries as f64
+        },
+        index_quota: quota,
+        index_quota_skipped: index.quota_skipped,
+        unindexed_chunks: unindexed,
         written_new_bytes: c.new_bytes,
         written_duplicate_bytes: c.dup_bytes,
         written_zero_bytes: c.zero_bytes,
@@ -118,19 +150,21 @@ impl Store {
     /// Space and dedupe statistics.
     pub fn stats(&self) -> Result<Stats> {
         let g = self.lock();
-        compute_stats(&g.db, &g.counters)
+        let f = g.index.figures();
+        compute_stats(&g.db, &g.counters, Some(f), g.index.quota())
     }
 
     /// Statistics of a store that may be mounted by another process, as of
     /// its last commit (at most a second old while mounted).
     pub fn stats_readonly(dir: &std::path::Path) -> Result<Stats> {
-        Store::read_config(dir)?;
+        let cfg = Store::read_config(dir)?;
         let db = rusqlite::Connection::open_with_flags(
             dir.join("meta.sqlite"),
             rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
         )?;
         let counters = crate::store::load_counters(&db)?;
-        compute_stats(&db, &counters)
+        let figures = crate::index::recorded_figures(&db)?;
+        compute_stats(&db, &counters, figures, cfg.index_quota)
     }
 
     /// Free space of the filesystem holding the store.
@@ -152,9 +186,47 @@ impl Store {
 
     /// Drops index entries of chunks nobody references (their bytes are
     /// reclaimed by the next `gc`).
+    /// Each leaves the fingerprint index through its journal.
     pub fn prune(&self) -> Result<u64> {
         let mut g = self.lock();
-        let n = g.db.execute("DELETE FROM chunks WHERE refs <= 0", [])? as u64;
+        let dead: Vec<(u64, Vec<u8>)> = {
+            let mut st =
+                g.db.prepare("SELECT id, hash FROM chunks WHERE refs <= 0")?;
+            let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            rows.collect::<rusqlite::Result<_>>()?
+        };
+        {
+            let Inner { db, index, .. } = &mut *g;
+            let mut del = db.prepare_cached("DELETE FROM chunks WHERE id = ?1")?;
+            for (id, hash) in &dead {
+                if let Ok(h) = Hash::try_from(hash.as_slice()) {
+                    index.dropped(db, &h, *id)?;
+                }
+                del.execute([id])?;
+            }
+        }
+        self.commit_locked(&mut g, true)?;
+        Ok(dead.len() as u64)
+    }
+
+    /// `store prune --days`: drops from the fingerprint index the chunks
+    /// referenced once whose entry is older than `age` (ZFS `ddtprune`):
+    /// they stay stored and readable, but a new copy of them is no longer
+    /// found. Marked in the database and journaled first, then removed
+    /// from the index (`crate::index`); returns how many.
+    pub fn prune_index(&self, age: std::time::Duration) -> Result<u64> {
+        self.flush_all(true)?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let before = now.saturating_sub(age).as_secs().min(u32::MAX as u64) as u32;
+        let mut g = self.lock();
+        let n = {
+            let Inner { db, index, .. } = &mut *g;
+            index.prune_marks(db, before)?
+        };
+        self.commit_locked(&mut g, true)?;
+        g.settle_index()?;
         self.commit_locked(&mut g, true)?;
         Ok(n)
     }
@@ -246,6 +318,33 @@ impl Store {
         Ok(n)
     }
 
+    /// fsck of the fingerprint index against the chunk rows; with
+    /// `repair`, any difference rebuilds the index from the rows (after W
+    /// is durably reset, so a crash during the rebuild replays it all).
+    fn check_index(
+        &self,
+        g: &mut std::sync::MutexGuard<'_, Inner>,
+        repair: bool,
+        rep: &mut FsckReport,
+    ) -> Result<()> {
+        let found = {
+            let Inner { db, index, .. } = &mut **g;
+            index.check(db)?
+        };
+        if found.is_empty() {
+            return Ok(());
+        }
+        rep.problems.extend(found.iter().cloned());
+        if repair {
+            set_meta(&g.db, "index_synced", 0)?;
+            self.commit_locked(g, true)?;
+            let Inner { db, index, .. } = &mut **g;
+            index.rebuild(db)?;
+            rep.repaired += found.len() as u64;
+        }
+        Ok(())
+    }
+
     /// For `fsck --repair`: every file range whose chunk is damaged is a
     /// problem it cannot repair (nothing is invented); the rest of each
     /// file stays readable.
@@ -309,7 +408,8 @@ impl Store {
     /// Checks the metadata's invariants; with `repair`, fixes what can be
     /// fixed without inventing data.
     pub fn fsck(&self, repair: bool) -> Result<FsckReport> {
-        self.flush_all(false)?;
+        // Durable: the fingerprint index is then up to date and comparable.
+        self.flush_all(true)?;
         let mut g = self.lock();
         let mut rep = FsckReport::default();
         let checks: &[(&str, &str, Option<&str>)] = &[
@@ -378,6 +478,7 @@ impl Store {
                 _ => {}
             }
         }
+        self.check_index(&mut g, repair, &mut rep)?;
         if repair {
             drop(g);
             self.report_damaged_extents(&mut rep)?;

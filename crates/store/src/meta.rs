@@ -6,8 +6,11 @@ use rusqlite::{params, Connection, OptionalExtension};
 use crate::container::Hash;
 use crate::error::{Result, StoreError};
 
-/// `PRAGMA user_version` of `meta.sqlite`.
-pub const META_VERSION: u64 = 1;
+/// `PRAGMA user_version` of `meta.sqlite`. Version 2: `chunks.hash` is
+/// no longer unique nor indexed (the fingerprint index in `DIR/index`
+/// answers lookups), `chunks.indexed` says whether the fingerprint index
+/// holds the chunk, and `index_drops` journals deletions from it.
+pub const META_VERSION: u64 = 2;
 
 /// Indexes added after format 1 was released; created at open when
 /// missing (an index changes no data, so older binaries still open the
@@ -34,10 +37,11 @@ CREATE TABLE extents (ino INTEGER NOT NULL, off INTEGER NOT NULL, len INTEGER NO
     chunk INTEGER NOT NULL, PRIMARY KEY (ino, off)) WITHOUT ROWID;
 CREATE INDEX extents_chunk ON extents (chunk);
 CREATE TABLE chunks (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, hash BLOB NOT NULL UNIQUE, container INTEGER NOT NULL,
+    id INTEGER PRIMARY KEY AUTOINCREMENT, hash BLOB NOT NULL, container INTEGER NOT NULL,
     offset INTEGER NOT NULL, stored_len INTEGER NOT NULL, raw_len INTEGER NOT NULL,
-    refs INTEGER NOT NULL);
+    refs INTEGER NOT NULL, indexed INTEGER NOT NULL DEFAULT 1);
 CREATE INDEX chunks_container ON chunks (container);
+CREATE TABLE index_drops (id INTEGER PRIMARY KEY, key BLOB NOT NULL);
 CREATE TABLE containers (id INTEGER PRIMARY KEY, length INTEGER NOT NULL, sealed INTEGER NOT NULL);
 ";
 
@@ -62,7 +66,11 @@ pub fn open_db(path: &std::path::Path, create: bool) -> Result<Connection> {
         )?;
         conn.pragma_update(None, "user_version", META_VERSION)?;
     } else {
-        let v: u64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+        let mut v: u64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+        if v == 1 {
+            migrate_v1(&conn)?;
+            v = META_VERSION;
+        }
         if v != META_VERSION {
             return Err(StoreError::Version {
                 path: path.into(),
@@ -73,6 +81,37 @@ pub fn open_db(path: &std::path::Path, create: bool) -> Result<Connection> {
         add_later_indexes(&conn);
     }
     Ok(conn)
+}
+
+/// Format 1 to 2, in one transaction: `chunks` is rebuilt without the
+/// UNIQUE constraint on `hash` (its automatic index cannot be dropped
+/// alone) and with `indexed`, keeping ids and the AUTOINCREMENT counter;
+/// `index_drops` is created. The fingerprint index is then built at open
+/// from every row (its watermark, `index_synced`, is absent: 0).
+fn migrate_v1(conn: &Connection) -> Result<()> {
+    conn.execute_batch(
+        "BEGIN;
+         CREATE TABLE chunks_v2 (
+            id INTEGER PRIMARY KEY AUTOINCREMENT, hash BLOB NOT NULL, container INTEGER NOT NULL,
+            offset INTEGER NOT NULL, stored_len INTEGER NOT NULL, raw_len INTEGER NOT NULL,
+            refs INTEGER NOT NULL, indexed INTEGER NOT NULL DEFAULT 1);
+         INSERT INTO chunks_v2 (id, hash, container, offset, stored_len, raw_len, refs)
+            SELECT id, hash, container, offset, stored_len, raw_len, refs FROM chunks;
+         UPDATE sqlite_sequence SET seq = MAX(seq, (SELECT COALESCE(MAX(seq), 0)
+            FROM sqlite_sequence WHERE name = 'chunks')) WHERE name = 'chunks_v2';
+         DROP TABLE chunks;
+         ALTER TABLE chunks_v2 RENAME TO chunks;
+         CREATE INDEX chunks_container ON chunks (container);
+         CREATE TABLE index_drops (id INTEGER PRIMARY KEY, key BLOB NOT NULL);
+         DELETE FROM meta WHERE key = 'index_synced';
+         UPDATE meta SET value = '2' WHERE key = 'format';
+         PRAGMA user_version = 2;
+         COMMIT;",
+    )
+    .inspect_err(|_| {
+        let _ = conn.execute_batch("ROLLBACK");
+    })?;
+    Ok(())
 }
 
 /// Creates the [`LATER_INDEXES`] a store made by an older binary lacks.
@@ -97,12 +136,13 @@ pub struct ChunkLoc {
 /// Opaque chunk number that file maps refer to.
 pub type ChunkId = u64;
 
-/// The fingerprint table as the store uses it. `SqlIndex` implements it
-/// over the metadata database; the persistent index of `onecopy-index`
-/// can implement the same calls.
+/// The chunk rows as the store uses them: the source of truth of what is
+/// stored, where, and how often referenced. Lookups by fingerprint go
+/// through the fingerprint index (`crate::index::StoreIndex`), which maps
+/// a fingerprint to a row id that is always confirmed against the row.
 pub trait ChunkIndex {
-    /// The chunk with this fingerprint, if stored.
-    fn lookup(&self, hash: &Hash) -> Result<Option<(ChunkId, ChunkLoc)>>;
+    /// The chunk row `id`'s full BLAKE3 and location, if the row exists.
+    fn row(&self, id: ChunkId) -> Result<Option<(Hash, ChunkLoc)>>;
     /// Records a new chunk with one reference.
     fn insert(&self, hash: &Hash, loc: ChunkLoc) -> Result<ChunkId>;
     /// Adds `n` references.
@@ -128,13 +168,14 @@ pub(crate) fn loc_of(r: &rusqlite::Row, at: usize) -> rusqlite::Result<ChunkLoc>
 }
 
 impl ChunkIndex for SqlIndex<'_> {
-    fn lookup(&self, hash: &Hash) -> Result<Option<(ChunkId, ChunkLoc)>> {
+    fn row(&self, id: ChunkId) -> Result<Option<(Hash, ChunkLoc)>> {
         let mut st = self.0.prepare_cached(
-            "SELECT id, container, offset, stored_len, raw_len FROM chunks WHERE hash = ?1",
+            "SELECT hash, container, offset, stored_len, raw_len FROM chunks WHERE id = ?1",
         )?;
-        Ok(st
-            .query_row([&hash[..]], |r| Ok((r.get(0)?, loc_of(r, 1)?)))
-            .optional()?)
+        let row = st
+            .query_row([id], |r| Ok((r.get::<_, Vec<u8>>(0)?, loc_of(r, 1)?)))
+            .optional()?;
+        Ok(row.and_then(|(h, loc)| Some((Hash::try_from(h.as_slice()).ok()?, loc))))
     }
 
     fn insert(&self, hash: &Hash, loc: ChunkLoc) -> Result<ChunkId> {
@@ -194,7 +235,6 @@ mod tests {
         let db = open_db(&dir.path().join("m.sqlite"), true).unwrap();
         let idx = SqlIndex(&db);
         let h = [3u8; 32];
-        assert!(idx.lookup(&h).unwrap().is_none());
         let loc = ChunkLoc {
             container: 1,
             offset: 16,
@@ -202,7 +242,8 @@ mod tests {
             raw_len: 200,
         };
         let id = idx.insert(&h, loc).unwrap();
-        assert_eq!(idx.lookup(&h).unwrap(), Some((id, loc)));
+        assert_eq!(idx.row(id).unwrap(), Some((h, loc)));
+        assert_eq!(idx.row(id + 1).unwrap(), None);
         idx.incref(id, 2).unwrap();
         assert_eq!(idx.decref(id, 1).unwrap(), 2);
         assert_eq!(idx.decref(id, 5).unwrap(), 0);

@@ -10,10 +10,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::cache::ChunkCache;
-use crate::config::{StoreConfig, FORMAT, MAGIC};
+use crate::config::{StoreConfig, FORMAT, FORMAT_MIN, MAGIC};
 use crate::container::{self, ContainerStore, Encoded, Hash, LocalDir, CONTAINER_HEADER};
 use crate::data::DirtyFile;
 use crate::error::{Result, StoreError};
+use crate::index::StoreIndex;
 use crate::meta::{open_db, ChunkId, ChunkIndex, ChunkLoc, SqlIndex};
 
 /// Counters of what writes did since the store was opened (kept in `meta`
@@ -35,6 +36,16 @@ pub(crate) struct Inner {
     pub open_count: HashMap<u64, u32>,
     pub writer: Writer,
     pub counters: WriteCounters,
+    /// The fingerprint index (see `crate::index` for its invariants).
+    pub index: StoreIndex,
+}
+
+impl Inner {
+    /// Applies every durable operation to the fingerprint index and
+    /// commits it (W and the journal are recorded in the open transaction).
+    pub(crate) fn settle_index(&mut self) -> Result<()> {
+        self.index.made_durable(&self.db, true)
+    }
 }
 
 /// Why the store stopped committing (see [`Store::poison`]).
@@ -140,6 +151,7 @@ impl Store {
     }
 
     /// Reads `store.json` without opening the store.
+    /// Formats [`FORMAT_MIN`] to [`FORMAT`] are read; opening migrates.
     pub fn read_config(dir: &Path) -> Result<StoreConfig> {
         let path = dir.join("store.json");
         let bytes = std::fs::read(&path).map_err(|e| {
@@ -163,7 +175,7 @@ impl Store {
                 why: "wrong magic".into(),
             });
         }
-        if cfg.format != FORMAT {
+        if !(FORMAT_MIN..=FORMAT).contains(&cfg.format) {
             return Err(StoreError::Version {
                 path,
                 found: cfg.format,
@@ -183,10 +195,16 @@ impl Store {
     /// (an object store, or a fault-injecting backend in tests); the
     /// metadata stays in `dir`.
     pub fn open_with(dir: &Path, containers: Arc<dyn ContainerStore>) -> Result<Store> {
-        let cfg = Self::read_config(dir)?;
+        let mut cfg = Self::read_config(dir)?;
         let lock = lock_dir(dir)?;
         let db = open_db(&dir.join("meta.sqlite"), false)?;
+        if cfg.format < FORMAT {
+            // open_db migrated the database; the index is built below.
+            cfg.format = FORMAT;
+            write_config(dir, &cfg)?;
+        }
         let writer = replay(&db, &*containers)?;
+        let index = StoreIndex::open(dir, &db, &cfg)?;
         let counters = load_counters(&db)?;
         let has_caps: bool = db.query_row(
             "SELECT EXISTS (SELECT 1 FROM xattrs WHERE name = ?1)",
@@ -204,6 +222,7 @@ impl Store {
                 open_count: HashMap::new(),
                 writer,
                 counters,
+                index,
             }),
             cache: ChunkCache::new(CACHE_BYTES),
             has_caps: AtomicBool::new(has_caps),
@@ -242,12 +261,20 @@ impl Store {
     }
 
     /// Writes every buffered file and commits (as on unmount).
+    /// With `durable` (unmount, gc, fsck) the fingerprint index is also
+    /// brought up to date and committed, so the next open replays nothing.
     pub fn flush_all(&self, durable: bool) -> Result<()> {
         let inos: Vec<u64> = self.lock().dirty.keys().copied().collect();
         for ino in inos {
             self.flush_file(ino)?;
         }
-        self.commit(durable)
+        self.commit(durable)?;
+        if durable {
+            let mut g = self.lock();
+            g.settle_index()?;
+            self.commit_locked(&mut g, true)?;
+        }
+        Ok(())
     }
 
     /// Commits and opens the next transaction. The store always works
@@ -259,6 +286,9 @@ impl Store {
         let inos = inode_seq(&g.db)?;
         let r = self.commit_and_begin(g, durable);
         if g.db.is_autocommit() {
+            if r.is_err() {
+                g.index.rolled_back();
+            }
             g.db.execute_batch("BEGIN")?;
             self.after_rollback(g, inos)?;
         }
@@ -360,6 +390,10 @@ impl Store {
         )?;
         save_counters(&g.db, &g.counters)?;
         g.db.execute_batch("COMMIT")?;
+        g.index.committed();
+        // Index operations wait for a durable commit: make one when too
+        // many wait.
+        let durable = durable || g.index.wants_durable();
         if durable {
             // The safety level can only change between transactions: a
             // small FULL transaction syncs the WAL, and with it every
@@ -373,6 +407,9 @@ impl Store {
             r?;
         }
         g.db.execute_batch("BEGIN")?;
+        if durable {
+            g.index.made_durable(&g.db, false)?;
+        }
         Ok(())
     }
 
@@ -393,7 +430,8 @@ impl Store {
         enc: Option<Encoded>,
     ) -> Result<ChunkId> {
         let hash = *hash;
-        if let Some((id, loc)) = SqlIndex(&g.db).lookup(&hash)? {
+        let Inner { db, index, .. } = g;
+        if let Some((id, loc)) = index.lookup(db, &hash)? {
             let same = !self.cfg.verify || self.verify_hit(id, loc, data)?;
             if same {
                 SqlIndex(&g.db).incref(id, 1)?;
@@ -413,7 +451,9 @@ impl Store {
         let enc = enc.unwrap_or_else(|| container::encode(&hash, data, self.cfg.compress));
         let loc = self.append_encoded(g, enc)?;
         g.counters.new_bytes += data.len() as u64;
-        SqlIndex(&g.db).insert(&hash, loc)
+        let id = SqlIndex(&g.db).insert(&hash, loc)?;
+        g.index.added(&hash, id);
+        Ok(id)
     }
 
     /// `Ok(true)` when the stored chunk equals `data`, `Ok(false)` when it
@@ -565,6 +605,21 @@ fn inode_seq(db: &Connection) -> Result<i64> {
         )
         .optional()?;
     Ok(seq.unwrap_or(1))
+}
+
+/// Writes `store.json` atomically (temporary file, fsync, rename).
+fn write_config(dir: &Path, cfg: &StoreConfig) -> Result<()> {
+    let path = dir.join("store.json");
+    let tmp = dir.join("store.json.tmp");
+    let json = serde_json::to_vec_pretty(cfg).expect("config serializes");
+    let write = || -> std::io::Result<()> {
+        let mut f = File::create(&tmp)?;
+        std::io::Write::write_all(&mut f, &json)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)?;
+        File::open(dir)?.sync_all()
+    };
+    write().map_err(StoreError::io(&path))
 }
 
 fn to_sql(e: StoreError) -> rusqlite::Error {

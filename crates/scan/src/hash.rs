@@ -4,10 +4,11 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Read;
 use std::os::fd::AsFd;
+use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 
-use crate::{FileEntry, Progress, ScanError, SkipReason};
+use crate::{FileEntry, Marks, Progress, ScanError, SkipReason, Tree};
 
 // The digest scheme lives in `onecopy_index::digest`; re-exported for
 // callers of the reader.
@@ -35,7 +36,10 @@ impl Default for HashOptions {
     }
 }
 
-/// A file with its fingerprints.
+/// A file with its fingerprints: 96 bytes (see `tests::record_sizes`),
+/// plus its digests' allocation; its path is in the run's [`crate::Tree`].
+/// Whether it is racy (and, for a file known from the catalog, settled,
+/// outside the roots or dirty) is in `entry.marks`.
 #[derive(Debug, Clone)]
 pub struct HashedFile {
     /// The file as it was when it was read (stat taken on the open file).
@@ -46,21 +50,52 @@ pub struct HashedFile {
     pub whole: u128,
     /// `FS_IOC_GETFLAGS` of the inode (immutable, append-only, nocow ...).
     pub inode_flags: u32,
-    /// The inode generation (`FS_IOC_GETVERSION`; 0 where unknown).
-    pub generation: u64,
-    /// Modified (mtime or ctime) less than [`RACY_MARGIN_NS`] before it
-    /// was read: a write racing the read may not show in the timestamps,
-    /// so the digests must not be trusted by a later run.
-    pub racy: bool,
+    /// The inode generation (`FS_IOC_GETVERSION`, a 32-bit value; 0 where
+    /// unknown).
+    pub generation: u32,
+}
+
+impl AsRef<FileEntry> for HashedFile {
+    fn as_ref(&self) -> &FileEntry {
+        &self.entry
+    }
+}
+
+impl AsRef<FileEntry> for FileEntry {
+    fn as_ref(&self) -> &FileEntry {
+        self
+    }
 }
 
 impl HashedFile {
+    /// Modified (mtime or ctime) less than [`RACY_MARGIN_NS`] before it
+    /// was read: a write racing the read may not show in the timestamps,
+    /// so the digests must not be trusted by a later run.
+    pub fn racy(&self) -> bool {
+        self.entry.marks.has(Marks::RACY)
+    }
+
+    /// Known from the catalog and settled by an earlier run.
+    pub fn settled(&self) -> bool {
+        self.entry.marks.has(Marks::SETTLED)
+    }
+
+    /// Known from the catalog, outside this run's roots: a source only.
+    pub fn outside_roots(&self) -> bool {
+        self.entry.marks.has(Marks::OUTSIDE_ROOTS)
+    }
+
+    /// Known from the catalog, with a record to rewrite.
+    pub fn dirty(&self) -> bool {
+        self.entry.marks.has(Marks::DIRTY)
+    }
+
     /// One digest per `block_size` block; the last covers the partial tail.
     pub fn blocks(&self) -> &[BlockDigest] {
         self.digests.blocks()
     }
 
-    /// One digest per filesystem block (`entry.fs_block`), kept only for
+    /// One digest per filesystem block (the device's block), kept only for
     /// files read in this run (empty for files known from a catalog) and
     /// only when a block spans several (empty at `-b 4K` on 4 KiB blocks,
     /// where every shifted window is a block): 8 bytes per 4 KiB read, for
@@ -123,7 +158,7 @@ fn now_ns() -> i64 {
         .unwrap_or(0)
 }
 
-/// What [`hash_files`] produced, sorted by `(dev, ino, path)`.
+/// What [`hash_files`] produced, sorted by `(dev, ino)`.
 #[derive(Debug, Default)]
 pub struct HashOutput {
     pub files: Vec<HashedFile>,
@@ -140,13 +175,19 @@ enum Outcome {
 
 /// Reads and fingerprints every file, `opts.threads` files at a time.
 /// Files that fail or change while being read are recorded, not returned.
-/// The files come back sorted by `(dev, ino, path)`, the walk's order.
+/// The files come back sorted by `(dev, ino)`, the walk's order; `tree`
+/// holds their paths and devices.
 ///
 /// Memory: the input list shrinks as readers take entries from it (each
 /// entry moves into its result, path included), and results go straight
 /// into the output list, which is sorted in place: one record per file at
 /// any time, never an input list, a result list and an output list at once.
-pub fn hash_files(files: Vec<FileEntry>, opts: &HashOptions, progress: &Progress) -> HashOutput {
+pub fn hash_files(
+    files: Vec<FileEntry>,
+    tree: &Tree,
+    opts: &HashOptions,
+    progress: &Progress,
+) -> HashOutput {
     let bs = opts.block_size.max(512) as usize;
     let read_size = opts.read_size.max(bs).div_ceil(bs) * bs;
     let mut files = files;
@@ -171,7 +212,7 @@ pub fn hash_files(files: Vec<FileEntry>, opts: &HashOptions, progress: &Progress
                     let Some(entry) = queue.lock().unwrap().next() else {
                         break;
                     };
-                    let outcome = hash_one(entry, bs, &mut buf, progress);
+                    let outcome = hash_one(entry, tree, bs, &mut buf, progress);
                     progress.files_done.fetch_add(1, Ordering::Relaxed);
                     mine.push(outcome);
                     if mine.len() >= 256 {
@@ -186,9 +227,8 @@ pub fn hash_files(files: Vec<FileEntry>, opts: &HashOptions, progress: &Progress
     drop(queue);
     let mut out = out.into_inner().unwrap();
     out.files.shrink_to_fit();
-    out.files.sort_unstable_by(|a, b| {
-        (a.entry.dev, a.entry.ino, &a.entry.path).cmp(&(b.entry.dev, b.entry.ino, &b.entry.path))
-    });
+    out.files
+        .sort_unstable_by_key(|f| (f.entry.dev, f.entry.ino));
     out
 }
 
@@ -243,15 +283,15 @@ fn open_noatime(path: &std::path::Path) -> std::io::Result<File> {
 
 /// Adds the bytes it reads to `progress.bytes_done` as it reads them, so
 /// a progress display shows the true rate even inside one large file.
-fn hash_one(entry: FileEntry, bs: usize, buf: &mut [u8], progress: &Progress) -> Outcome {
-    let FileEntry {
-        path,
-        read_only,
-        fs,
-        subvol,
-        fs_block,
-        ..
-    } = entry;
+fn hash_one(
+    entry: FileEntry,
+    tree: &Tree,
+    bs: usize,
+    buf: &mut [u8],
+    progress: &Progress,
+) -> Outcome {
+    let path = tree.path(entry.name);
+    let device = tree.device(entry.dev);
     let mut f = match open_noatime(&path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -266,19 +306,21 @@ fn hash_one(entry: FileEntry, bs: usize, buf: &mut [u8], progress: &Progress) ->
     if !meta.is_file() {
         return Outcome::Skip(SkipReason::NotRegular);
     }
-    let entry = FileEntry {
-        read_only,
-        ..FileEntry::from_meta(path, &meta, fs, subvol, fs_block)
-    };
-    let path = &entry.path;
+    // Another file moved in from another device: not the file listed.
+    if meta.dev() != device.dev {
+        return Outcome::Skip(SkipReason::Vanished);
+    }
+    let mut entry = FileEntry::from_meta(entry.name, entry.dev, &meta);
+    let path = &path;
     if entry.size == 0 {
         return Outcome::Skip(SkipReason::TooSmall);
     }
     let read_start = now_ns();
     advise_sequential(&f);
     let inode_flags = onecopy_ioctl::fs::inode_flags(f.as_fd()).unwrap_or(0);
-    let generation = onecopy_ioctl::fs::inode_generation(f.as_fd()).unwrap_or(0);
-    let sub = (entry.fs_block as usize).clamp(512, bs);
+    // The kernel's value is 32 bits.
+    let generation = onecopy_ioctl::fs::inode_generation(f.as_fd()).unwrap_or(0) as u32;
+    let sub = (device.block as usize).clamp(512, bs);
     // At a block of one sub-block, a window at a sub-block offset is a
     // block: the sub-digests would only repeat what `blocks` says.
     let keep_subs = sub < bs;
@@ -318,7 +360,7 @@ fn hash_one(entry: FileEntry, bs: usize, buf: &mut [u8], progress: &Progress) ->
         }
     }
     match f.metadata() {
-        Ok(m) if entry.unchanged(&m) && total == entry.size => {}
+        Ok(m) if entry.unchanged(device.dev, &m) && total == entry.size => {}
         Ok(_) => return Outcome::Skip(SkipReason::ChangedWhileReading),
         Err(source) => {
             return Outcome::Error(ScanError::Stat {
@@ -333,6 +375,7 @@ fn hash_one(entry: FileEntry, bs: usize, buf: &mut [u8], progress: &Progress) ->
     }
     let digests = Digests::new(blocks, &subs);
     let racy = entry.mtime_ns.max(entry.ctime_ns) >= read_start - RACY_MARGIN_NS;
+    entry.marks.set(Marks::RACY, racy);
     Outcome::Done(
         HashedFile {
             entry,
@@ -340,7 +383,6 @@ fn hash_one(entry: FileEntry, bs: usize, buf: &mut [u8], progress: &Progress) ->
             whole,
             inode_flags,
             generation,
-            racy,
         },
         total,
     )
@@ -376,14 +418,15 @@ mod tests {
         let path = dir.path().join("f");
         std::fs::write(&path, vec![7u8; 3 * 65536 + 100]).unwrap();
         let meta = std::fs::metadata(&path).unwrap();
-        let entry = FileEntry::from_meta(path, &meta, 1, 0, 4096);
+        let mut tree = Tree::new();
+        let entry = tree.add_file(&path, &meta, 1, 0, 4096).unwrap();
         let opts = HashOptions {
             block_size: 65536,
             threads: 1,
             read_size: 65536,
         };
         let progress = Progress::default();
-        let out = hash_files(vec![entry], &opts, &progress);
+        let out = hash_files(vec![entry], &tree, &opts, &progress);
         assert_eq!(out.files.len(), 1);
         assert_eq!(out.bytes_read, 3 * 65536 + 100);
         assert_eq!(progress.bytes_done.load(Ordering::Relaxed), out.bytes_read);
@@ -398,14 +441,15 @@ mod tests {
         let data: Vec<u8> = (0..5 * 4096 + 10).map(|i| (i * 7 % 251) as u8).collect();
         std::fs::write(&path, &data).unwrap();
         let meta = std::fs::metadata(&path).unwrap();
+        let mut tree = Tree::new();
+        let e = tree.add_file(&path, &meta, 1, 0, 4096).unwrap();
         let run = |bs: u64| {
-            let e = FileEntry::from_meta(path.clone(), &meta, 1, 0, 4096);
             let opts = HashOptions {
                 block_size: bs,
                 threads: 1,
                 read_size: 65536,
             };
-            hash_files(vec![e], &opts, &Progress::default())
+            hash_files(vec![e.clone()], &tree, &opts, &Progress::default())
                 .files
                 .remove(0)
         };
@@ -432,11 +476,12 @@ mod tests {
     fn output_in_walk_order_across_threads() {
         let dir = tempfile::tempdir().unwrap();
         let mut entries = Vec::new();
+        let mut tree = Tree::new();
         for i in 0..300u32 {
             let path = dir.path().join(format!("f{i}"));
             std::fs::write(&path, i.to_le_bytes().repeat(1 + i as usize * 7)).unwrap();
             let meta = std::fs::metadata(&path).unwrap();
-            entries.push(FileEntry::from_meta(path, &meta, 1, 0, 4096));
+            entries.push(tree.add_file(&path, &meta, 1, 0, 4096).unwrap());
         }
         std::fs::remove_file(dir.path().join("f17")).unwrap();
         let opts = HashOptions {
@@ -444,11 +489,11 @@ mod tests {
             threads: 3,
             read_size: 4096,
         };
-        let out = hash_files(entries, &opts, &Progress::default());
+        let out = hash_files(entries, &tree, &opts, &Progress::default());
         let keys: Vec<(u64, u64)> = out
             .files
             .iter()
-            .map(|f| (f.entry.dev, f.entry.ino))
+            .map(|f| (tree.device(f.entry.dev).dev, f.entry.ino))
             .collect();
         let mut want: Vec<(u64, u64)> = (0..300)
             .filter(|&i| i != 17)
@@ -480,10 +525,13 @@ mod digests_tests {
         assert!(Digests::default().subs().is_empty());
     }
 
-    /// The per-file record stays at the size ARCHITECTURE.md states.
+    /// The per-file records stay at the sizes ARCHITECTURE.md ("Memory of
+    /// a run") states: 48 B walked, 96 B read or known.
     #[test]
     fn record_sizes() {
         assert_eq!(std::mem::size_of::<Digests>(), 24);
-        assert!(std::mem::size_of::<super::HashedFile>() <= 160);
+        assert_eq!(std::mem::size_of::<crate::FileEntry>(), 48);
+        assert_eq!(std::mem::size_of::<super::HashedFile>(), 96);
+        assert_eq!(std::mem::size_of::<crate::NameId>(), 8);
     }
 }

@@ -18,7 +18,7 @@ use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 
-use onecopy_scan::{Digests, FileEntry, FsId, HashedFile, Marks, Tree};
+use onecopy_scan::{DigestStore, Digests, FileEntry, FsId, HashedFile, Marks, Tree};
 
 use crate::{Catalog, CatalogError, FileRecord};
 
@@ -73,9 +73,15 @@ pub fn consult(
 }
 
 impl FileRecord {
-    /// The record of `f` (its path in `tree`) on filesystem `fs_key`, as
-    /// run `last_seen` leaves it (`settled`).
-    pub fn of(fs_key: &str, f: &HashedFile, tree: &Tree, settled: bool, last_seen: u64) -> Self {
+    /// The record of `f` (its path in `tree`, its digests in `store`) on
+    /// filesystem `fs_key`, as run `last_seen` leaves it (`settled`).
+    pub fn of(
+        fs_key: &str,
+        f: &HashedFile,
+        (tree, store): (&Tree, &DigestStore),
+        settled: bool,
+        last_seen: u64,
+    ) -> Self {
         FileRecord {
             fs: fs_key.to_string(),
             subvol: tree.device(f.entry.dev).subvol,
@@ -86,8 +92,8 @@ impl FileRecord {
             mtime_ns: f.entry.mtime_ns,
             ctime_ns: f.entry.ctime_ns,
             nlink: f.entry.nlink.into(),
-            whole: f.whole,
-            blocks: f.blocks().to_vec(),
+            whole: f.whole(),
+            blocks: f.blocks(store).to_vec(),
             flags: f.inode_flags,
             settled,
             last_seen,
@@ -119,13 +125,7 @@ fn known_file(mut entry: FileEntry, h: Hit, outside: bool) -> HashedFile {
     entry.marks.set(Marks::SETTLED, h.settled);
     entry.marks.set(Marks::DIRTY, h.dirty);
     entry.marks.set(Marks::OUTSIDE_ROOTS, outside);
-    HashedFile {
-        entry,
-        digests: h.blocks,
-        whole: h.whole,
-        inode_flags: h.flags,
-        generation: h.generation,
-    }
+    HashedFile::new(entry, h.blocks, h.whole, h.flags, h.generation)
 }
 
 fn generation_of(path: &std::path::Path) -> Option<u64> {
@@ -136,17 +136,17 @@ fn generation_of(path: &std::path::Path) -> Option<u64> {
 /// Splits the walked files of one filesystem (`fs_key`, `fs`, `fs_block`)
 /// into known and to-read, against that filesystem's `records`. `roots`
 /// must be absolute, as the walked paths are; `tree` holds the walked
-/// paths, and gets those of known files outside the roots.
+/// paths, and gets those of known files outside the roots; `store` gets
+/// the known files' digests.
 pub fn classify(
     fs_key: &str,
-    fs: FsId,
-    fs_block: u64,
+    (fs, fs_block): (FsId, u64),
     records: Vec<FileRecord>,
     walked: Vec<FileEntry>,
-    tree: &mut Tree,
+    (tree, store): (&mut Tree, &mut DigestStore),
     roots: &[PathBuf],
 ) -> Classified {
-    let mut c = Classifier::new(fs_key, fs, fs_block, walked, tree, roots);
+    let mut c = Classifier::new(fs_key, (fs, fs_block), walked, (tree, store), roots);
     for r in records {
         c.offer(r);
     }
@@ -167,7 +167,8 @@ struct Hit {
 }
 
 impl Hit {
-    fn new(at: usize, rec: FileRecord, dirty: bool) -> Hit {
+    /// Its digests go to `store`.
+    fn new(at: usize, rec: FileRecord, dirty: bool, store: &mut DigestStore) -> Hit {
         Hit {
             at: at as u32,
             dirty,
@@ -177,7 +178,7 @@ impl Hit {
             // damaged record) only fails to match.
             generation: rec.generation as u32,
             whole: rec.whole,
-            blocks: Digests::new(rec.blocks, &[]),
+            blocks: store.push(&rec.blocks, &[]),
         }
     }
 }
@@ -194,6 +195,7 @@ pub struct Classifier<'a> {
     roots: &'a [PathBuf],
     walked: Vec<FileEntry>,
     tree: &'a mut Tree,
+    store: &'a mut DigestStore,
     /// `(subvolume, start, end)`: runs of `walked` of one device (one
     /// subvolume), sorted by inode within; the runs sorted by subvolume.
     runs: Vec<(u64, usize, usize)>,
@@ -205,14 +207,13 @@ pub struct Classifier<'a> {
 
 impl<'a> Classifier<'a> {
     /// `walked`: the walked files of the filesystem (`fs_key`, `fs`,
-    /// `fs_block`), their paths in `tree`. `roots` must be absolute, as
-    /// the walked paths are.
+    /// `fs_block`), their paths in `tree`; known files' digests go to
+    /// `store`. `roots` must be absolute, as the walked paths are.
     pub fn new(
         fs_key: &'a str,
-        fs: FsId,
-        fs_block: u64,
+        (fs, fs_block): (FsId, u64),
         mut walked: Vec<FileEntry>,
-        tree: &'a mut Tree,
+        (tree, store): (&'a mut Tree, &'a mut DigestStore),
         roots: &'a [PathBuf],
     ) -> Classifier<'a> {
         if !walked.is_sorted_by_key(|e| (e.dev, e.ino)) {
@@ -232,6 +233,7 @@ impl<'a> Classifier<'a> {
             roots,
             walked,
             tree,
+            store,
             runs,
             hits: Vec::new(),
             outside: Vec::new(),
@@ -287,7 +289,7 @@ impl<'a> Classifier<'a> {
         }
         self.renamed += moved as u64;
         let dirty = relinked || rec.ctime_ns != e.ctime_ns;
-        self.hits.push(Hit::new(at, rec, dirty));
+        self.hits.push(Hit::new(at, rec, dirty, self.store));
     }
 
     /// A record the walk did not meet: deleted if under the roots, else a
@@ -310,8 +312,8 @@ impl<'a> Classifier<'a> {
                     .add_file(&rec.path, &m, self.fs, rec.subvol, self.fs_block);
                 // A name that does not fit the tree: not used as a source.
                 if let Ok(entry) = added {
-                    self.outside
-                        .push(known_file(entry, Hit::new(0, rec, false), true));
+                    let hit = Hit::new(0, rec, false, self.store);
+                    self.outside.push(known_file(entry, hit, true));
                 }
             }
             _ => self.deleted.push((rec.fs, rec.subvol, rec.ino)),
@@ -422,13 +424,13 @@ mod tests {
         gone.ino = u64::MAX;
         recs.push(gone);
         let roots = [root.clone()];
+        let mut store = DigestStore::new();
         let c = classify(
             "fs-a",
-            1,
-            4096,
+            (1, 4096),
             recs.clone(),
             walked.clone(),
-            &mut tree,
+            (&mut tree, &mut store),
             &roots,
         );
         let inos = |v: &[FileEntry]| v.iter().map(|e| e.ino).collect::<Vec<_>>();
@@ -437,14 +439,20 @@ mod tests {
         assert!(c
             .known
             .iter()
-            .all(|k| k.blocks()[0] == k.entry.ino as u128 && k.settled() && !k.dirty()));
+            .all(|k| k.blocks(&store)[0] == k.entry.ino as u128 && k.settled() && !k.dirty()));
         assert_eq!(
             inos(&c.to_read),
             inos(&[0, 2, 5].map(|i| walked[i].clone()))
         );
         assert_eq!(c.deleted, vec![("fs-a".to_string(), 0, u64::MAX)]);
 
-        let mut cl = Classifier::new("fs-a", 1, 4096, walked.clone(), &mut tree, &roots);
+        let mut cl = Classifier::new(
+            "fs-a",
+            (1, 4096),
+            walked.clone(),
+            (&mut tree, &mut store),
+            &roots,
+        );
         for r in recs {
             cl.offer(r);
         }

@@ -19,7 +19,9 @@ use anyhow::Result;
 use onecopy_catalog::{Catalog, Classifier, FileRecord};
 use onecopy_dedupe::{fsrun, policy, roots, ExecOptions, ExecProgress};
 use onecopy_ioctl::fs::fs_info;
-use onecopy_scan::{FileEntry, FsId, HashOptions, HashedFile, Progress, Tree, WalkOptions};
+use onecopy_scan::{
+    DigestStore, FileEntry, FsId, HashOptions, HashedFile, Progress, Tree, WalkOptions,
+};
 
 use crate::args::DedupeArgs;
 use crate::exit;
@@ -86,21 +88,30 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
         .collect();
     let mut report = Report::new(&a);
     let (walked, mut tree) = walk(&a, &roots_abs, &ui, &sig, &mut report);
-    let (mut per_fs, to_read) = consult(&a, walked, &mut tree, &roots_abs, &ui, &mut report);
-    read(&a, to_read, &tree, &mut per_fs, &ui, &sig, &mut report);
+    // Every file's digests, known or read.
+    let mut store = DigestStore::new();
+    let Runs { mut runs, to_read } = consult(
+        &a,
+        walked,
+        (&mut tree, &mut store),
+        &roots_abs,
+        &ui,
+        &mut report,
+    );
+    read(
+        &a,
+        to_read,
+        (&tree, &mut store),
+        &mut runs,
+        &ui,
+        &sig,
+        &mut report,
+    );
     // Match and plan, one filesystem at a time, then act, then remember.
-    for (&fs, run) in per_fs.iter_mut() {
-        let unsettled = act(&a, fs, run, &tree, &roots_abs, &ui, &sig, &mut report);
-        remember(
-            &a,
-            run,
-            &tree,
-            &roots_abs,
-            &unsettled,
-            &ui,
-            &sig,
-            &mut report,
-        );
+    let at = (&tree, &store);
+    for (&fs, run) in runs.iter_mut() {
+        let unsettled = act(&a, fs, run, at, &roots_abs, &ui, &sig, &mut report);
+        remember(&a, run, at, &roots_abs, &unsettled, &ui, &sig, &mut report);
     }
     finish(&a, report, started, free_before, &sig, &ui)
 }
@@ -164,16 +175,22 @@ fn walk(
     (walked.files, walked.tree)
 }
 
+/// Each filesystem's share of a run, and the files still to read.
+struct Runs {
+    runs: BTreeMap<FsId, FsRun>,
+    to_read: Vec<FileEntry>,
+}
+
 /// Splits the walked files by filesystem and asks each filesystem's
-/// catalog which are known; returns the runs and the files to read.
+/// catalog which are known (their digests go to `store`).
 fn consult(
     a: &DedupeArgs,
     walked: Vec<FileEntry>,
-    tree: &mut Tree,
+    (tree, store): (&mut Tree, &mut DigestStore),
     roots: &[PathBuf],
     ui: &Ui,
     report: &mut Report,
-) -> (BTreeMap<FsId, FsRun>, Vec<FileEntry>) {
+) -> Runs {
     let t = Instant::now();
     let mut per_fs: BTreeMap<FsId, FsRun> =
         onecopy_scan::split_by(walked, |e| tree.device(e.dev).fs)
@@ -188,7 +205,8 @@ fn consult(
             continue;
         }
         let path = catalog_path(a, &run.key);
-        let classifier = Classifier::new(&run.key, run.fs, run.fs_block, walked, tree, roots);
+        let fs = (run.fs, run.fs_block);
+        let classifier = Classifier::new(&run.key, fs, walked, (&mut *tree, &mut *store), roots);
         let c = onecopy_catalog::consult(&path, a.block_size, a.hashfile.is_none(), classifier);
         if let Some(why) = &c.rebuilt {
             ui.warn(&format!("{why}; the catalog was set aside and is rebuilt"));
@@ -210,7 +228,10 @@ fn consult(
         append_moving(&mut to_read, c.classified.to_read);
     }
     report.phases.insert("catalog", t.elapsed().as_secs_f64());
-    (per_fs, to_read)
+    Runs {
+        runs: per_fs,
+        to_read,
+    }
 }
 
 /// Reads and hashes what the catalogs did not know; each filesystem's
@@ -218,7 +239,7 @@ fn consult(
 fn read(
     a: &DedupeArgs,
     to_read: Vec<FileEntry>,
-    tree: &Tree,
+    (tree, store): (&Tree, &mut DigestStore),
     per_fs: &mut BTreeMap<FsId, FsRun>,
     ui: &Ui,
     sig: &Signals,
@@ -232,7 +253,7 @@ fn read(
         threads: a.threads,
         read_size: 4 << 20,
     };
-    let mut hashed = onecopy_scan::hash_files(to_read, tree, &opts, &sig.scan);
+    let mut hashed = onecopy_scan::hash_files(to_read, tree, store, &opts, &sig.scan);
     ui.finish(bar);
     report.phases.insert("hash", t.elapsed().as_secs_f64());
     report.add_skips(&hashed.skipped);
@@ -258,7 +279,7 @@ fn act(
     a: &DedupeArgs,
     fs: FsId,
     run: &FsRun,
-    tree: &Tree,
+    (tree, store): (&Tree, &DigestStore),
     roots: &[PathBuf],
     ui: &Ui,
     sig: &Signals,
@@ -268,7 +289,7 @@ fn act(
         return vec![false; run.files.len()];
     }
     let t = Instant::now();
-    let (plan, denied) = fsrun::plan(&run.files, tree, a.block_size, run.fs_block);
+    let (plan, denied) = fsrun::plan(&run.files, (tree, store), a.block_size, run.fs_block);
     report.files_source_only += denied;
     *report.phases.entry("plan").or_default() += t.elapsed().as_secs_f64();
     report.add_plan(&plan.stats);
@@ -297,7 +318,7 @@ fn act(
 fn remember(
     a: &DedupeArgs,
     run: &mut FsRun,
-    tree: &Tree,
+    at: (&Tree, &DigestStore),
     roots: &[PathBuf],
     unsettled: &[bool],
     ui: &Ui,
@@ -315,7 +336,7 @@ fn remember(
     // every path and digest list.
     let records = run.files.iter().enumerate().filter_map(|(i, f)| {
         let settled = policy::record_update(f, i < known, stopped, unsettled[i], a.dry_run)?;
-        Some(FileRecord::of(key, f, tree, settled, this_run))
+        Some(FileRecord::of(key, f, at, settled, this_run))
     });
     let deletes = if stopped {
         Vec::new()

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use onecopy_plan::{Plan, PlanFile, PlanInput, PlanOptions};
-use onecopy_scan::{FsId, HashedFile, Tree};
+use onecopy_scan::{DigestStore, FsId, HashedFile, Tree};
 
 use crate::{policy, Model, RehomeOptions};
 
@@ -43,6 +43,8 @@ pub fn roles(files: &[HashedFile], tree: &Tree) -> (Vec<u8>, u64) {
 /// made when the planner asks for it, so no list of views exists.
 pub struct PlanView<'a> {
     pub files: &'a [HashedFile],
+    /// Their digests.
+    pub store: &'a DigestStore,
     /// From [`roles`].
     pub roles: &'a [u8],
 }
@@ -56,9 +58,9 @@ impl PlanInput for PlanView<'_> {
         let (f, r) = (&self.files[i as usize], self.roles[i as usize]);
         PlanFile {
             size: f.entry.size,
-            blocks: f.blocks(),
-            subs: f.subs(),
-            whole: f.whole,
+            blocks: f.blocks(self.store),
+            subs: f.subs(self.store),
+            whole: f.whole(),
             can_be_dest: r & CAN_BE_DEST != 0,
             can_be_src: r & CAN_BE_SRC != 0,
         }
@@ -66,13 +68,19 @@ impl PlanInput for PlanView<'_> {
 }
 
 /// Plans one filesystem's files (`block_size` digests, `fs_block`
-/// sub-digests); also returns how many files were sources only for lack
-/// of permission.
-pub fn plan(files: &[HashedFile], tree: &Tree, block_size: u64, fs_block: u64) -> (Plan, u64) {
+/// sub-digests; paths in `tree`, digests in `store`); also returns how
+/// many files were sources only for lack of permission.
+pub fn plan(
+    files: &[HashedFile],
+    (tree, store): (&Tree, &DigestStore),
+    block_size: u64,
+    fs_block: u64,
+) -> (Plan, u64) {
     let (roles, denied) = roles(files, tree);
     let plan = onecopy_plan::plan_input(
         &PlanView {
             files,
+            store,
             roles: &roles,
         },
         &PlanOptions {
@@ -128,13 +136,7 @@ mod tests {
         for bit in [Marks::SETTLED, Marks::OUTSIDE_ROOTS] {
             entry.marks.set(bit, marks & bit != 0);
         }
-        HashedFile {
-            entry,
-            digests: Digests::default(),
-            whole: marks as u128,
-            inode_flags: flags,
-            generation: 0,
-        }
+        HashedFile::new(entry, Digests::default(), marks as u128, flags, 0)
     }
 
     #[test]
@@ -147,7 +149,7 @@ mod tests {
             .collect();
         let before: Vec<_> = v.iter().map(|f| f.entry.name).collect();
         sources_first(&mut v);
-        let kinds: Vec<u128> = v.iter().map(|f| f.whole).collect();
+        let kinds: Vec<u128> = v.iter().map(|f| f.whole()).collect();
         let (o, s) = (o as u128, s as u128);
         assert_eq!(kinds, [o | s, o, s, s, 0, 0]);
         // Stable: the two unsettled files keep their order.
@@ -166,8 +168,10 @@ mod tests {
         ];
         let (r, _) = roles(&v, &tree);
         assert_eq!(r, [CAN_BE_DEST | CAN_BE_SRC, CAN_BE_SRC, 0]);
+        let store = DigestStore::new();
         let view = PlanView {
             files: &v,
+            store: &store,
             roles: &r,
         };
         assert!(view.file(0).can_be_dest && !view.file(1).can_be_dest);

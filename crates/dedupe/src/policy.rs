@@ -144,13 +144,8 @@ mod tests {
         std::fs::write(&p, b"x").unwrap();
         let m = std::fs::metadata(&p).unwrap();
         let mut tree = Tree::new();
-        let mut f = HashedFile {
-            entry: tree.add_file(&p, &m, 1, 0, 4096).unwrap(),
-            digests: Digests::default(),
-            whole: 0,
-            inode_flags: 0,
-            generation: 0,
-        };
+        let entry = tree.add_file(&p, &m, 1, 0, 4096).unwrap();
+        let mut f = HashedFile::new(entry, Digests::default(), 0, 0, 0);
         // New: written, settled unless left undone.
         assert_eq!(record_update(&f, false, false, false, false), Some(true));
         assert_eq!(record_update(&f, false, false, true, false), Some(false));

@@ -18,26 +18,96 @@ use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 
-use onecopy_scan::{Digests, FileEntry, FsId, HashedFile};
+use onecopy_scan::{DigestStore, Digests, FileEntry, FsId, HashedFile, Marks, Tree};
 
-use crate::FileRecord;
+use crate::{Catalog, CatalogError, FileRecord};
 
-/// A file whose digests come from the catalog.
-#[derive(Debug, Clone)]
-pub struct Known {
-    pub file: HashedFile,
-    /// Every range planned for it was shared by an earlier run.
-    pub settled: bool,
-    /// Outside this run's roots: a source only.
-    pub outside_roots: bool,
-    /// The record must be rewritten (new path or ctime).
-    pub dirty: bool,
+/// What consulting one filesystem's catalog gave ([`consult`]).
+pub struct Consulted {
+    /// The catalog, to be updated after the run; `None` when it could not
+    /// be opened (`failed`), and the run goes on without one.
+    pub catalog: Option<Catalog>,
+    pub classified: Classified,
+    /// Why the catalog was set aside and rebuilt part way through, if it
+    /// was: what it had given was forgotten.
+    pub rebuilt: Option<CatalogError>,
+    /// Why no catalog could be used, if so: every file is read.
+    pub failed: Option<CatalogError>,
+}
+
+/// Opens the catalog at `path` (`own`: onecopy's default path, whose
+/// unreadable content may be set aside) and classifies the walked files
+/// against it, each record as it is read: the catalog is read once and no
+/// list of records is held. A catalog found damaged part way is rebuilt
+/// and what it gave is forgotten; one that can not be opened leaves every
+/// file to read.
+pub fn consult(
+    path: &std::path::Path,
+    block_size: u64,
+    own: bool,
+    mut classifier: Classifier<'_>,
+) -> Consulted {
+    let opened = Catalog::open_and_scan(path, block_size, own, &mut |r| classifier.offer(r));
+    match opened {
+        Ok((catalog, rebuilt)) => {
+            if rebuilt.is_some() {
+                classifier.forget();
+            }
+            Consulted {
+                catalog: Some(catalog),
+                classified: classifier.finish(),
+                rebuilt,
+                failed: None,
+            }
+        }
+        Err(e) => {
+            classifier.forget();
+            Consulted {
+                catalog: None,
+                classified: classifier.finish(),
+                rebuilt: None,
+                failed: Some(e),
+            }
+        }
+    }
+}
+
+impl FileRecord {
+    /// The record of `f` (its path in `tree`, its digests in `store`) on
+    /// filesystem `fs_key`, as run `last_seen` leaves it (`settled`).
+    pub fn of(
+        fs_key: &str,
+        f: &HashedFile,
+        (tree, store): (&Tree, &DigestStore),
+        settled: bool,
+        last_seen: u64,
+    ) -> Self {
+        FileRecord {
+            fs: fs_key.to_string(),
+            subvol: tree.device(f.entry.dev).subvol,
+            ino: f.entry.ino,
+            generation: f.generation.into(),
+            path: tree.path(f.entry.name),
+            size: f.entry.size,
+            mtime_ns: f.entry.mtime_ns,
+            ctime_ns: f.entry.ctime_ns,
+            nlink: f.entry.nlink.into(),
+            whole: f.whole(),
+            blocks: f.blocks(store).to_vec(),
+            flags: f.inode_flags,
+            settled,
+            last_seen,
+        }
+    }
 }
 
 /// What [`classify`] decided.
 #[derive(Debug, Default)]
 pub struct Classified {
-    pub known: Vec<Known>,
+    /// Files whose digests come from the catalog; `entry.marks` says which
+    /// are settled, outside the roots (sources only) or dirty (their
+    /// record must be rewritten).
+    pub known: Vec<HashedFile>,
     pub to_read: Vec<FileEntry>,
     /// Catalog keys to delete: files gone, changed outside the roots, or
     /// no longer found under the roots.
@@ -50,15 +120,12 @@ fn under_roots(p: &std::path::Path, roots: &[PathBuf]) -> bool {
     roots.iter().any(|r| p.starts_with(r))
 }
 
-fn to_hashed(rec: FileRecord, entry: FileEntry) -> HashedFile {
-    HashedFile {
-        entry,
-        digests: Digests::new(rec.blocks, &[]),
-        whole: rec.whole,
-        inode_flags: rec.flags,
-        generation: rec.generation,
-        racy: false,
-    }
+/// The known file `entry` with what its record gives.
+fn known_file(mut entry: FileEntry, h: Hit, outside: bool) -> HashedFile {
+    entry.marks.set(Marks::SETTLED, h.settled);
+    entry.marks.set(Marks::DIRTY, h.dirty);
+    entry.marks.set(Marks::OUTSIDE_ROOTS, outside);
+    HashedFile::new(entry, h.blocks, h.whole, h.flags, h.generation)
 }
 
 fn generation_of(path: &std::path::Path) -> Option<u64> {
@@ -68,16 +135,18 @@ fn generation_of(path: &std::path::Path) -> Option<u64> {
 
 /// Splits the walked files of one filesystem (`fs_key`, `fs`, `fs_block`)
 /// into known and to-read, against that filesystem's `records`. `roots`
-/// must be absolute, as the walked paths are.
+/// must be absolute, as the walked paths are; `tree` holds the walked
+/// paths, and gets those of known files outside the roots; `store` gets
+/// the known files' digests.
 pub fn classify(
     fs_key: &str,
-    fs: FsId,
-    fs_block: u64,
+    (fs, fs_block): (FsId, u64),
     records: Vec<FileRecord>,
     walked: Vec<FileEntry>,
+    (tree, store): (&mut Tree, &mut DigestStore),
     roots: &[PathBuf],
 ) -> Classified {
-    let mut c = Classifier::new(fs_key, fs, fs_block, walked, roots);
+    let mut c = Classifier::new(fs_key, (fs, fs_block), walked, (tree, store), roots);
     for r in records {
         c.offer(r);
     }
@@ -92,9 +161,26 @@ struct Hit {
     dirty: bool,
     settled: bool,
     flags: u32,
-    generation: u64,
+    generation: u32,
     whole: u128,
     blocks: Digests,
+}
+
+impl Hit {
+    /// Its digests go to `store`.
+    fn new(at: usize, rec: FileRecord, dirty: bool, store: &mut DigestStore) -> Hit {
+        Hit {
+            at: at as u32,
+            dirty,
+            settled: rec.settled,
+            flags: rec.flags,
+            // The kernel's generation is 32 bits; a larger value (a
+            // damaged record) only fails to match.
+            generation: rec.generation as u32,
+            whole: rec.whole,
+            blocks: store.push(&rec.blocks, &[]),
+        }
+    }
 }
 
 /// [`classify`] one record at a time, as the catalog is read: no list of
@@ -108,23 +194,26 @@ pub struct Classifier<'a> {
     fs_block: u64,
     roots: &'a [PathBuf],
     walked: Vec<FileEntry>,
-    /// `(subvolume, start, end)`: runs of `walked` of one device and
-    /// subvolume, sorted by inode within; the runs sorted by subvolume.
+    tree: &'a mut Tree,
+    store: &'a mut DigestStore,
+    /// `(subvolume, start, end)`: runs of `walked` of one device (one
+    /// subvolume), sorted by inode within; the runs sorted by subvolume.
     runs: Vec<(u64, usize, usize)>,
     hits: Vec<Hit>,
-    outside: Vec<Known>,
+    outside: Vec<HashedFile>,
     deleted: Vec<(String, u64, u64)>,
     renamed: u64,
 }
 
 impl<'a> Classifier<'a> {
     /// `walked`: the walked files of the filesystem (`fs_key`, `fs`,
-    /// `fs_block`). `roots` must be absolute, as the walked paths are.
+    /// `fs_block`), their paths in `tree`; known files' digests go to
+    /// `store`. `roots` must be absolute, as the walked paths are.
     pub fn new(
         fs_key: &'a str,
-        fs: FsId,
-        fs_block: u64,
+        (fs, fs_block): (FsId, u64),
         mut walked: Vec<FileEntry>,
+        (tree, store): (&'a mut Tree, &'a mut DigestStore),
         roots: &'a [PathBuf],
     ) -> Classifier<'a> {
         if !walked.is_sorted_by_key(|e| (e.dev, e.ino)) {
@@ -132,8 +221,8 @@ impl<'a> Classifier<'a> {
         }
         let mut runs = Vec::new();
         let mut start = 0;
-        for w in walked.chunk_by(|a, b| (a.dev, a.subvol) == (b.dev, b.subvol)) {
-            runs.push((w[0].subvol, start, start + w.len()));
+        for w in walked.chunk_by(|a, b| a.dev == b.dev) {
+            runs.push((tree.device(w[0].dev).subvol, start, start + w.len()));
             start += w.len();
         }
         runs.sort_unstable_by_key(|r| r.0);
@@ -143,6 +232,8 @@ impl<'a> Classifier<'a> {
             fs_block,
             roots,
             walked,
+            tree,
+            store,
             runs,
             hits: Vec::new(),
             outside: Vec::new(),
@@ -182,31 +273,23 @@ impl<'a> Classifier<'a> {
         let same_data = rec.size == e.size && rec.mtime_ns == e.mtime_ns;
         // A rename or a new or removed hard link changes ctime but not the
         // data: trusted when the inode generation proves it is the same file.
-        let relinked = rec.path != e.path || rec.nlink != e.nlink;
+        let moved = !self.tree.path_is(e.name, &rec.path);
+        let relinked = moved || rec.nlink != u64::from(e.nlink);
         let known = if !same_data {
             false
         } else if rec.ctime_ns == e.ctime_ns {
             true
         } else if relinked {
-            generation_of(&e.path) == Some(rec.generation)
+            generation_of(&self.tree.path(e.name)) == Some(rec.generation)
         } else {
             false
         };
         if !known {
             return;
         }
-        if rec.path != e.path {
-            self.renamed += 1;
-        }
-        self.hits.push(Hit {
-            at: at as u32,
-            dirty: relinked || rec.ctime_ns != e.ctime_ns,
-            settled: rec.settled,
-            flags: rec.flags,
-            generation: rec.generation,
-            whole: rec.whole,
-            blocks: Digests::new(rec.blocks, &[]),
-        });
+        self.renamed += moved as u64;
+        let dirty = relinked || rec.ctime_ns != e.ctime_ns;
+        self.hits.push(Hit::new(at, rec, dirty, self.store));
     }
 
     /// A record the walk did not meet: deleted if under the roots, else a
@@ -224,14 +307,14 @@ impl<'a> Classifier<'a> {
                     && m.mtime() * 1_000_000_000 + m.mtime_nsec() == rec.mtime_ns
                     && m.ctime() * 1_000_000_000 + m.ctime_nsec() == rec.ctime_ns =>
             {
-                let entry =
-                    FileEntry::from_meta(rec.path.clone(), &m, self.fs, rec.subvol, self.fs_block);
-                self.outside.push(Known {
-                    settled: rec.settled,
-                    file: to_hashed(rec, entry),
-                    outside_roots: true,
-                    dirty: false,
-                });
+                let added = self
+                    .tree
+                    .add_file(&rec.path, &m, self.fs, rec.subvol, self.fs_block);
+                // A name that does not fit the tree: not used as a source.
+                if let Ok(entry) = added {
+                    let hit = Hit::new(0, rec, false, self.store);
+                    self.outside.push(known_file(entry, hit, true));
+                }
             }
             _ => self.deleted.push((rec.fs, rec.subvol, rec.ino)),
         }
@@ -269,19 +352,7 @@ impl<'a> Classifier<'a> {
             match hits.last() {
                 Some(h) if h.at == at => {
                     let h = hits.pop().expect("just seen");
-                    known.push(Known {
-                        file: HashedFile {
-                            entry,
-                            digests: h.blocks,
-                            whole: h.whole,
-                            inode_flags: h.flags,
-                            generation: h.generation,
-                            racy: false,
-                        },
-                        settled: h.settled,
-                        outside_roots: false,
-                        dirty: h.dirty,
-                    });
+                    known.push(known_file(entry, h, false));
                 }
                 _ => to_read.push(entry),
             }
@@ -310,14 +381,14 @@ mod tests {
     fn record(fs: &str, e: &FileEntry, path: &std::path::Path) -> FileRecord {
         FileRecord {
             fs: fs.into(),
-            subvol: e.subvol,
+            subvol: 0,
             ino: e.ino,
             generation: 0,
             path: path.to_path_buf(),
             size: e.size,
             mtime_ns: e.mtime_ns,
             ctime_ns: e.ctime_ns,
-            nlink: e.nlink,
+            nlink: e.nlink.into(),
             whole: e.ino as u128,
             blocks: vec![e.ino as u128],
             flags: 0,
@@ -335,37 +406,53 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().canonicalize().unwrap();
         let mut walked = Vec::new();
+        let mut tree = Tree::new();
         for i in 0..6 {
             let p = root.join(format!("f{i}"));
             std::fs::write(&p, [i as u8; 10]).unwrap();
             let m = std::fs::metadata(&p).unwrap();
-            walked.push(FileEntry::from_meta(p, &m, 1, 0, 4096));
+            walked.push(tree.add_file(&p, &m, 1, 0, 4096).unwrap());
         }
         walked.sort_unstable_by_key(|e| (e.dev, e.ino));
+        let path = |e: &FileEntry| tree.path(e.name);
         let mut recs: Vec<FileRecord> = [4, 1, 3]
             .iter()
-            .map(|&i| record("fs-a", &walked[i], &walked[i].path))
+            .map(|&i| record("fs-a", &walked[i], &path(&walked[i])))
             .collect();
-        recs.push(record("fs-b", &walked[0], &walked[0].path));
+        recs.push(record("fs-b", &walked[0], &path(&walked[0])));
         let mut gone = record("fs-a", &walked[5], &root.join("gone"));
         gone.ino = u64::MAX;
         recs.push(gone);
         let roots = [root.clone()];
-        let c = classify("fs-a", 1, 4096, recs.clone(), walked.clone(), &roots);
+        let mut store = DigestStore::new();
+        let c = classify(
+            "fs-a",
+            (1, 4096),
+            recs.clone(),
+            walked.clone(),
+            (&mut tree, &mut store),
+            &roots,
+        );
         let inos = |v: &[FileEntry]| v.iter().map(|e| e.ino).collect::<Vec<_>>();
-        let known: Vec<u64> = c.known.iter().map(|k| k.file.entry.ino).collect();
+        let known: Vec<u64> = c.known.iter().map(|k| k.entry.ino).collect();
         assert_eq!(known, inos(&[1, 3, 4].map(|i| walked[i].clone())));
         assert!(c
             .known
             .iter()
-            .all(|k| k.file.blocks()[0] == k.file.entry.ino as u128));
+            .all(|k| k.blocks(&store)[0] == k.entry.ino as u128 && k.settled() && !k.dirty()));
         assert_eq!(
             inos(&c.to_read),
             inos(&[0, 2, 5].map(|i| walked[i].clone()))
         );
         assert_eq!(c.deleted, vec![("fs-a".to_string(), 0, u64::MAX)]);
 
-        let mut cl = Classifier::new("fs-a", 1, 4096, walked.clone(), &roots);
+        let mut cl = Classifier::new(
+            "fs-a",
+            (1, 4096),
+            walked.clone(),
+            (&mut tree, &mut store),
+            &roots,
+        );
         for r in recs {
             cl.offer(r);
         }

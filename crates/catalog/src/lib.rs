@@ -51,7 +51,7 @@ mod identify;
 mod incremental;
 
 pub use identify::{identify, Existing, APPLICATION_ID};
-pub use incremental::{classify, Classified, Classifier, Known};
+pub use incremental::{classify, consult, Classified, Classifier, Consulted};
 
 use std::path::{Path, PathBuf};
 

@@ -17,8 +17,10 @@
 pub mod access;
 pub mod account;
 pub mod fdlimit;
+pub mod fsrun;
 pub mod policy;
 mod rehome;
+pub mod roots;
 pub mod tmpdir;
 
 pub use rehome::RehomeOptions;
@@ -36,7 +38,7 @@ use onecopy_ioctl::dedupe::{
 use onecopy_ioctl::fiemap::{self, Extent};
 use onecopy_ioctl::fs::inode_flags as iflags;
 use onecopy_plan::{Dest, Op, Plan};
-use onecopy_scan::FileEntry;
+use onecopy_scan::{Device, FileEntry, Marks, Tree};
 
 use account::FileUnits;
 pub use account::Model;
@@ -194,9 +196,31 @@ pub struct ExecReport {
     pub unsettled: Vec<bool>,
 }
 
+/// The files a plan's indices name, by index (a list of entries or of
+/// read records: no list of references is made for the executor).
+pub trait EntryList {
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The file at `i` (`i < len()`).
+    fn entry(&self, i: u32) -> &FileEntry;
+}
+
+impl<T: AsRef<FileEntry>> EntryList for Vec<T> {
+    fn len(&self) -> usize {
+        Vec::len(self)
+    }
+    fn entry(&self, i: u32) -> &FileEntry {
+        self[i as usize].as_ref()
+    }
+}
+
 /// Open files, bounded, and per-file snapshots.
 struct Files<'a> {
-    entries: &'a [&'a FileEntry],
+    entries: &'a dyn EntryList,
+    /// The paths and devices of `entries`.
+    tree: &'a Tree,
     open: HashMap<u32, std::rc::Rc<File>>,
     /// At most this many files stay in `open`.
     max_open: usize,
@@ -209,6 +233,18 @@ struct Files<'a> {
 }
 
 impl<'a> Files<'a> {
+    fn entry(&self, i: u32) -> &'a FileEntry {
+        self.entries.entry(i)
+    }
+
+    fn device(&self, i: u32) -> &'a Device {
+        self.tree.device(self.entry(i).dev)
+    }
+
+    fn path(&self, i: u32) -> PathBuf {
+        self.tree.path(self.entry(i).name)
+    }
+
     fn get(&mut self, i: u32) -> Result<std::rc::Rc<File>, DedupeError> {
         if let Some(f) = self.open.get(&i) {
             return Ok(f.clone());
@@ -216,14 +252,9 @@ impl<'a> Files<'a> {
         if self.open.len() >= self.max_open {
             self.open.clear();
         }
-        let path = &self.entries[i as usize].path;
-        let f =
-            onecopy_scan::longpath::open(path, rustix::fs::OFlags::empty()).map_err(|source| {
-                DedupeError::Open {
-                    path: path.clone(),
-                    source,
-                }
-            })?;
+        let path = self.path(i);
+        let f = onecopy_scan::longpath::open(&path, rustix::fs::OFlags::empty())
+            .map_err(|source| DedupeError::Open { path, source })?;
         let f = std::rc::Rc::new(f);
         self.open.insert(i, f.clone());
         Ok(f)
@@ -231,7 +262,7 @@ impl<'a> Files<'a> {
 
     fn unchanged(&self, i: u32, f: &File) -> bool {
         f.metadata()
-            .is_ok_and(|m| self.entries[i as usize].unchanged(&m))
+            .is_ok_and(|m| self.entry(i).unchanged(self.device(i).dev, &m))
     }
 
     /// Snapshots the allocations of `i` before its first change.
@@ -274,21 +305,23 @@ fn physical_layout(f: &File, off: u64, len: u64) -> std::io::Result<Option<Layou
     Ok(Some(out))
 }
 
-/// Carries out `plan` over `entries` (the files the plan's indices name).
+/// Carries out `plan` over `entries` (the files the plan's indices name;
+/// their paths and devices in `tree`).
 ///
-/// `settled[i]` says file `i` was settled by an earlier run and is unchanged
-/// since (empty: none is): ranges between two such files are taken as
-/// already shared without asking the filesystem.
+/// A file marked [`Marks::SETTLED`] was settled by an earlier run and is
+/// unchanged since: ranges between two such files are taken as already
+/// shared without asking the filesystem.
 pub fn execute(
-    entries: &[&FileEntry],
+    entries: &dyn EntryList,
+    tree: &Tree,
     plan: &Plan,
     opts: &ExecOptions,
-    settled: &[bool],
     progress: &ExecProgress,
 ) -> ExecReport {
     let budget = fdlimit::FdBudget::current();
     let mut files = Files {
         entries,
+        tree,
         open: HashMap::new(),
         max_open: budget.cache,
         model: opts.model,
@@ -300,7 +333,7 @@ pub fn execute(
         unsettled: vec![false; entries.len()],
         ..Default::default()
     };
-    let settled = |i: u32| settled.get(i as usize).copied().unwrap_or(false);
+    let settled = |i: u32| entries.entry(i).marks.has(Marks::SETTLED);
     for op in &plan.ops {
         if progress.cancel.load(Ordering::Relaxed) {
             skip_all(&mut rep, op, DestSkip::Cancelled);
@@ -526,7 +559,7 @@ fn open_source(op: &Op, files: &mut Files<'_>, rep: &mut ExecReport) -> Option<(
         }
         Err(source) => {
             rep.errors.push(DedupeError::Fiemap {
-                path: files.entries[op.src as usize].path.clone(),
+                path: files.path(op.src),
                 source,
             });
             skip_all(rep, op, DestSkip::Refused);
@@ -561,7 +594,7 @@ fn check_dest(
         skip(rep, d.file, DestSkip::Changed);
         return None;
     }
-    let refusal = if files.entries[d.file as usize].read_only {
+    let refusal = if files.device(d.file).read_only {
         Some(DestSkip::ReadOnly)
     } else {
         dest_refusal(&f)
@@ -585,7 +618,7 @@ fn check_dest(
         }
         Err(source) => {
             rep.errors.push(DedupeError::Fiemap {
-                path: files.entries[d.file as usize].path.clone(),
+                path: files.path(d.file),
                 source,
             });
             skip(rep, d.file, DestSkip::Refused);
@@ -668,8 +701,8 @@ fn apply_status(
 ) -> bool {
     let refused = |rep: &mut ExecReport, why: String| {
         rep.errors.push(DedupeError::Refused {
-            src: files.entries[op.src as usize].path.clone(),
-            dst: files.entries[p.file as usize].path.clone(),
+            src: files.path(op.src),
+            dst: files.path(p.file),
             why,
         });
         skip(rep, p.file, DestSkip::Refused);

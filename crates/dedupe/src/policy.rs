@@ -65,6 +65,26 @@ pub fn record_needs_write(known: Option<(bool, bool)>, settled_now: bool, racy: 
     changed && !racy
 }
 
+/// What the catalog must be told about a file after the run: `Some(settled)`
+/// when its record must be written, with whether it is settled now.
+/// `known`: its digests came from the catalog (with its `dirty` and
+/// `settled` marks, else it is new); `unsettled`: a planned range of it was
+/// left undone; `stopped`: the run was interrupted.
+pub fn record_update(
+    f: &onecopy_scan::HashedFile,
+    known: bool,
+    stopped: bool,
+    unsettled: bool,
+    dry_run: bool,
+) -> Option<bool> {
+    // A dry run changes nothing, so it settles nothing that was not
+    // settled before.
+    let was = !known || f.settled();
+    let settled_now = settled_after_run(stopped, unsettled, dry_run, was);
+    let known = known.then(|| (f.dirty(), f.settled()));
+    record_needs_write(known, settled_now, f.racy()).then_some(settled_now)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -114,6 +134,30 @@ mod tests {
         // A dry run keeps what was settled and settles no known file anew.
         assert!(settled_after_run(false, false, true, true));
         assert!(!settled_after_run(false, false, true, false));
+    }
+
+    #[test]
+    fn record_update_reads_the_marks() {
+        use onecopy_scan::{Digests, HashedFile, Marks, Tree};
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("f");
+        std::fs::write(&p, b"x").unwrap();
+        let m = std::fs::metadata(&p).unwrap();
+        let mut tree = Tree::new();
+        let entry = tree.add_file(&p, &m, 1, 0, 4096).unwrap();
+        let mut f = HashedFile::new(entry, Digests::default(), 0, 0, 0);
+        // New: written, settled unless left undone.
+        assert_eq!(record_update(&f, false, false, false, false), Some(true));
+        assert_eq!(record_update(&f, false, false, true, false), Some(false));
+        // Known, settled and clean: nothing to write.
+        f.entry.marks.set(Marks::SETTLED, true);
+        assert_eq!(record_update(&f, true, false, false, false), None);
+        // Known and dirty: rewritten; a dry run keeps it settled.
+        f.entry.marks.set(Marks::DIRTY, true);
+        assert_eq!(record_update(&f, true, false, false, true), Some(true));
+        // Racy: never written.
+        f.entry.marks.set(Marks::RACY, true);
+        assert_eq!(record_update(&f, false, false, false, false), None);
     }
 
     #[test]

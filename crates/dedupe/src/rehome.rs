@@ -211,7 +211,7 @@ pub(crate) fn rehome(
         let _ = onecopy_ioctl::fs::syncfs(f.as_fd());
     }
     let pinned = collect(files, changed, rep);
-    let block = files.entries[*first as usize].fs_block;
+    let block = files.device(*first).block;
     let (chosen, over) = choose(pinned, opts.max_write, block);
     rep.stats.rehome_over_budget += over.len() as u64;
     // Not done: a later run must look at these files again.
@@ -242,11 +242,8 @@ fn collect(files: &mut Files<'_>, changed: &[u32], rep: &mut ExecReport) -> Vec<
         }
         refs_of.insert(i, r);
     }
-    let by_key: HashMap<(u64, u64), u32> = files
-        .entries
-        .iter()
-        .enumerate()
-        .map(|(i, e)| ((e.subvol, e.ino), i as u32))
+    let by_key: HashMap<(u64, u64), u32> = (0..files.entries.len() as u32)
+        .map(|i| ((files.device(i).subvol, files.entry(i).ino), i))
         .collect();
     let mut out = Vec::new();
     for (bytenr, (disk_bytes, own)) in extents {
@@ -256,7 +253,7 @@ fn collect(files: &mut Files<'_>, changed: &[u32], rep: &mut ExecReport) -> Vec<
             refs: own,
         };
         // Fully referenced by the changed files alone: nothing to gain.
-        let block = files.entries[p.refs[0].file as usize].fs_block;
+        let block = files.device(p.refs[0].file).block;
         if p.live_bytes(block) >= disk_bytes {
             continue;
         }
@@ -271,15 +268,15 @@ fn collect(files: &mut Files<'_>, changed: &[u32], rep: &mut ExecReport) -> Vec<
 /// it was scanned, writable, not protected).
 fn read_refs(files: &mut Files<'_>, i: u32, rep: &mut ExecReport) -> Option<Vec<(u64, u64, Ref)>> {
     let f = files.get(i).ok()?;
-    let e = files.entries[i as usize];
-    if !files.unchanged(i, &f) || e.read_only || crate::dest_refusal(&f).is_some() {
+    let read_only = files.device(i).read_only;
+    if !files.unchanged(i, &f) || read_only || crate::dest_refusal(&f).is_some() {
         return None;
     }
-    match file_refs(i, &f, e.size) {
+    match file_refs(i, &f, files.entry(i).size) {
         Ok(r) => Some(r),
         Err(source) => {
             rep.errors.push(DedupeError::Fiemap {
-                path: e.path.clone(),
+                path: files.path(i),
                 source,
             });
             None
@@ -331,7 +328,7 @@ fn rehome_extent(
     buf: &mut [u8],
     rep: &mut ExecReport,
 ) {
-    let block = files.entries[p.refs[0].file as usize].fs_block;
+    let block = files.device(p.refs[0].file).block;
     let segs = segments(&p.live(), block);
     let mut tmps = Vec::with_capacity(segs.len());
     for _ in &segs {
@@ -363,7 +360,7 @@ fn rehome_extent(
                 return;
             }
             rep.errors.push(DedupeError::Rehome {
-                path: files.entries[file as usize].path.clone(),
+                path: files.path(file),
                 why,
             });
             return;
@@ -432,7 +429,7 @@ fn changed_under_us(files: &mut Files<'_>, i: u32) -> bool {
 /// Shares `r.len` bytes at `at` of `tmp` into `r`'s file. Returns whether
 /// all of them were shared.
 fn share_back(files: &mut Files<'_>, tmp: &File, at: u64, r: &Ref, rep: &mut ExecReport) -> bool {
-    let path = files.entries[r.file as usize].path.clone();
+    let path = files.path(r.file);
     let Ok(f) = files.get(r.file) else {
         return false;
     };

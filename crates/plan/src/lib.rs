@@ -262,7 +262,9 @@ pub fn plan_input<F: PlanInput + ?Sized>(files: &F, opts: &PlanOptions) -> Plan 
         .filter(|g| g.len() > 1)
         .collect();
     let mut covered = vec![false; files.len()];
-    let mut copies_of: HashMap<u32, Vec<u32>> = HashMap::new();
+    // A canonical copy -> its whole-file op (whose destinations are its
+    // copies): no second list of the copies.
+    let mut copies_of: HashMap<u32, u32> = HashMap::new();
     groups.sort_unstable_by_key(|g| g[0]);
     for g in groups {
         let Some(&src) = g.iter().find(|&&i| files.file(i).can_be_src) else {
@@ -279,7 +281,7 @@ pub fn plan_input<F: PlanInput + ?Sized>(files: &F, opts: &PlanOptions) -> Plan 
         for d in &dests {
             covered[d.file as usize] = true;
         }
-        copies_of.insert(src, dests.iter().map(|d| d.file).collect::<Vec<u32>>());
+        copies_of.insert(src, ops.len() as u32);
         stats.whole_file_groups += 1;
         stats.whole_file_dests += dests.len() as u64;
         let len = files.file(src).size;
@@ -304,13 +306,16 @@ pub fn plan_input<F: PlanInput + ?Sized>(files: &F, opts: &PlanOptions) -> Plan 
     // A canonical copy that is itself a block-run destination takes its
     // whole-file copies along: they get the same run, so that all of them
     // end on the run's source extent instead of pinning the old one.
+    let whole_ops = &ops;
+    let copies = |dst: u32| {
+        let op = copies_of.get(&dst).map(|&k| &whole_ops[k as usize]);
+        op.into_iter().flat_map(|o| o.dests.iter().map(|d| d.file))
+    };
     let mut emit =
         |src: u32, src_off: u64, dst: u32, dst_off: u64, bytes: u64, stats: &mut PlanStats| {
             if bytes >= opts.min_run.max(1) {
                 let e = runs.entry((src, src_off, bytes)).or_default();
-                for file in
-                    std::iter::once(dst).chain(copies_of.get(&dst).into_iter().flatten().copied())
-                {
+                for file in std::iter::once(dst).chain(copies(dst)) {
                     e.push(Dest {
                         file,
                         offset: dst_off,

@@ -8,13 +8,15 @@
 
 mod hash;
 pub mod longpath;
+pub mod tree;
 mod walk;
 
 pub use hash::{
-    hash_files, window_digest, zero_block_digest, BlockDigest, Digests, HashOptions, HashOutput,
-    HashedFile, SubDigest, RACY_MARGIN_NS,
+    hash_files, window_digest, zero_block_digest, BlockDigest, DigestStore, Digests, HashOptions,
+    HashOutput, HashedFile, SubDigest, RACY_MARGIN_NS,
 };
-pub use walk::{validate_excludes, walk, FileEntry, FsId, WalkOptions, WalkOutput};
+pub use tree::{DevId, Device, NameId, Tree};
+pub use walk::{validate_excludes, walk, FileEntry, FsId, Marks, WalkOptions, WalkOutput};
 
 use std::path::PathBuf;
 
@@ -141,6 +143,27 @@ pub fn split_by<T, K: Ord + Copy>(
     out
 }
 
+/// Appends `more` to `to`, keeping the order. Memory: the list moves when
+/// `to` is empty; otherwise `to` grows once to its final size and `more`
+/// shrinks as its records move, so the records of `more` are never held
+/// twice in full.
+pub fn append_shrinking<T>(to: &mut Vec<T>, mut more: Vec<T>) {
+    if to.is_empty() {
+        *to = more;
+        return;
+    }
+    to.reserve_exact(more.len());
+    more.reverse();
+    let mut moved = 0usize;
+    while let Some(it) = more.pop() {
+        to.push(it);
+        moved += 1;
+        if moved.is_multiple_of(1 << 14) {
+            more.shrink_to_fit();
+        }
+    }
+}
+
 #[cfg(test)]
 mod split_tests {
     use super::split_by;
@@ -156,6 +179,18 @@ mod split_tests {
             assert_eq!(v.len(), v.capacity(), "exact size");
         }
         assert_eq!(out.values().map(Vec::len).sum::<usize>(), 40_000);
+    }
+
+    #[test]
+    fn append_shrinking_keeps_order() {
+        let mut a: Vec<u32> = (0..5).collect();
+        super::append_shrinking(&mut a, (5..40_000).collect());
+        assert!(a.iter().copied().eq(0..40_000));
+        let mut e = Vec::new();
+        let b: Vec<u32> = (0..10).collect();
+        let ptr = b.as_ptr();
+        super::append_shrinking(&mut e, b);
+        assert_eq!(e.as_ptr(), ptr, "moved, not copied");
     }
 
     #[test]

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use globset::{Glob, GlobSet, GlobSetBuilder};
 use ignore::{WalkBuilder, WalkState};
 
+use crate::tree::{DevId, Device, DirInterner, LocalNames, NameId, Tree};
 use crate::{Progress, ScanError, SkipReason};
 
 /// Identifies one filesystem (`f_fsid`): all subvolumes of a btrfs share it.
@@ -32,77 +33,94 @@ pub struct WalkOptions {
     pub threads: usize,
 }
 
-/// A regular file found by the walk.
+/// Run state carried in a file's record (bits of [`FileEntry::marks`]),
+/// in what would otherwise be padding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Marks(u8);
+
+impl Marks {
+    /// Modified less than [`crate::RACY_MARGIN_NS`] before it was read: its
+    /// digests must not be trusted by a later run.
+    pub const RACY: u8 = 1;
+    /// Known from the catalog, and every range planned for it was shared
+    /// by an earlier run.
+    pub const SETTLED: u8 = 2;
+    /// Known from the catalog, outside this run's roots: a source only.
+    pub const OUTSIDE_ROOTS: u8 = 4;
+    /// Known from the catalog, but its record must be rewritten (new path
+    /// or ctime).
+    pub const DIRTY: u8 = 8;
+
+    pub fn has(self, bit: u8) -> bool {
+        self.0 & bit != 0
+    }
+
+    pub fn set(&mut self, bit: u8, on: bool) {
+        if on {
+            self.0 |= bit;
+        } else {
+            self.0 &= !bit;
+        }
+    }
+}
+
+/// A regular file found by the walk: 48 bytes (see
+/// `tests::entry_is_48_bytes`); its path and device facts are in the run's
+/// [`Tree`].
 #[derive(Debug, Clone)]
 pub struct FileEntry {
-    pub path: PathBuf,
-    pub dev: u64,
     pub ino: u64,
     pub size: u64,
     pub mtime_ns: i64,
     pub ctime_ns: i64,
-    /// Hard links to the inode (a link changes ctime, not the data).
-    pub nlink: u64,
-    pub fs: FsId,
-    /// The btrfs subvolume id (0 elsewhere): with `ino`, a key that stays
-    /// valid across mounts.
-    pub subvol: u64,
-    /// In a read-only btrfs subvolume (a read-only snapshot): a source
-    /// only, never a destination.
-    pub read_only: bool,
-    /// The filesystem's block size: dedupe offsets are multiples of it.
-    pub fs_block: u64,
+    /// The path, in the run's [`Tree`].
+    pub name: NameId,
+    /// The device (number, filesystem, subvolume, block size, read-only),
+    /// in the run's [`Tree`].
+    pub dev: DevId,
+    /// Hard links to the inode (a link changes ctime, not the data),
+    /// saturated at `u16::MAX`: only compared, to tell a relink from a
+    /// change, and a saturated count only costs a read.
+    pub nlink: u16,
+    pub marks: Marks,
+}
+
+fn saturate(nlink: u64) -> u16 {
+    nlink.min(u16::MAX as u64) as u16
 }
 
 impl FileEntry {
-    pub fn from_meta(
-        path: PathBuf,
-        m: &Metadata,
-        fs: FsId,
-        subvol: u64,
-        fs_block: u64,
-    ) -> FileEntry {
+    pub fn from_meta(name: NameId, dev: DevId, m: &Metadata) -> FileEntry {
         FileEntry {
-            path: exact(path),
-            dev: m.dev(),
             ino: m.ino(),
             size: m.size(),
             mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
             ctime_ns: m.ctime() * 1_000_000_000 + m.ctime_nsec(),
-            nlink: m.nlink(),
-            fs,
-            subvol,
-            read_only: false,
-            fs_block,
+            name,
+            dev,
+            nlink: saturate(m.nlink()),
+            marks: Marks::default(),
         }
     }
 
     /// The same from a raw `stat` (descriptor-relative walks).
-    pub fn from_stat(
-        path: PathBuf,
-        st: &rustix::fs::Stat,
-        fs: FsId,
-        subvol: u64,
-        fs_block: u64,
-    ) -> FileEntry {
+    pub fn from_stat(name: NameId, dev: DevId, st: &rustix::fs::Stat) -> FileEntry {
         FileEntry {
-            path: exact(path),
-            dev: st.st_dev,
             ino: st.st_ino,
             size: st.st_size as u64,
             mtime_ns: st.st_mtime * 1_000_000_000 + st.st_mtime_nsec as i64,
             ctime_ns: st.st_ctime * 1_000_000_000 + st.st_ctime_nsec as i64,
-            nlink: st.st_nlink,
-            fs,
-            subvol,
-            read_only: false,
-            fs_block,
+            name,
+            dev,
+            nlink: saturate(st.st_nlink),
+            marks: Marks::default(),
         }
     }
 
-    /// Whether `m` (a fresh stat of the same path) shows the file unchanged.
-    pub fn unchanged(&self, m: &Metadata) -> bool {
-        m.dev() == self.dev
+    /// Whether `m` (a fresh stat of the same path) shows the file unchanged;
+    /// `dev` is the device number of `self.dev`.
+    pub fn unchanged(&self, dev: u64, m: &Metadata) -> bool {
+        m.dev() == dev
             && m.ino() == self.ino
             && m.size() == self.size
             && m.mtime() * 1_000_000_000 + m.mtime_nsec() == self.mtime_ns
@@ -110,23 +128,20 @@ impl FileEntry {
     }
 }
 
-/// `path` without spare capacity: a joined path carries up to as much
-/// again unused (growth by doubling), on every one of millions of entries.
-fn exact(mut path: PathBuf) -> PathBuf {
-    path.shrink_to_fit();
-    path
-}
-
 /// The walk's result: files sorted by (device, inode), one entry per inode.
 #[derive(Debug, Default)]
 pub struct WalkOutput {
     pub files: Vec<FileEntry>,
+    /// The paths and devices the entries refer to.
+    pub tree: Tree,
     pub skipped: BTreeMap<SkipReason, u64>,
     pub errors: Vec<ScanError>,
 }
 
 #[derive(Clone, Copy)]
 struct DevInfo {
+    /// In the walk's tree, when the device can dedupe.
+    id: Option<DevId>,
     fs: FsId,
     subvol: u64,
     /// A read-only btrfs subvolume.
@@ -150,7 +165,9 @@ struct DevCache {
 }
 
 impl DevCache {
-    fn get(&self, dev: u64, path: &Path) -> Option<DevInfo> {
+    /// The facts of device `dev` (met at `path`); a device that can dedupe
+    /// is added to `tree` the first time.
+    fn get(&self, dev: u64, path: &Path, tree: &Mutex<DirInterner>) -> Option<DevInfo> {
         if let Some(v) = self.map.lock().unwrap().get(&dev) {
             return *v;
         }
@@ -164,6 +181,7 @@ impl DevCache {
         let info = opened.and_then(|f| {
             use std::os::fd::AsFd;
             onecopy_ioctl::fs::fs_info(f.as_fd()).ok().map(|i| DevInfo {
+                id: None,
                 fs: i.fsid,
                 subvol: onecopy_ioctl::btrfs::subvol_id(f.as_fd()).unwrap_or(0),
                 read_only: onecopy_ioctl::btrfs::subvol_read_only(f.as_fd()).unwrap_or(false),
@@ -178,7 +196,28 @@ impl DevCache {
                 supported: i.kind.supports_dedupe(),
             })
         });
-        self.map.lock().unwrap().insert(dev, info);
+        let mut map = self.map.lock().unwrap();
+        if let Some(v) = map.get(&dev) {
+            // Another thread was first.
+            return *v;
+        }
+        let info = info.map(|mut d| {
+            if d.supported {
+                d.id = tree
+                    .lock()
+                    .unwrap()
+                    .add_device(Device {
+                        dev,
+                        fs: d.fs,
+                        subvol: d.subvol,
+                        read_only: d.read_only,
+                        block: d.block,
+                    })
+                    .ok();
+            }
+            d
+        });
+        map.insert(dev, info);
         info
     }
 }
@@ -189,6 +228,8 @@ struct Filters {
     globs: GlobSet,
     swaps: HashSet<(u64, u64)>,
     devs: DevCache,
+    /// The walk's directories and devices, shared by the walker threads.
+    tree: Mutex<DirInterner>,
     one_file_system: bool,
     min_size: u64,
 }
@@ -208,6 +249,7 @@ impl Filters {
             devs: DevCache {
                 map: Mutex::new(HashMap::new()),
             },
+            tree: Mutex::new(DirInterner::new(Tree::new())),
             one_file_system: opts.one_file_system,
             min_size: opts.min_size,
         }
@@ -235,26 +277,26 @@ impl Filters {
         if !self.one_file_system || dev == root.dev {
             return Ok(());
         }
-        let fs = self.devs.get(dev, path).map(|d| d.fs);
+        let fs = self.devs.get(dev, path, &self.tree).map(|d| d.fs);
         if fs.is_none() || fs != root.fs {
             return Err(SkipReason::OtherFilesystem);
         }
         Ok(())
     }
 
-    /// Whether a regular file is a candidate; its device's facts if so.
-    fn file(&self, dev: u64, ino: u64, size: u64, path: &Path) -> Result<DevInfo, SkipReason> {
+    /// Whether a regular file is a candidate; its device if so.
+    fn file(&self, dev: u64, ino: u64, size: u64, path: &Path) -> Result<DevId, SkipReason> {
         if self.swaps.contains(&(dev, ino)) {
             return Err(SkipReason::SwapFile);
         }
-        let info = self.devs.get(dev, path);
-        let Some(info) = info.filter(|d| d.supported) else {
+        let info = self.devs.get(dev, path, &self.tree);
+        let Some((info, id)) = info.and_then(|d| Some((d, d.id?))) else {
             return Err(SkipReason::UnsupportedFilesystem);
         };
         if size < self.min_size.max(info.min_size) {
             return Err(SkipReason::TooSmall);
         }
-        Ok(info)
+        Ok(id)
     }
 }
 
@@ -274,6 +316,8 @@ pub fn validate_excludes(patterns: &[String]) -> Result<(), String> {
 #[derive(Default)]
 struct Collected {
     files: Vec<FileEntry>,
+    /// The names of `files` (positions local until [`Collected::flush_names`]).
+    names: LocalNames,
     skipped: BTreeMap<SkipReason, u64>,
     errors: Vec<ScanError>,
     /// Directories whose path exceeds PATH_MAX: walked with descriptors.
@@ -283,6 +327,45 @@ struct Collected {
 impl Collected {
     fn skip(&mut self, r: SkipReason) {
         *self.skipped.entry(r).or_default() += 1;
+    }
+
+    /// Records a candidate file at `path`: its name goes to the local
+    /// arena, its directory to the shared tree.
+    fn add(
+        &mut self,
+        path: &Path,
+        tree: &Mutex<DirInterner>,
+        make: impl FnOnce(NameId) -> FileEntry,
+    ) {
+        match self.names.add(path, tree) {
+            Ok(name) => self.files.push(make(name)),
+            Err(e) => self.errors.push(ScanError::Walk {
+                path: path.to_path_buf(),
+                source: std::io::Error::other(e),
+            }),
+        }
+    }
+
+    /// Moves the local names into the shared tree and makes the positions
+    /// of `files` final; files whose names do not fit are dropped with an
+    /// error. Returns the files.
+    fn flush_names(&mut self, tree: &mut DirInterner) -> Vec<FileEntry> {
+        let mut files = std::mem::take(&mut self.files);
+        match self.names.flush(tree) {
+            Ok(base) => {
+                for f in &mut files {
+                    f.name.at += base;
+                }
+            }
+            Err(e) => {
+                self.errors.push(ScanError::Walk {
+                    path: PathBuf::new(),
+                    source: std::io::Error::other(format!("{} files not listed: {e}", files.len())),
+                });
+                files.clear();
+            }
+        }
+        files
     }
 }
 
@@ -352,12 +435,16 @@ fn error_path(e: &ignore::Error) -> Option<PathBuf> {
 struct Sink {
     local: Collected,
     all: Arc<Mutex<Collected>>,
+    filters: Arc<Filters>,
 }
 
 impl Sink {
     fn flush(&mut self) {
+        let mut files = self
+            .local
+            .flush_names(&mut self.filters.tree.lock().unwrap());
         let mut g = self.all.lock().unwrap();
-        g.files.append(&mut self.local.files);
+        g.files.append(&mut files);
         g.errors.append(&mut self.local.errors);
         g.too_long.append(&mut self.local.too_long);
         for (k, v) in std::mem::take(&mut self.local.skipped) {
@@ -390,7 +477,10 @@ pub fn walk(opts: &WalkOptions, progress: &Progress) -> WalkOutput {
         };
         let info = RootInfo {
             dev: root_dev,
-            fs: filters.devs.get(root_dev, root).map(|d| d.fs),
+            fs: filters
+                .devs
+                .get(root_dev, root, &filters.tree)
+                .map(|d| d.fs),
         };
         let mut got = walk_root(root, info, opts.threads, &filters, progress);
         for dir in std::mem::take(&mut got.too_long) {
@@ -410,7 +500,13 @@ pub fn walk(opts: &WalkOptions, progress: &Progress) -> WalkOutput {
             *out.skipped.entry(k).or_default() += v;
         }
     }
-    let links = one_entry_per_inode(&mut out.files);
+    let interner = std::mem::take(&mut *filters.tree.lock().unwrap());
+    let tree = interner.finish(|map| {
+        for f in &mut out.files {
+            f.dev = map[f.dev.0 as usize];
+        }
+    });
+    let links = one_entry_per_inode(&mut out.files, &tree);
     if links > 0 {
         *out.skipped.entry(SkipReason::Hardlink).or_default() += links;
         progress.files_found.fetch_sub(links, Ordering::Relaxed);
@@ -419,6 +515,7 @@ pub fn walk(opts: &WalkOptions, progress: &Progress) -> WalkOutput {
     out.files.shrink_to_fit();
     WalkOutput {
         files: out.files,
+        tree,
         skipped: out.skipped,
         errors: out.errors,
     }
@@ -447,16 +544,16 @@ fn walk_root(
         builder.filter_entry(move |e| e.depth() == 0 || enter_entry(e, info, &filters, &all));
     }
     builder.build_parallel().run(|| {
-        let filters = filters.clone();
         let mut sink = Sink {
             local: Collected::default(),
             all: all.clone(),
+            filters: filters.clone(),
         };
         Box::new(move |res| {
             if progress.cancelled() {
                 return WalkState::Quit;
             }
-            visit(res, &filters, progress, &mut sink.local);
+            visit(res, &sink.filters, progress, &mut sink.local);
             if sink.local.files.len() >= 4096 {
                 sink.flush();
             }
@@ -531,9 +628,9 @@ fn visit(
         Err(r) => return local.skip(r),
     };
     count_found(progress, meta.size());
-    let mut e = FileEntry::from_meta(ent.into_path(), &meta, dev.fs, dev.subvol, dev.block);
-    e.read_only = dev.read_only;
-    local.files.push(e);
+    local.add(ent.path(), &filters.tree, |name| {
+        FileEntry::from_meta(name, dev, &meta)
+    });
 }
 
 /// Records a walk error; a path beyond PATH_MAX is kept for [`walk_long`].
@@ -563,6 +660,7 @@ fn walk_long(
     progress: &Progress,
     got: &mut Collected,
 ) {
+    let mut mine = Collected::default();
     let skipped = std::cell::RefCell::new(BTreeMap::<SkipReason, u64>::new());
     let skip = |r: SkipReason| *skipped.borrow_mut().entry(r).or_default() += 1;
     let keep_name = |p: &Path| match filters.name(p) {
@@ -591,26 +689,34 @@ fn walk_long(
             }
         };
         count_found(progress, size);
-        let mut e = FileEntry::from_stat(f.path, &f.stat, dev.fs, dev.subvol, dev.block);
-        e.read_only = dev.read_only;
-        got.files.push(e);
+        mine.add(&f.path, &filters.tree, |name| {
+            FileEntry::from_stat(name, dev, &f.stat)
+        });
     }
+    let mut files = mine.flush_names(&mut filters.tree.lock().unwrap());
+    got.files.append(&mut files);
+    got.errors.append(&mut mine.errors);
 }
 
 /// Sorts by (device, inode) and keeps one entry per inode (further names
 /// are hardlinks), preferring a name on a writable mount (a read-only bind
 /// mount of the same files would make it a source only). Returns how many
 /// names were dropped.
-fn one_entry_per_inode(files: &mut Vec<FileEntry>) -> u64 {
-    files.sort_unstable_by(|a, b| (a.dev, a.ino, &a.path).cmp(&(b.dev, b.ino, &b.path)));
+fn one_entry_per_inode(files: &mut Vec<FileEntry>, tree: &Tree) -> u64 {
+    files.sort_unstable_by(|a, b| {
+        (a.dev, a.ino)
+            .cmp(&(b.dev, b.ino))
+            .then_with(|| tree.path(a.name).cmp(&tree.path(b.name)))
+    });
     let mut i = 0;
     while i < files.len() {
         let mut j = i + 1;
         while j < files.len() && files[j].dev == files[i].dev && files[j].ino == files[i].ino {
             j += 1;
         }
-        if j - i > 1 && path_read_only(&files[i].path) {
-            if let Some(k) = (i + 1..j).find(|&k| !path_read_only(&files[k].path)) {
+        let read_only = |k: usize| path_read_only(&tree.path(files[k].name));
+        if j - i > 1 && read_only(i) {
+            if let Some(k) = (i + 1..j).find(|&k| !read_only(k)) {
                 files.swap(i, k);
             }
         }
@@ -624,18 +730,6 @@ fn one_entry_per_inode(files: &mut Vec<FileEntry>) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn entries_keep_no_spare_path_capacity() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut path = PathBuf::with_capacity(4096);
-        path.push(dir.path());
-        path.push("f");
-        std::fs::write(&path, b"x").unwrap();
-        let m = std::fs::metadata(&path).unwrap();
-        let e = FileEntry::from_meta(path, &m, 1, 0, 4096);
-        assert_eq!(e.path.capacity(), e.path.as_os_str().len());
-    }
 
     #[test]
     fn proc_escapes() {
@@ -710,6 +804,10 @@ mod tests {
         // Only keep/f reached the file rules (tmpfs or not, it was seen).
         let seen = got.files.len() as u64 + got.skipped.values().sum::<u64>() - 1;
         assert_eq!(seen, 1, "{:?}", got.skipped);
-        assert!(got.files.iter().all(|e| e.path.ends_with("keep/f")));
+        let tree = std::mem::take(&mut *f.tree.lock().unwrap()).finish(|_| {});
+        assert!(got
+            .files
+            .iter()
+            .all(|e| tree.path(e.name).ends_with("keep/f")));
     }
 }

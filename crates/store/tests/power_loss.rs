@@ -587,7 +587,10 @@ fn an_fsync_racing_a_failed_sync_fails_too() {
     drop(s);
     lossy.lose_unsynced();
     let s = Store::open(&dir).unwrap();
-    assert!(s.lookup(1, b"f1").is_err(), "f1 was committed after the sync failed");
+    assert!(
+        s.lookup(1, b"f1").is_err(),
+        "f1 was committed after the sync failed"
+    );
     let mut rec = Record::default();
     check(&s, &mut rec, 0);
 }

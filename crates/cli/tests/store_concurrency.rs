@@ -16,17 +16,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 mod store_common;
 use store_common::*;
 
-/// Offset of the first word of `data` (read at file offset `at`) that is
-/// neither zero nor one of `owner(offset)`'s own words there.
-fn foreign_word(data: &[u8], at: u64, owner: impl Fn(u64) -> u64) -> Option<u64> {
-    data.chunks_exact(8).enumerate().find_map(|(i, w)| {
-        let v = u64::from_le_bytes(w.try_into().unwrap());
-        let off = at + i as u64 * 8;
-        let ok = v == 0 || (v >> 48 == owner(off) && v & 0xffff_ffff == off / 8);
-        (!ok).then_some(off)
-    })
-}
-
 // ---------------------------------------------------------------------
 // Many writers and readers on one file and on many.
 // ---------------------------------------------------------------------
@@ -128,7 +117,7 @@ fn reader(mnt: &Path, stop: &AtomicBool, reads: &AtomicU64) {
         let at = rng.below(len) & !7;
         let mut buf = vec![0u8; (len - at).min(300 << 10) as usize];
         let n = f.read_at(&mut buf, at).unwrap();
-        if let Some(bad) = foreign_word(&buf[..n & !7], at, stripe_owner) {
+        if let Some(bad) = foreign_word_at(&buf[..n & !7], at, stripe_owner) {
             panic!("reader: shared@{bad} holds a word nobody wrote there");
         }
         reads.fetch_add(1, Ordering::SeqCst);
@@ -142,7 +131,7 @@ fn check_writers_results(mnt: &Path, results: &[WriterLog], when: &str) {
         STRIPES_EACH * WRITERS * STRIPE,
         "{when}"
     );
-    if let Some(bad) = foreign_word(&shared, 0, stripe_owner) {
+    if let Some(bad) = foreign_word_at(&shared, 0, stripe_owner) {
         panic!("{when}: shared@{bad} holds a word nobody wrote there");
     }
     for (w, (own, stripes)) in results.iter().enumerate() {

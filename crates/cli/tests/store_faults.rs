@@ -44,17 +44,6 @@ fn container_bytes_on_disk(store: &Path) -> u64 {
 // lands. Offsets and lengths are multiples of 8.
 // ---------------------------------------------------------------------
 
-/// A word that is neither zero nor this file's own word at `off`.
-fn foreign_word(id: u64, data: &[u8]) -> Option<u64> {
-    data.chunks(8).enumerate().find_map(|(i, w)| {
-        let mut b = [0u8; 8];
-        b[..w.len()].copy_from_slice(w);
-        let v = u64::from_le_bytes(b);
-        let ok = v == 0 || (v >> 48 == id && v & 0xffff_ffff == i as u64);
-        (!ok).then_some(i as u64 * 8)
-    })
-}
-
 #[derive(Default, Clone)]
 struct FileRec {
     names: Vec<String>,

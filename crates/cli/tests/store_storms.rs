@@ -22,18 +22,6 @@ use onecopy_testfs::{FsKind, LoopFs};
 mod store_common;
 use store_common::*;
 
-/// Offset of the first word of `data` (read from offset 0) that is
-/// neither zero nor file `id`'s own word at its offset.
-fn foreign_word(id: u64, data: &[u8]) -> Option<u64> {
-    data.chunks(8).enumerate().find_map(|(i, w)| {
-        let mut b = [0u8; 8];
-        b[..w.len()].copy_from_slice(w);
-        let v = u64::from_le_bytes(b);
-        let ok = v == 0 || (v >> 48 == id && v & 0xffff_ffff == i as u64);
-        (!ok).then_some(i as u64 * 8)
-    })
-}
-
 /// Writes `pattern(id, gen, off, len)` into `content` (grown as needed).
 fn apply(content: &mut Vec<u8>, id: u64, gen: u64, off: u64, len: u64) -> Vec<u8> {
     let data = pattern(id, gen, off, len);

@@ -732,13 +732,7 @@ mod tests {
         };
         Store::init(dir.path(), &cfg).unwrap();
         let s = Store::open(dir.path()).unwrap();
-        let node = NewNode {
-            kind: Kind::File,
-            perm: 0o644,
-            uid: 0,
-            gid: 0,
-            rdev: 0,
-        };
+        let node = NewNode::root_owned(Kind::File, 0o644);
         let ino = s.mknod(1, b"f", node).unwrap().ino;
         s.open_file(ino).unwrap();
         let page = |pg: u64, v: u64| -> Vec<u8> {
@@ -798,13 +792,7 @@ mod tests {
             };
             Store::init(dir.path(), &cfg).unwrap();
             let s = Store::open(dir.path()).unwrap();
-            let node = NewNode {
-                kind: Kind::File,
-                perm: 0o644,
-                uid: 0,
-                gid: 0,
-                rdev: 0,
-            };
+            let node = NewNode::root_owned(Kind::File, 0o644);
             let ino = s.mknod(1, b"f", node).unwrap().ino;
             s.open_file(ino).unwrap();
             // Text-like pages (compressible), a hole, then random-ish bytes.
@@ -849,13 +837,7 @@ mod tests {
             .map(|i| blake3::hash(&i.to_le_bytes()).as_bytes()[1])
             .collect();
         let s = Store::open(dir.path()).unwrap();
-        let node = NewNode {
-            kind: Kind::File,
-            perm: 0o644,
-            uid: 0,
-            gid: 0,
-            rdev: 0,
-        };
+        let node = NewNode::root_owned(Kind::File, 0o644);
         let ino = s.mknod(1, b"f", node).unwrap().ino;
         s.write(ino, 0, &data).unwrap();
         s.flush_all(true).unwrap();
@@ -901,13 +883,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         Store::init(dir.path(), &StoreConfig::default()).unwrap();
         let s = Store::open(dir.path()).unwrap();
-        let node = NewNode {
-            kind: Kind::File,
-            perm: 0o755,
-            uid: 0,
-            gid: 0,
-            rdev: 0,
-        };
+        let node = NewNode::root_owned(Kind::File, 0o755);
         let ino = s.mknod(1, b"f", node).unwrap().ino;
         let caps = b"security.capability";
         assert!(matches!(

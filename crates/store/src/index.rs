@@ -603,13 +603,7 @@ mod tests {
     }
 
     fn put(s: &Store, name: &str, bytes: &[u8]) -> u64 {
-        let node = NewNode {
-            kind: Kind::File,
-            perm: 0o644,
-            uid: 0,
-            gid: 0,
-            rdev: 0,
-        };
+        let node = NewNode::root_owned(Kind::File, 0o644);
         let ino = s.mknod(1, name.as_bytes(), node).unwrap().ino;
         s.open_file(ino).unwrap();
         s.write(ino, 0, bytes).unwrap();

@@ -58,6 +58,20 @@ pub struct Attr {
     pub rdev: u32,
 }
 
+impl NewNode {
+    /// A node of `kind` with permission bits `perm`, owned by root (uid and
+    /// gid 0), with no device number.
+    pub fn root_owned(kind: Kind, perm: u32) -> NewNode {
+        NewNode {
+            kind,
+            perm,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+        }
+    }
+}
+
 /// Changes asked by `setattr`; `None` leaves a field alone.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SetAttr {

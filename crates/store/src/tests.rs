@@ -4,13 +4,7 @@
 use super::*;
 
 fn node(kind: Kind) -> NewNode {
-    NewNode {
-        kind,
-        perm: 0o644,
-        uid: 0,
-        gid: 0,
-        rdev: 0,
-    }
+    NewNode::root_owned(kind, 0o644)
 }
 
 fn new_store(chunking: &str, compress: &str) -> (tempfile::TempDir, Store) {

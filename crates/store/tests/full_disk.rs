@@ -13,13 +13,7 @@ use onecopy_store::{Kind, NewNode, Store, StoreConfig};
 use onecopy_testfs::{is_root, FsKind, LoopFs};
 
 fn node() -> NewNode {
-    NewNode {
-        kind: Kind::File,
-        perm: 0o644,
-        uid: 0,
-        gid: 0,
-        rdev: 0,
-    }
+    NewNode::root_owned(Kind::File, 0o644)
 }
 
 /// Distinct, incompressible-enough bytes.

@@ -235,13 +235,7 @@ struct Record {
 }
 
 fn node() -> NewNode {
-    NewNode {
-        kind: Kind::File,
-        perm: 0o644,
-        uid: 0,
-        gid: 0,
-        rdev: 0,
-    }
+    NewNode::root_owned(Kind::File, 0o644)
 }
 
 /// One random operation through the store's API; true after an fsync.

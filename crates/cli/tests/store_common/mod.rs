@@ -221,6 +221,26 @@ pub fn word(id: u64, gen: u64, off: u64) -> [u8; 8] {
     (id << 48 | (gen & 0xffff) << 32 | (off / 8) & 0xffff_ffff).to_le_bytes()
 }
 
+/// Offset of the first word of `data` (read at file offset `at`) that is
+/// neither zero nor one of `owner(offset)`'s own words there (a short
+/// last word is read as if padded with zeros).
+pub fn foreign_word_at(data: &[u8], at: u64, owner: impl Fn(u64) -> u64) -> Option<u64> {
+    data.chunks(8).enumerate().find_map(|(i, w)| {
+        let mut b = [0u8; 8];
+        b[..w.len()].copy_from_slice(w);
+        let v = u64::from_le_bytes(b);
+        let off = at + i as u64 * 8;
+        let ok = v == 0 || (v >> 48 == owner(off) && v & 0xffff_ffff == off / 8);
+        (!ok).then_some(off)
+    })
+}
+
+/// Offset of the first word of `data` (read from offset 0 of file `id`)
+/// that is neither zero nor file `id`'s own word at its offset.
+pub fn foreign_word(id: u64, data: &[u8]) -> Option<u64> {
+    foreign_word_at(data, 0, |_| id)
+}
+
 /// `len / 8` words of file `id`, generation `gen`, from offset `off`.
 pub fn pattern(id: u64, gen: u64, off: u64, len: u64) -> Vec<u8> {
     (0..len / 8)

@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use clap::Args;
 use onecopy_store::Store;
@@ -86,20 +86,21 @@ fn foreground(a: &MountArgs) -> ExitCode {
     };
     let pid_file = a.dir.join("mount.pid");
     let _ = std::fs::write(&pid_file, std::process::id().to_string());
-    handle_signals(a.mountpoint.clone(), store.clone());
+    handle_signals(a.mountpoint.clone(), Arc::downgrade(&store));
     let opts =
         mount_helper::parse(a.options.as_deref().unwrap_or(""), a.sloppy).expect("checked in run");
     let name = format!("onecopy:{}", a.dir.display());
     let mut config = onecopy_fuse::mount_config(&name, opts.threads.unwrap_or(a.threads));
     config.mount_options.extend(opts.kernel);
     let notify = a.notify_ready;
-    let r = onecopy_fuse::serve_store(store, &a.mountpoint, &config, || {
+    let r = onecopy_fuse::serve_store(store.clone(), &a.mountpoint, &config, || {
         if notify {
             let mut out = std::io::stdout();
             let _ = writeln!(out, "ready");
             let _ = out.flush();
         }
     });
+    close_store(store);
     let _ = std::fs::remove_file(&pid_file);
     match r {
         Ok(()) => ExitCode::from(code::OK),
@@ -110,10 +111,27 @@ fn foreground(a: &MountArgs) -> ExitCode {
     }
 }
 
+/// Closes the store once every other holder (an online gc still running)
+/// let go, so that its lock is released before `mount.pid` is removed and
+/// the process exits: the lock must not outlive the pid file, or an
+/// offline command run right after the daemon is seen gone finds the
+/// store "in use" (the kernel closes a dying process's files only after
+/// all its threads have exited).
+fn close_store(mut store: Arc<Store>) {
+    loop {
+        match Arc::try_unwrap(store) {
+            Ok(s) => return drop(s),
+            Err(still_shared) => store = still_shared,
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// SIGINT/SIGTERM lazily unmount, which ends the session cleanly; SIGUSR1
 /// (sent by `onecopy store gc`) runs gc online and writes its report to
-/// DIR/gc.json.
-fn handle_signals(mountpoint: PathBuf, store: Arc<Store>) {
+/// DIR/gc.json. The handler holds the store weakly: after the session it
+/// may be closed, and a late SIGUSR1 then does nothing.
+fn handle_signals(mountpoint: PathBuf, store: Weak<Store>) {
     use signal_hook::consts::{SIGINT, SIGTERM, SIGUSR1};
     let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGUSR1]) else {
         return;
@@ -121,8 +139,9 @@ fn handle_signals(mountpoint: PathBuf, store: Arc<Store>) {
     std::thread::spawn(move || {
         for sig in signals.forever() {
             if sig == SIGUSR1 {
-                let store = store.clone();
-                std::thread::spawn(move || online_gc(&store));
+                if let Some(store) = store.upgrade() {
+                    std::thread::spawn(move || online_gc(&store));
+                }
                 continue;
             }
             let _ = rustix::mount::unmount(&mountpoint, rustix::mount::UnmountFlags::DETACH);

@@ -112,14 +112,18 @@ fn make_chain(
 /// Runs `onecopy dedupe ARGS root` and checks the outcome against the
 /// measurement: contents unchanged, at least `share` of the duplicate
 /// bytes (what the files keep beyond `ideal`) really freed, and the
-/// report's `bytes_freed` agreeing with the measured figure.
+/// report's `bytes_freed` agreeing with the measured figure. The run is
+/// made under frequent commits ([`Committer`]).
 fn dedupe_and_measure(fs: &LoopFs, root: &Path, ideal: u64, args: &[&str], share: f64) -> Run {
     let kind = fs.kind();
     fs.sync();
     let sums = checksum_tree(root);
     let before = disk_usage(kind, root);
     let dup = before - ideal;
-    let r = dedupe(&[root], args);
+    let r = {
+        let _commits = Committer::start(root);
+        dedupe(&[root], args)
+    };
     r.assert_ok("dedupe");
     fs.sync();
     let freed = before.saturating_sub(disk_usage(kind, root));
@@ -143,6 +147,44 @@ fn dedupe_and_measure(fs: &LoopFs, root: &Path, ideal: u64, args: &[&str], share
         tol(freed, 3, MIB),
     );
     r
+}
+
+/// Commits the filesystem holding a directory every 100 ms until dropped,
+/// as the periodic commits of a slow run on a loaded machine do: space
+/// that dedupe freed early in the run is then reused by later allocations
+/// (re-homed copies), possibly at the very address where a freed extent
+/// started, which the report must not mistake for the old extent.
+struct Committer {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Committer {
+    fn start(dir: &Path) -> Committer {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let f = File::open(dir).expect("open the tree to commit it");
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !flag.load(Ordering::Relaxed) {
+                let _ = onecopy_ioctl::fs::syncfs(std::os::fd::AsFd::as_fd(&f));
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        Committer {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Committer {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 /// Chains of length 1, 2 and 8 and a fan-out of 3: >= 95% of the

@@ -11,9 +11,11 @@
 //! Something outside the scanned roots (a snapshot, a reflinked copy
 //! elsewhere) may still reference an allocation the scanned files let go:
 //! * with whole extents (btrfs, root), every extent that left the scanned
-//!   files is looked up after a commit with `LOGICAL_INO`
-//!   ([`onecopy_ioctl::btrfs::extent_refs`]); one that anything still
-//!   references is not freed. Exact.
+//!   files is looked up after a commit ([`onecopy_ioctl::btrfs::extent_refs`]):
+//!   one whose extent item (same start, same length) still exists and that
+//!   anything still references (`LOGICAL_INO`) is not freed. Exact: space
+//!   freed early in the run may be reused by a later allocation (a
+//!   re-homed copy) covering the old start, which is another extent.
 //! * with byte ranges (XFS, btrfs without root), which offer no such
 //!   lookup, an allocation FIEMAP flagged shared before the run is never
 //!   claimed: a lower bound, never an overstatement.
@@ -122,7 +124,7 @@ pub fn file_units(f: &File, model: Model) -> std::io::Result<FileUnits> {
 /// the allocations `after` pins that are new (such as re-homed copies).
 ///
 /// `refs(u)` tells how many references anything on the filesystem holds to
-/// extent `u` now (`None`: unknown); it is asked only under
+/// extent `u` (exactly that start and length) now (`None`: unknown); it is asked only under
 /// [`Model::Extents`], for extents the files no longer pin. Without an
 /// answer, an extent shared before the run is claimed only when at least
 /// two snapshotted files referenced it (both now gone); under
@@ -155,18 +157,19 @@ pub fn freed_bytes(
     match model {
         Model::Extents => {
             use std::collections::HashSet;
-            let still: HashSet<u64> = after_units.iter().map(|u| u.start).collect();
-            let was: HashSet<u64> = all_before.iter().map(|u| u.start).collect();
+            // An extent is its (start, length): a new extent may be
+            // allocated where a freed one started.
+            let still: HashSet<Unit> = after_units.iter().copied().collect();
+            let was: HashSet<Unit> = all_before.iter().copied().collect();
             let gone: u64 = claimable
                 .iter()
-                .filter(|u| !still.contains(&u.start))
+                .filter(|u| !still.contains(u))
                 .filter(|&&u| refs(u).is_none_or(|n| n == 0))
                 .map(|u| u.len)
                 .sum();
-            let mut new_seen = HashSet::new();
-            let new: u64 = after_units
+            let new: u64 = still
                 .iter()
-                .filter(|u| !was.contains(&u.start) && new_seen.insert(u.start))
+                .filter(|u| !was.contains(u))
                 .map(|u| u.len)
                 .sum();
             gone.saturating_sub(new)
@@ -333,5 +336,19 @@ mod tests {
         assert_eq!(freed_bytes(Model::Extents, &[&a, &b], &[], &mut refs), 20);
         let mut gone = |_| Some(0);
         assert_eq!(freed_bytes(Model::Extents, &[&a, &b], &[], &mut gone), 70);
+    }
+
+    /// Space freed during the run may be reused by a re-homed copy that
+    /// starts where an old extent started: the old extent is still gone
+    /// and the copy is new.
+    #[test]
+    fn a_new_extent_at_a_freed_start_is_another_extent() {
+        let before = fu(&[(100, 50, false)]);
+        let after = fu(&[(100, 10, false)]);
+        let mut gone = |_| Some(0);
+        assert_eq!(
+            freed_bytes(Model::Extents, &[&before], &[&after], &mut gone),
+            40
+        );
     }
 }

@@ -432,7 +432,7 @@ fn extent_refs(
     match (model, fd) {
         (Model::Extents, Some(f)) => {
             let _ = onecopy_ioctl::fs::syncfs(f.as_fd());
-            Box::new(move |u| onecopy_ioctl::btrfs::extent_refs(f.as_fd(), u.start).ok())
+            Box::new(move |u| onecopy_ioctl::btrfs::extent_refs(f.as_fd(), u.start, u.len).ok())
         }
         _ => Box::new(|_| None),
     }

@@ -471,17 +471,62 @@ mod tests {
 const CONTAINER_HEADER: usize = 16;
 
 /// How many references (inode, offset, subvolume) anything on the
-/// filesystem holds to the data extent that starts at logical address
-/// `bytenr` (a file extent item's `disk_bytenr`); 0 when no extent is
-/// allocated there any more (ENOENT). Snapshots and files outside any
-/// scanned tree count. Needs CAP_SYS_ADMIN; `fd` is any file or directory
-/// of the filesystem. Sees committed state: sync first.
-pub fn extent_refs(fd: BorrowedFd<'_>, bytenr: u64) -> io::Result<u64> {
+/// filesystem holds to the data extent of `len` bytes that starts at
+/// logical address `bytenr` (a file extent item's `disk_bytenr` and
+/// `disk_num_bytes`); 0 when that extent is not allocated any more.
+/// Snapshots and files outside any scanned tree count. Needs
+/// CAP_SYS_ADMIN; `fd` is any file or directory of the filesystem. Sees
+/// committed state: sync first.
+///
+/// `LOGICAL_INO` alone answers for whichever extent *contains* `bytenr`:
+/// once the extent was freed and its space committed, a later allocation
+/// (a re-homed copy, another writer) may cover that address, and its
+/// references are not this extent's. So the extent tree is asked first
+/// whether an extent item of exactly (`bytenr`, `len`) exists.
+pub fn extent_refs(fd: BorrowedFd<'_>, bytenr: u64, len: u64) -> io::Result<u64> {
+    if extent_item_len(fd, bytenr)? != Some(len) {
+        return Ok(0);
+    }
     match logical_ino(fd, bytenr, 4096)? {
         None => Ok(0),
         Some(out) => decode_ref_count(out.as_bytes())
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "short logical-ino answer")),
     }
+}
+
+/// The extent tree's id (`BTRFS_EXTENT_TREE_OBJECTID`).
+const EXTENT_TREE: u64 = 2;
+/// `BTRFS_EXTENT_ITEM_KEY`: (start, this, length) for every data extent.
+const EXTENT_ITEM_KEY: u32 = 168;
+
+/// The length of the extent item that starts exactly at `bytenr` in the
+/// extent tree, `None` when no extent starts there (CAP_SYS_ADMIN).
+pub fn extent_item_len(fd: BorrowedFd<'_>, bytenr: u64) -> io::Result<Option<u64>> {
+    let mut buf = AlignedBuf::new(ARGS + 4096);
+    buf.put_u64(0, EXTENT_TREE);
+    buf.put_u64(8, bytenr);
+    buf.put_u64(16, bytenr);
+    buf.put_u64(24, 0);
+    buf.put_u64(32, u64::MAX);
+    buf.put_u64(40, 0);
+    buf.put_u64(48, u64::MAX);
+    buf.put_u32(56, EXTENT_ITEM_KEY);
+    buf.put_u32(60, EXTENT_ITEM_KEY);
+    buf.put_u32(64, 1); // nr_items
+    buf.put_u64(KEY, 4096);
+    crate::ioctl_buf(fd, BTRFS_IOC_TREE_SEARCH_V2, &mut buf)?;
+    Ok(decode_extent_item(buf.as_bytes(), bytenr))
+}
+
+/// The length (key offset) of the first search result when it is an
+/// extent item starting at `bytenr`.
+fn decode_extent_item(args: &[u8], bytenr: u64) -> Option<u64> {
+    if u32_at(args, 64)? == 0 {
+        return None;
+    }
+    let h = args.get(ARGS..)?;
+    let (objectid, offset, typ) = (u64_at(h, 8)?, u64_at(h, 16)?, u32_at(h, 24)?);
+    (objectid == bytenr && typ == EXTENT_ITEM_KEY).then_some(offset)
 }
 
 /// References in a `btrfs_data_container`: three values per reference,
@@ -506,5 +551,18 @@ mod logical_ino_tests {
         b[12..16].copy_from_slice(&3u32.to_ne_bytes());
         assert_eq!(decode_ref_count(&b), Some(3));
         assert_eq!(decode_ref_count(&b[..10]), None);
+    }
+
+    #[test]
+    fn extent_item_decodes_only_an_exact_start() {
+        let mut b = vec![0u8; ARGS + SEARCH_HEADER];
+        assert_eq!(decode_extent_item(&b, 4096), None);
+        b[64..68].copy_from_slice(&1u32.to_ne_bytes());
+        b[ARGS + 8..ARGS + 16].copy_from_slice(&4096u64.to_ne_bytes());
+        b[ARGS + 16..ARGS + 24].copy_from_slice(&(1u64 << 20).to_ne_bytes());
+        b[ARGS + 24..ARGS + 28].copy_from_slice(&EXTENT_ITEM_KEY.to_ne_bytes());
+        assert_eq!(decode_extent_item(&b, 4096), Some(1 << 20));
+        assert_eq!(decode_extent_item(&b, 8192), None);
+        assert_eq!(decode_extent_item(&b[..ARGS + 20], 4096), None);
     }
 }

@@ -122,6 +122,7 @@ fn decode_file_extent(item: &[u8], file_offset: u64) -> Option<FileExtent> {
 /// (`fd` may be the file itself), in file-offset order.
 pub fn file_extents(fd: BorrowedFd<'_>, ino: u64) -> io::Result<Vec<FileExtent>> {
     let key = SearchKey {
+        tree: 0,
         objectid: (ino, ino),
         offset: (0, u64::MAX),
         min_transid: 0,
@@ -130,10 +131,11 @@ pub fn file_extents(fd: BorrowedFd<'_>, ino: u64) -> io::Result<Vec<FileExtent>>
     tree_search(fd, key, Cursor::Offset, decode_items)
 }
 
-/// The key range of a `BTRFS_IOC_TREE_SEARCH_V2` search in the subvolume
-/// of the searched fd (tree id 0), each pair inclusive. `max_transid` is
-/// always `u64::MAX`.
+/// The key range of a `BTRFS_IOC_TREE_SEARCH_V2` search, each pair
+/// inclusive. `max_transid` is always `u64::MAX`.
 pub(crate) struct SearchKey {
+    /// The tree searched: 0 for the subvolume of the searched fd.
+    pub tree: u64,
     pub objectid: (u64, u64),
     pub offset: (u64, u64),
     /// Tree blocks (and so items) older than this transaction are skipped.
@@ -154,7 +156,8 @@ pub(crate) enum Cursor {
 /// decodes one answer and returns its kept items and the `cursor` field of
 /// the last item seen; the next page starts just past it. The search ends
 /// when the kernel returns no items or the cursor would not move forward
-/// (no item seen, or overflow). A decode error is `InvalidData`.
+/// (no item seen, `decode` returned no cursor, or overflow). A decode
+/// error is `InvalidData`.
 pub(crate) fn tree_search<T, E>(
     fd: BorrowedFd<'_>,
     mut key: SearchKey,
@@ -168,7 +171,7 @@ where
     let mut buf = AlignedBuf::new(ARGS + BUF);
     loop {
         buf.as_mut_bytes().fill(0);
-        buf.put_u64(0, 0); // tree_id 0: the subvolume of fd
+        buf.put_u64(0, key.tree);
         buf.put_u64(8, key.objectid.0);
         buf.put_u64(16, key.objectid.1);
         buf.put_u64(24, key.offset.0);
@@ -502,30 +505,26 @@ const EXTENT_ITEM_KEY: u32 = 168;
 /// The length of the extent item that starts exactly at `bytenr` in the
 /// extent tree, `None` when no extent starts there (CAP_SYS_ADMIN).
 pub fn extent_item_len(fd: BorrowedFd<'_>, bytenr: u64) -> io::Result<Option<u64>> {
-    let mut buf = AlignedBuf::new(ARGS + 4096);
-    buf.put_u64(0, EXTENT_TREE);
-    buf.put_u64(8, bytenr);
-    buf.put_u64(16, bytenr);
-    buf.put_u64(24, 0);
-    buf.put_u64(32, u64::MAX);
-    buf.put_u64(40, 0);
-    buf.put_u64(48, u64::MAX);
-    buf.put_u32(56, EXTENT_ITEM_KEY);
-    buf.put_u32(60, EXTENT_ITEM_KEY);
-    buf.put_u32(64, 1); // nr_items
-    buf.put_u64(KEY, 4096);
-    crate::ioctl_buf(fd, BTRFS_IOC_TREE_SEARCH_V2, &mut buf)?;
-    Ok(decode_extent_item(buf.as_bytes(), bytenr))
+    let key = SearchKey {
+        tree: EXTENT_TREE,
+        objectid: (bytenr, bytenr),
+        offset: (0, u64::MAX),
+        min_transid: 0,
+        types: (EXTENT_ITEM_KEY, EXTENT_ITEM_KEY),
+    };
+    // One answer is enough: at most one extent item starts at `bytenr`.
+    let found = tree_search(fd, key, Cursor::Offset, |items, _| {
+        let len = decode_extent_item(items, bytenr);
+        Ok::<_, DecodeError>((Vec::from_iter(len), None))
+    })?;
+    Ok(found.first().copied())
 }
 
-/// The length (key offset) of the first search result when it is an
-/// extent item starting at `bytenr`.
-fn decode_extent_item(args: &[u8], bytenr: u64) -> Option<u64> {
-    if u32_at(args, 64)? == 0 {
-        return None;
-    }
-    let h = args.get(ARGS..)?;
-    let (objectid, offset, typ) = (u64_at(h, 8)?, u64_at(h, 16)?, u32_at(h, 24)?);
+/// The length (key offset) of the first item of a search answer's items
+/// area when it is an extent item starting at `bytenr`.
+fn decode_extent_item(items: &[u8], bytenr: u64) -> Option<u64> {
+    // Search header: transid, objectid, offset (u64 each), type, len (u32).
+    let (objectid, offset, typ) = (u64_at(items, 8)?, u64_at(items, 16)?, u32_at(items, 24)?);
     (objectid == bytenr && typ == EXTENT_ITEM_KEY).then_some(offset)
 }
 
@@ -555,14 +554,13 @@ mod logical_ino_tests {
 
     #[test]
     fn extent_item_decodes_only_an_exact_start() {
-        let mut b = vec![0u8; ARGS + SEARCH_HEADER];
+        let mut b = vec![0u8; SEARCH_HEADER];
         assert_eq!(decode_extent_item(&b, 4096), None);
-        b[64..68].copy_from_slice(&1u32.to_ne_bytes());
-        b[ARGS + 8..ARGS + 16].copy_from_slice(&4096u64.to_ne_bytes());
-        b[ARGS + 16..ARGS + 24].copy_from_slice(&(1u64 << 20).to_ne_bytes());
-        b[ARGS + 24..ARGS + 28].copy_from_slice(&EXTENT_ITEM_KEY.to_ne_bytes());
+        b[8..16].copy_from_slice(&4096u64.to_ne_bytes());
+        b[16..24].copy_from_slice(&(1u64 << 20).to_ne_bytes());
+        b[24..28].copy_from_slice(&EXTENT_ITEM_KEY.to_ne_bytes());
         assert_eq!(decode_extent_item(&b, 4096), Some(1 << 20));
         assert_eq!(decode_extent_item(&b, 8192), None);
-        assert_eq!(decode_extent_item(&b[..ARGS + 20], 4096), None);
+        assert_eq!(decode_extent_item(&b[..20], 4096), None);
     }
 }

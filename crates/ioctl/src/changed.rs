@@ -109,6 +109,7 @@ pub fn decode_changed_inodes(
 /// blocks are not visited.
 pub fn changed_inodes(fd: BorrowedFd<'_>, min_transid: u64) -> io::Result<Vec<ChangedInode>> {
     let key = SearchKey {
+        tree: 0,
         objectid: (FIRST_FREE_OBJECTID, u64::MAX),
         offset: (0, u64::MAX),
         min_transid,

@@ -180,14 +180,21 @@ impl StoreIndex {
             }
             Err(e) => return Err(idx_err(&path)(e)),
         };
+        // W = 0 over a non-empty index: damage was found while serving (it
+        // was reported then), or a kill came before the first W or during
+        // a rebuild. The replay from 0 re-inserts every row anyway; wiping
+        // first drops any damaged page. Not reported: it can be routine.
+        let damaged_before = meta_u64(db, "index_synced")?.unwrap_or(0) == 0 && !fp.is_empty();
+        let fp = match damaged_before {
+            true => {
+                Self::wipe(&path)?;
+                Index::open(&path, cfg.clone()).map_err(idx_err(&path))?
+            }
+            false => fp,
+        };
         let mut ix = Self::open_with(path.clone(), cfg.clone(), fp, db)?;
-        // W = 0 over a non-empty index: damage was found while serving (or
-        // a rebuild was cut short); found now during the replay: rebuild.
-        let why = ix.damaged.take().or_else(|| {
-            (ix.synced == 0 && !ix.fp.is_empty())
-                .then(|| "marked damaged while serving".to_string())
-        });
-        if let Some(why) = why {
+        // Damage found now, during the replay: rebuild.
+        if let Some(why) = ix.damaged.take() {
             let fp = Self::rebuild_at_open(db, &path, &cfg, why.clone())?;
             ix = Self::open_with(path, cfg, fp, db)?;
             rebuilt = Some(why);

@@ -144,6 +144,11 @@ pub struct Index {
     /// records): the log is cut back to `log_len` before the next append,
     /// so no torn record hides the ones after it from replay.
     log_torn: bool,
+    /// Log bytes appended since its last successful sync. A failed sync
+    /// may have dropped them (Linux marks the pages clean after a failed
+    /// writeback, so a later sync succeeds without them): they are
+    /// written again after the synced part before the next commit.
+    unsynced: Vec<u8>,
     pub(crate) stats: Stats,
     /// Chosen by `Mode::Auto` at open (or the configured mode).
     pub(crate) mode: Mode,
@@ -254,6 +259,7 @@ impl Index {
             log_buf: Vec::new(),
             log_len: 0,
             log_torn: false,
+            unsynced: Vec::new(),
             stats: Stats::default(),
             device_ns: 0.0,
             ram_ns: 0.0,
@@ -385,17 +391,28 @@ impl Index {
                 return Err(e).ctx(&name);
             }
             self.log_len += self.log_buf.len() as u64;
-            self.log_buf.clear();
+            self.unsynced.append(&mut self.log_buf);
         }
         Ok(())
     }
 
     /// Makes every operation so far durable (writes and syncs the log).
+    /// A failed sync puts the records since the last good one back in
+    /// the buffer and cuts the log back to it at the next write.
     pub fn commit(&mut self) -> Result<()> {
         self.write_log()?;
         let name = log_name(self.man.log);
         self.io.append(&name, &[]).ctx(&name)?;
-        self.io.sync(&name).ctx(&name)
+        if let Err(e) = self.io.sync(&name) {
+            self.log_len -= self.unsynced.len() as u64;
+            let mut again = std::mem::take(&mut self.unsynced);
+            again.append(&mut self.log_buf);
+            self.log_buf = again;
+            self.log_torn = true;
+            return Err(e).ctx(&name);
+        }
+        self.unsynced.clear();
+        Ok(())
     }
 
     /// Live entries.
@@ -795,6 +812,7 @@ impl Index {
         self.log_buf.clear();
         self.log_len = 0;
         self.log_torn = false;
+        self.unsynced.clear();
         self.stats.flushes += 1;
         self.maybe_merge()
     }

@@ -492,6 +492,96 @@ fn damaged_metadata_is_an_error_not_a_panic() {
     assert_eq!(out.status.code(), Some(2), "{out:?}");
 }
 
+/// Flips one byte in `what` (a file name prefix under DIR/index) at
+/// `at`, or mid-file; returns the file's name.
+fn flip_index_file(store: &Path, what: &str, at: Option<u64>) -> String {
+    let dir = store.join("index");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(what))
+        .collect();
+    names.sort();
+    let name = names
+        .first()
+        .unwrap_or_else(|| panic!("no {what} in {names:?}"));
+    let len = std::fs::metadata(dir.join(name)).unwrap().len();
+    assert!(len > 0, "{name} is empty");
+    flip(&dir.join(name), at.unwrap_or(len / 2));
+    name.clone()
+}
+
+fn duplicate_bytes(store: &Path) -> u64 {
+    stats(store)["written_duplicate_bytes"].as_u64().unwrap()
+}
+
+/// Issue 11: flipped bytes in each kind of index file (manifest, live
+/// bitmap, a run page, a segment page, the log) of an unmounted store.
+/// fsck reports it (exit 1); a mount returns exactly the written bytes and
+/// takes every write (damage costs dedupe, never data: hits are confirmed
+/// against the row's full hash and a damaged page turns the index off
+/// until it is rebuilt); `fsck --repair` rebuilds it; new copies dedupe.
+#[test]
+fn flipped_index_bytes_cost_dedupe_never_data() {
+    if !can_fuse() {
+        return;
+    }
+    const LEN: u64 = 512 << 10;
+    let files = |m: &Path, prefix: &str| {
+        for id in 1..=9u64 {
+            let got = std::fs::read(m.join(format!("{prefix}{id}"))).unwrap();
+            assert!(got == pattern(id, 1, 0, LEN), "{prefix}{id}: wrong bytes");
+        }
+    };
+    // 72 chunks, a 16-entry memtable: runs, merges, and 8 records in the log.
+    for (what, at) in [
+        ("MANIFEST", None),
+        ("live-", None),
+        ("run-", Some(100)),
+        ("segments", Some(100)),
+        ("log-", None),
+    ] {
+        let s = scratch(&["--compress", "none", "--index-memtable", "16"]);
+        let st = s.store.to_str().unwrap();
+        let m = Mount::new(&s);
+        for id in 1..=9u64 {
+            std::fs::write(s.mnt.join(format!("f{id}")), pattern(id, 1, 0, LEN)).unwrap();
+        }
+        m.unmount();
+        let name = flip_index_file(&s.store, what, at);
+        let fsck = onecopy(&["store", "fsck", st]);
+        let text = String::from_utf8_lossy(&fsck.stdout);
+        assert_eq!(fsck.status.code(), Some(1), "{name}: {fsck:?}");
+        assert!(text.contains("fingerprint index"), "{name}: {text}");
+        // Served exactly, and copies are taken (deduped or not).
+        let m = Mount::new(&s);
+        files(&s.mnt, "f");
+        for id in 1..=9u64 {
+            std::fs::write(s.mnt.join(format!("d{id}")), pattern(id, 1, 0, LEN)).unwrap();
+        }
+        files(&s.mnt, "d");
+        m.unmount();
+        let fsck = onecopy(&["store", "fsck", "--repair", st]);
+        assert!(fsck.status.success(), "{name}: repair: {fsck:?}");
+        fsck_clean(&s.store);
+        // Rebuilt: a new copy dedupes, everything still reads back.
+        let before = duplicate_bytes(&s.store);
+        let m = Mount::new(&s);
+        std::fs::write(s.mnt.join("c1"), pattern(1, 1, 0, LEN)).unwrap();
+        m.unmount();
+        assert_eq!(
+            duplicate_bytes(&s.store) - before,
+            LEN,
+            "{name}: no dedupe after repair"
+        );
+        let m = Mount::new(&s);
+        files(&s.mnt, "f");
+        files(&s.mnt, "d");
+        m.unmount();
+        fsck_clean(&s.store);
+    }
+}
+
 // ---------------------------------------------------------------------
 // Out of space.
 // ---------------------------------------------------------------------
@@ -595,6 +685,111 @@ fn full_backing_filesystem_gives_enospc_and_recovers() {
             "{name} after remount"
         );
     }
+    m.unmount();
+}
+
+/// Issue 11: the index's disk fills while it flushes runs and merges them
+/// (a 16-entry memtable: a run every 16 new chunks; DIR/index on a small
+/// filesystem of its own so that its writes are the ones that fail).
+/// Programs get ENOSPC or success, never wrong data (a file whose fsync
+/// failed holds its own words or zeros); once space is freed service is
+/// normal, and fsck is clean or `fsck --repair` rebuilds the index.
+#[test]
+fn enospc_during_index_flushes_and_merges() {
+    if !can_fuse() {
+        return;
+    }
+    const LEN: u64 = 64 << 10;
+    let lo = LoopFs::new(FsKind::Ext4, 64 << 20).unwrap();
+    let s = scratch_in(lo.path(), &["--compress", "none", "--index-memtable", "16"]);
+    // DIR/index on a filesystem of its own, filled up: only the index's
+    // writes (log appends, runs, segment pages, bitmap, manifest) fail.
+    let small = LoopFs::new(FsKind::Ext4, 32 << 20).unwrap();
+    let index = s.store.join("index");
+    let moved = small.path().join("index");
+    std::fs::create_dir(&moved).unwrap();
+    if index.exists() {
+        for e in std::fs::read_dir(&index).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), moved.join(e.file_name())).unwrap();
+        }
+        std::fs::remove_dir_all(&index).unwrap();
+    }
+    std::os::unix::fs::symlink(&moved, &index).unwrap();
+    let ballast = small.path().join("ballast");
+    let m = Mount::new(&s);
+    // name -> pattern id; new files and copies of earlier ones (index hits).
+    let mut kept: BTreeMap<String, u64> = BTreeMap::new();
+    let mut errors = Vec::new();
+    type Failed = Vec<(String, u64, i32)>;
+    let write = |i: u64, kept: &mut BTreeMap<String, u64>, errors: &mut Failed| {
+        let id = if i % 3 == 2 { i - 1 } else { i + 1 };
+        let name = format!("f{i}");
+        match write_synced(&s.mnt.join(&name), &pattern(id, 1, 0, LEN)) {
+            Ok(()) => {
+                kept.insert(name, id);
+            }
+            Err(e) => errors.push((name, id, e)),
+        }
+    };
+    for i in 0..30 {
+        write(i, &mut kept, &mut errors);
+    }
+    assert!(errors.is_empty(), "{errors:?}");
+    fill_leaving(&ballast, 0);
+    for i in 30..130 {
+        write(i, &mut kept, &mut errors);
+    }
+    eprintln!("{} written, {} failed", kept.len(), errors.len());
+    assert!(!errors.is_empty(), "the index's disk never filled");
+    assert!(
+        kept.len() > 30,
+        "copies (no new entries) still succeed on the full disk"
+    );
+    for (name, id, e) in &errors {
+        assert_eq!(*e, libc::ENOSPC, "{name}");
+        if let Ok(got) = std::fs::read(s.mnt.join(name)) {
+            assert_eq!(
+                foreign_word(*id, &got),
+                None,
+                "{name}: a word never written"
+            );
+        }
+    }
+    let check = |mnt: &Path, kept: &BTreeMap<String, u64>, when: &str| {
+        for (name, id) in kept {
+            let got = std::fs::read(mnt.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert!(got == pattern(*id, 1, 0, LEN), "{name} {when}: wrong bytes");
+        }
+    };
+    check(&s.mnt, &kept, "on the full disk");
+    std::fs::remove_file(&ballast).unwrap();
+    for i in 200..212u64 {
+        let id = if i % 2 == 0 { i } else { 1 };
+        let name = format!("g{i}");
+        write_synced(&s.mnt.join(&name), &pattern(id, 1, 0, LEN)).expect("write once freed");
+        kept.insert(name, id);
+    }
+    check(&s.mnt, &kept, "once space is freed");
+    m.unmount();
+    let st = s.store.to_str().unwrap();
+    let fsck = onecopy(&["store", "fsck", st]);
+    let text = String::from_utf8_lossy(&fsck.stdout).into_owned();
+    if !fsck.status.success() {
+        assert_eq!(fsck.status.code(), Some(1), "{fsck:?}");
+        for line in text.lines().filter(|l| !l.contains("problems")) {
+            assert!(
+                line.contains("fingerprint index"),
+                "not an index finding: {line}"
+            );
+        }
+        let repair = onecopy(&["store", "fsck", "--repair", st]);
+        assert!(repair.status.success(), "{repair:?}");
+    }
+    eprintln!("fsck after the full disk: {text}");
+    fsck_clean(&s.store);
+    let m = Mount::new(&s);
+    check(&s.mnt, &kept, "after remount");
     m.unmount();
 }
 

@@ -795,28 +795,6 @@ fn container_bytes_on_disk(store: &Path) -> u64 {
     n
 }
 
-/// Fills the filesystem holding `ballast` (allocated blocks, not delayed
-/// allocation, whose reservations overestimate) until it is full, then
-/// frees `leave` bytes. (`statvfs` then shows more: ext4 keeps a reserve
-/// that even root's writes do not get.)
-fn fill_leaving(ballast: &Path, leave: u64) {
-    use rustix::fs::{fallocate, statvfs, FallocateFlags};
-    let f = File::create(ballast).unwrap();
-    let mut at = 0u64;
-    for step in [1u64 << 20, 64 << 10, 4 << 10] {
-        while fallocate(&f, FallocateFlags::empty(), at, step).is_ok() {
-            at += step;
-        }
-    }
-    f.set_len(at.saturating_sub(leave)).unwrap();
-    f.sync_all().unwrap();
-    let st = statvfs(ballast).unwrap();
-    eprintln!(
-        "ballast {at} bytes, {} bytes free",
-        st.f_bfree * st.f_frsize
-    );
-}
-
 /// Writes 64 files of 128 KiB (ids from `first`) in order, fsync'd: each
 /// 1 MiB container holds about 8; then deletes 5 of every 8, leaving
 /// containers about 3/8 live, under gc's 50% threshold, so gc compacts

@@ -138,6 +138,17 @@ pub struct Index {
     pub(crate) cache: Cache,
     live: Bitmap,
     log_buf: Vec<u8>,
+    /// Bytes of the current log known to hold whole records.
+    log_len: u64,
+    /// An append to the log failed (it may have written part of its
+    /// records): the log is cut back to `log_len` before the next append,
+    /// so no torn record hides the ones after it from replay.
+    log_torn: bool,
+    /// Log bytes appended since its last successful sync. A failed sync
+    /// may have dropped them (Linux marks the pages clean after a failed
+    /// writeback, so a later sync succeeds without them): they are
+    /// written again after the synced part before the next commit.
+    unsynced: Vec<u8>,
     pub(crate) stats: Stats,
     /// Chosen by `Mode::Auto` at open (or the configured mode).
     pub(crate) mode: Mode,
@@ -246,6 +257,9 @@ impl Index {
             mem: KeyMap::default(),
             live,
             log_buf: Vec::new(),
+            log_len: 0,
+            log_torn: false,
+            unsynced: Vec::new(),
             stats: Stats::default(),
             device_ns: 0.0,
             ram_ns: 0.0,
@@ -316,6 +330,7 @@ impl Index {
             self.io.truncate(&name, off as u64).ctx(&name)?;
             self.io.sync(&name).ctx(&name)?;
         }
+        self.log_len = off as u64;
         Ok(())
     }
 
@@ -360,21 +375,44 @@ impl Index {
         Ok(())
     }
 
+    /// Appends the buffered records to the log. A failed append (`ENOSPC`
+    /// half-way) keeps them buffered and marks the log torn; the next call
+    /// first cuts the log back to its last whole record, so the records
+    /// are written once, in order, right after the committed ones.
     fn write_log(&mut self) -> Result<()> {
+        let name = log_name(self.man.log);
+        if self.log_torn {
+            self.io.truncate(&name, self.log_len).ctx(&name)?;
+            self.log_torn = false;
+        }
         if !self.log_buf.is_empty() {
-            let name = log_name(self.man.log);
-            self.io.append(&name, &self.log_buf).ctx(&name)?;
-            self.log_buf.clear();
+            if let Err(e) = self.io.append(&name, &self.log_buf) {
+                self.log_torn = true;
+                return Err(e).ctx(&name);
+            }
+            self.log_len += self.log_buf.len() as u64;
+            self.unsynced.append(&mut self.log_buf);
         }
         Ok(())
     }
 
     /// Makes every operation so far durable (writes and syncs the log).
+    /// A failed sync puts the records since the last good one back in
+    /// the buffer and cuts the log back to it at the next write.
     pub fn commit(&mut self) -> Result<()> {
         self.write_log()?;
         let name = log_name(self.man.log);
         self.io.append(&name, &[]).ctx(&name)?;
-        self.io.sync(&name).ctx(&name)
+        if let Err(e) = self.io.sync(&name) {
+            self.log_len -= self.unsynced.len() as u64;
+            let mut again = std::mem::take(&mut self.unsynced);
+            again.append(&mut self.log_buf);
+            self.log_buf = again;
+            self.log_torn = true;
+            return Err(e).ctx(&name);
+        }
+        self.unsynced.clear();
+        Ok(())
     }
 
     /// Live entries.
@@ -646,8 +684,12 @@ impl Index {
             if g != group && self.cache.has_group(g) {
                 continue;
             }
-            let slots =
-                decode_segment_page(page).ok_or_else(|| corrupt(SEGMENTS, "page checksum"))?;
+            // A damaged page only costs its prefetch (fsck's `verify`
+            // reports it); the lookup itself was answered by the run.
+            let Some(slots) = decode_segment_page(page) else {
+                self.stats.prefetch_skipped += 1;
+                continue;
+            };
             let base = g * PER_SEGMENT as u64;
             let live = &self.live;
             let entries: Vec<(u128, u64)> = slots
@@ -723,6 +765,21 @@ impl Index {
     }
 
     /// Every entry's newest state (tombstones included), in key order.
+    /// Checks every segment page's checksum (runs are checked by
+    /// [`Index::scan`], the manifest, bitmap and filters at open).
+    pub fn verify(&self) -> Result<()> {
+        let n = self.man.segment_pages as usize;
+        if n == 0 {
+            return Ok(());
+        }
+        let mut buf = vec![0u8; n * PAGE];
+        self.io.read_at(SEGMENTS, 0, &mut buf).ctx(SEGMENTS)?;
+        for page in buf.chunks_exact(PAGE) {
+            decode_segment_page(page).ok_or_else(|| corrupt(SEGMENTS, "page checksum"))?;
+        }
+        Ok(())
+    }
+
     pub fn scan(&self) -> Result<Vec<Entry>> {
         let mut mem: Vec<Entry> = self.mem.values().copied().collect();
         mem.sort_unstable_by_key(|e| e.key);
@@ -736,10 +793,33 @@ impl Index {
 
     /// Seals the memtable into a new run, its new inserts into segment
     /// pages, and switches the manifest atomically.
+    /// A failure leaves the index as it was (the memtable and its log
+    /// stay; the files written are orphans, removed at the next open).
     pub fn flush(&mut self) -> Result<()> {
         if self.mem.is_empty() {
             return Ok(());
         }
+        let before = (self.man.clone(), self.durable.clone());
+        if let Err(e) = self.seal_memtable() {
+            let generation = self.man.generation;
+            (self.man, self.durable) = before;
+            // Ids handed out stay used: a retry never reuses a file name.
+            self.man.generation = generation;
+            return Err(e);
+        }
+        self.mem.clear();
+        self.mem_filter.clear();
+        self.log_buf.clear();
+        self.log_len = 0;
+        self.log_torn = false;
+        self.unsynced.clear();
+        self.stats.flushes += 1;
+        self.maybe_merge()
+    }
+
+    /// The fallible part of [`Index::flush`]: writes the run, segment
+    /// pages, bitmap, a new empty log and the manifest naming them.
+    fn seal_memtable(&mut self) -> Result<()> {
         let mut es: Vec<Entry> = self.mem.values().copied().collect();
         es.sort_unstable_by_key(|e| e.key);
         let run_id = self.next_id();
@@ -767,14 +847,11 @@ impl Index {
         self.man.next_seq = self.man.segment_pages * PER_SEGMENT as u64;
         self.write_manifest(true)?;
         self.runs.push(Arc::new(run));
-        self.mem.clear();
-        self.mem_filter.clear();
-        self.log_buf.clear();
-        self.stats.flushes += 1;
         for name in [log_name(old.log), bitmap_name(old.bitmap)] {
-            self.io.remove(&name).ctx(&name)?;
+            // The manifest no longer names them: a failure leaves an orphan.
+            let _ = self.io.remove(&name);
         }
-        self.maybe_merge()
+        Ok(())
     }
 
     fn next_id(&mut self) -> u64 {
@@ -799,7 +876,17 @@ impl Index {
         for chunk in slots.chunks(PER_SEGMENT) {
             out.extend_from_slice(&encode_segment_page(chunk));
         }
-        // Pages a crash left past the manifest's end were trimmed at open.
+        // Pages a crash left past the manifest's end were trimmed at open;
+        // those of a failed flush (a torn append) are cut off here.
+        let want = base / PER_SEGMENT as u64 * PAGE as u64;
+        if self
+            .io
+            .len(SEGMENTS)
+            .ctx(SEGMENTS)?
+            .is_some_and(|l| l != want)
+        {
+            self.io.truncate(SEGMENTS, want).ctx(SEGMENTS)?;
+        }
         self.io.append(SEGMENTS, &out).ctx(SEGMENTS)?;
         self.io.sync(SEGMENTS).ctx(SEGMENTS)?;
         Ok(pages)
@@ -876,7 +963,18 @@ impl Index {
 
     /// Advances the merge in progress by up to `budget` entries; switches
     /// the manifest when it is done.
+    /// A failure abandons the merge (its partial run is an orphan, removed
+    /// at the next open); the runs stay as they were and a later flush
+    /// starts it again.
     pub fn merge_step(&mut self, budget: usize) -> Result<()> {
+        let r = self.merge_step_inner(budget);
+        if r.is_err() {
+            self.merge = None;
+        }
+        r
+    }
+
+    fn merge_step_inner(&mut self, budget: usize) -> Result<()> {
         let Some(job) = self.merge.as_mut() else {
             return Ok(());
         };
@@ -922,7 +1020,12 @@ impl Index {
             .runs
             .splice(job.from..job.from + job.count, [run.id])
             .collect();
-        self.write_manifest(false)?;
+        if let Err(e) = self.write_manifest(false) {
+            self.man
+                .runs
+                .splice(job.from..job.from + 1, old.iter().copied());
+            return Err(e);
+        }
         self.runs
             .splice(job.from..job.from + job.count, [Arc::new(run)]);
         self.stats.merges += 1;

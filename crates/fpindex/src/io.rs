@@ -235,6 +235,14 @@ impl MemIo {
         }
     }
 
+    /// Drops what was appended to `name` since its last sync, as Linux
+    /// may after a failed writeback.
+    pub fn drop_unsynced(&self, name: &str) {
+        if let Some(f) = self.files().get_mut(name) {
+            f.data = f.synced.clone().unwrap_or_default();
+        }
+    }
+
     fn files(&self) -> std::sync::MutexGuard<'_, HashMap<String, MemFile>> {
         self.files.lock().unwrap_or_else(|e| e.into_inner())
     }

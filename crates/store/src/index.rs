@@ -107,6 +107,13 @@ pub(crate) struct StoreIndex {
     /// index's own counter reaches its manifest only at a flush).
     quota_skipped: u64,
     last_sync: Instant,
+    /// A damaged index file was found while serving (a page checksum):
+    /// from then on the index is not used (lookups miss, operations are
+    /// not applied) and W is 0, so the next open rebuilds it. Damage costs
+    /// dedupe, never a write.
+    damaged: Option<String>,
+    /// The index was found damaged at open and rebuilt (fsck reports it).
+    rebuilt_at_open: Option<String>,
 }
 
 fn idx_err(path: &Path) -> impl FnOnce(onecopy_fpindex::Error) -> StoreError + '_ {
@@ -162,19 +169,54 @@ impl StoreIndex {
     pub fn open(dir: &Path, db: &Connection, cfg: &StoreConfig) -> Result<StoreIndex> {
         let path = dir.join(INDEX_DIR);
         let cfg = config_for(cfg);
-        let fp = match Index::open(&path, cfg.clone()) {
-            Ok(fp) => fp,
+        let (fp, mut rebuilt) = match Index::open(&path, cfg.clone()) {
+            Ok(fp) => (fp, None),
             Err(e @ onecopy_fpindex::Error::Corrupt { .. }) => {
-                eprintln!(
-                    "onecopy: {}: {e}; rebuilding the fingerprint index from the metadata",
-                    path.display()
-                );
-                reset_watermark(db)?;
-                Self::wipe(&path)?;
-                Index::open(&path, cfg.clone()).map_err(idx_err(&path))?
+                let why = e.to_string();
+                (
+                    Self::rebuild_at_open(db, &path, &cfg, why.clone())?,
+                    Some(why),
+                )
             }
             Err(e) => return Err(idx_err(&path)(e)),
         };
+        // W = 0 over a non-empty index: damage was found while serving (it
+        // was reported then), or a kill came before the first W or during
+        // a rebuild. The replay from 0 re-inserts every row anyway; wiping
+        // first drops any damaged page. Not reported: it can be routine.
+        let damaged_before = meta_u64(db, "index_synced")?.unwrap_or(0) == 0 && !fp.is_empty();
+        let fp = match damaged_before {
+            true => {
+                Self::wipe(&path)?;
+                Index::open(&path, cfg.clone()).map_err(idx_err(&path))?
+            }
+            false => fp,
+        };
+        let mut ix = Self::open_with(path.clone(), cfg.clone(), fp, db)?;
+        // Damage found now, during the replay: rebuild.
+        if let Some(why) = ix.damaged.take() {
+            let fp = Self::rebuild_at_open(db, &path, &cfg, why.clone())?;
+            ix = Self::open_with(path, cfg, fp, db)?;
+            rebuilt = Some(why);
+        }
+        ix.rebuilt_at_open = ix.rebuilt_at_open.take().or(rebuilt);
+        Ok(ix)
+    }
+
+    /// Durably sets W = 0, wipes the index and opens it empty (the replay
+    /// then inserts every indexed row).
+    fn rebuild_at_open(db: &Connection, path: &Path, cfg: &Config, why: String) -> Result<Index> {
+        eprintln!(
+            "onecopy: {}: {why}; rebuilding the fingerprint index from the metadata",
+            path.display()
+        );
+        reset_watermark(db)?;
+        Self::wipe(path)?;
+        Index::open(path, cfg.clone()).map_err(idx_err(path))
+    }
+
+    /// Wraps an open index and replays the rows above W into it.
+    fn open_with(path: PathBuf, cfg: Config, fp: Index, db: &Connection) -> Result<StoreIndex> {
         let synced = meta_u64(db, "index_synced")?.unwrap_or(0);
         let quota_skipped = meta_u64(db, "index_quota_skipped")?.unwrap_or(0);
         let mut ix = StoreIndex {
@@ -191,6 +233,8 @@ impl StoreIndex {
             refused: Vec::new(),
             quota_skipped,
             last_sync: Instant::now(),
+            damaged: None,
+            rebuilt_at_open: None,
         };
         db.execute_batch("BEGIN")?;
         let r = ix.replay(db).and_then(|_| ix.sync(db));
@@ -244,7 +288,11 @@ impl StoreIndex {
         let k = key_of(hash);
         let id = match self.waiting.get(&k) {
             Some(&id) => Some(id),
-            None => self.fp.lookup(k).map_err(idx_err(&self.path))?,
+            None if self.damaged.is_some() => None,
+            None => {
+                let r = self.fp.lookup(k);
+                self.fp_ok(r)?.flatten()
+            }
         };
         match id {
             Some(id) => confirm(db, id, hash),
@@ -270,7 +318,13 @@ impl StoreIndex {
                 ask_at.push(i);
             }
         }
-        let found = self.fp.lookup_many(&ask).map_err(idx_err(&self.path))?;
+        let found = match self.damaged {
+            Some(_) => vec![None; ask.len()],
+            None => {
+                let r = self.fp.lookup_many(&ask);
+                self.fp_ok(r)?.unwrap_or_else(|| vec![None; ask.len()])
+            }
+        };
         for (i, f) in ask_at.into_iter().zip(found) {
             ids[i] = f;
         }
@@ -357,6 +411,54 @@ impl StoreIndex {
 
     /// Applies one durable operation to the index.
     fn apply(&mut self, db: &Connection, op: Op) -> Result<()> {
+        if self.damaged.is_none() {
+            let r = self.apply_to_index(db, op);
+            if let Err(StoreError::Index {
+                source: e @ onecopy_fpindex::Error::Corrupt { .. },
+                ..
+            }) = r
+            {
+                self.note_damage(e);
+            } else {
+                return r;
+            }
+        }
+        // A damaged index: the row stays out of it until the rebuild.
+        if let Op::Insert(k, id) = op {
+            if self.waiting.get(&k) == Some(&id) {
+                self.waiting.remove(&k);
+            }
+        }
+        Ok(())
+    }
+
+    /// `Ok(None)` for a damaged index file (noted: the index is then
+    /// out of use until rebuilt), the value otherwise.
+    fn fp_ok<T>(&mut self, r: onecopy_fpindex::Result<T>) -> Result<Option<T>> {
+        match r {
+            Ok(v) => Ok(Some(v)),
+            Err(e @ onecopy_fpindex::Error::Corrupt { .. }) => {
+                self.note_damage(e);
+                Ok(None)
+            }
+            Err(e) => Err(idx_err(&self.path)(e)),
+        }
+    }
+
+    fn note_damage(&mut self, e: onecopy_fpindex::Error) {
+        if self.damaged.is_none() {
+            eprintln!(
+                "onecopy: {}: {e}; dedupe against stored chunks is off until the \
+                 fingerprint index is rebuilt (at the next mount or fsck --repair)",
+                self.path.display()
+            );
+            self.damaged = Some(e.to_string());
+            self.synced = 0;
+            self.applied_max = 0;
+        }
+    }
+
+    fn apply_to_index(&mut self, db: &Connection, op: Op) -> Result<()> {
         let path = self.path.clone();
         match op {
             Op::Insert(k, id) => {
@@ -403,7 +505,16 @@ impl StoreIndex {
     /// Commits the index, then records in the open transaction: W, the
     /// refused rows' marks, the applied journal rows' removal, figures.
     pub fn sync(&mut self, db: &Connection) -> Result<()> {
-        self.fp.commit().map_err(idx_err(&self.path))?;
+        if self.damaged.is_none() {
+            let r = self.fp.commit();
+            self.fp_ok(r)?;
+        }
+        if self.damaged.is_some() {
+            // W = 0: the next open rebuilds the index.
+            self.synced = 0;
+            self.applied_max = 0;
+            self.drops_applied.clear();
+        }
         self.synced = self.synced.max(self.applied_max);
         set_meta(db, "index_synced", self.synced)?;
         {
@@ -479,13 +590,32 @@ impl StoreIndex {
     /// found at its id, no row marked `indexed = 0` may be, and every entry
     /// must name a row with its key. Call when settled.
     pub fn check(&mut self, db: &Connection) -> Result<Vec<String>> {
-        let entries = self.fp.scan().map_err(idx_err(&self.path))?;
+        let mut problems = Vec::new();
+        if let Some(why) = self.rebuilt_at_open.take() {
+            problems.push(format!(
+                "the fingerprint index was damaged ({why}) and was rebuilt from the metadata"
+            ));
+        }
+        let r = self.fp.verify().and_then(|_| self.fp.scan());
+        let entries = match self.damaged.clone() {
+            Some(why) => Err(why),
+            None => match self.fp_ok(r)? {
+                Some(entries) => Ok(entries),
+                None => Err(self.damaged.clone().unwrap_or_default()),
+            },
+        };
+        let entries = match entries {
+            Ok(entries) => entries,
+            Err(why) => {
+                problems.push(format!("the fingerprint index is damaged: {why}"));
+                return Ok(problems);
+            }
+        };
         let by_key: HashMap<u128, u64> = entries
             .iter()
             .filter(|e| !e.is_tombstone())
             .map(|e| (e.key, e.loc))
             .collect();
-        let mut problems = Vec::new();
         let mut matched = HashSet::new();
         let mut st = db.prepare("SELECT id, hash, indexed FROM chunks ORDER BY id")?;
         let mut rows = st.query([])?;
@@ -530,6 +660,7 @@ impl StoreIndex {
         self.fp = Index::open(&self.path, self.cfg.clone()).map_err(idx_err(&self.path))?;
         self.synced = 0;
         self.applied_max = 0;
+        self.damaged = None;
         self.refused.clear();
         self.drops_applied.clear();
         self.replay(db)?;

@@ -247,3 +247,25 @@ pub fn pattern(id: u64, gen: u64, off: u64, len: u64) -> Vec<u8> {
         .flat_map(|i| word(id, gen, off + i * 8))
         .collect()
 }
+
+/// Fills the filesystem holding `ballast` (allocated blocks, not delayed
+/// allocation, whose reservations overestimate) until it is full, then
+/// frees `leave` bytes. (`statvfs` then shows more: ext4 keeps a reserve
+/// that even root's writes do not get.)
+pub fn fill_leaving(ballast: &Path, leave: u64) {
+    use rustix::fs::{fallocate, statvfs, FallocateFlags};
+    let f = File::create(ballast).unwrap();
+    let mut at = 0u64;
+    for step in [1u64 << 20, 64 << 10, 4 << 10] {
+        while fallocate(&f, FallocateFlags::empty(), at, step).is_ok() {
+            at += step;
+        }
+    }
+    f.set_len(at.saturating_sub(leave)).unwrap();
+    f.sync_all().unwrap();
+    let st = statvfs(ballast).unwrap();
+    eprintln!(
+        "ballast {at} bytes, {} bytes free",
+        st.f_bfree * st.f_frsize
+    );
+}

@@ -152,6 +152,37 @@ impl CatalogError {
     }
 }
 
+/// What [`Catalog::after_failed_update`] did with the catalog.
+#[derive(Debug)]
+pub enum FailedUpdate {
+    /// Not damage: the catalog stays where it is.
+    Kept { error: CatalogError },
+    /// Damaged: renamed to `aside`; the next run rebuilds it.
+    SetAside { error: CatalogError, aside: PathBuf },
+    /// Damaged, and renaming it failed too.
+    SetAsideFailed {
+        error: CatalogError,
+        set_aside: CatalogError,
+    },
+}
+
+impl std::fmt::Display for FailedUpdate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FailedUpdate::Kept { error } => write!(f, "cannot update the catalog: {error}"),
+            FailedUpdate::SetAside { error, aside } => write!(
+                f,
+                "cannot update the catalog: {error}; it is damaged and was set aside as {}; the next run rebuilds it",
+                aside.display()
+            ),
+            FailedUpdate::SetAsideFailed { error, set_aside } => write!(
+                f,
+                "cannot update the catalog: {error}; setting it aside failed: {set_aside}"
+            ),
+        }
+    }
+}
+
 /// Counts for `onecopy catalog stats`.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct CatalogStats {
@@ -553,6 +584,22 @@ impl Catalog {
         Ok(())
     }
 
+    /// The rule after a failed update: a catalog whose update failed
+    /// because it is damaged (damage its loading did not notice: SQLite
+    /// reports it only when a write reaches the damaged page) is set aside,
+    /// so that the next run rebuilds it rather than failing the same way
+    /// forever; any other failure leaves it where it is. Files are never
+    /// affected either way.
+    pub fn after_failed_update(self, error: CatalogError) -> FailedUpdate {
+        if !error.is_damage() {
+            return FailedUpdate::Kept { error };
+        }
+        match self.set_aside_damaged() {
+            Ok(aside) => FailedUpdate::SetAside { error, aside },
+            Err(set_aside) => FailedUpdate::SetAsideFailed { error, set_aside },
+        }
+    }
+
     /// Closes a catalog found damaged after it was opened (see
     /// [`CatalogError::is_damage`]) and renames it `<path>.broken`, which
     /// is returned; the next open creates a new one.
@@ -833,6 +880,33 @@ mod tests {
             settled: false,
             last_seen: 1,
         }
+    }
+
+    /// A failed update sets the catalog aside only when it is damage; an
+    /// I/O error leaves the file where it is.
+    #[test]
+    fn failed_updates_set_aside_only_damaged_catalogs() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("c.sqlite");
+        let c = Catalog::open(&p, 65536).unwrap();
+        let io = CatalogError::Io {
+            path: p.clone(),
+            source: std::io::Error::other("no space left on device"),
+        };
+        let kept = c.after_failed_update(io);
+        assert!(matches!(kept, FailedUpdate::Kept { .. }), "{kept}");
+        assert!(p.exists());
+        let c = Catalog::open(&p, 65536).unwrap();
+        let damage = CatalogError::Corrupt {
+            path: p.clone(),
+            what: "test".into(),
+        };
+        let aside = c.after_failed_update(damage);
+        let FailedUpdate::SetAside { aside: to, .. } = &aside else {
+            panic!("{aside}");
+        };
+        assert!(!p.exists() && to.exists(), "{aside}");
+        assert!(aside.to_string().contains("the next run rebuilds it"));
     }
 
     #[test]

@@ -345,7 +345,7 @@ fn remember(
     };
     if let Err(e) = cat.commit_run(roots, records, &deletes) {
         let cat = run.catalog.take().expect("the catalog just written");
-        ui.warn(&catalog_not_updated(cat, e));
+        ui.warn(&cat.after_failed_update(e).to_string());
     }
     *report.phases.entry("catalog").or_default() += t.elapsed().as_secs_f64();
 }
@@ -478,21 +478,4 @@ fn settled_free(paths: &[PathBuf]) -> Option<u64> {
         }
     }
     Some(total)
-}
-
-/// What to say when a run's catalog could not be written. Damage that
-/// loading did not notice (SQLite reports it only when a write reaches the
-/// damaged page) sets the catalog aside, so that the next run rebuilds it
-/// rather than failing the same way forever; the files are unaffected.
-fn catalog_not_updated(cat: Catalog, e: onecopy_catalog::CatalogError) -> String {
-    if !e.is_damage() {
-        return format!("cannot update the catalog: {e}");
-    }
-    match cat.set_aside_damaged() {
-        Ok(aside) => format!(
-            "cannot update the catalog: {e}; it is damaged and was set aside as {}; the next run rebuilds it",
-            aside.display()
-        ),
-        Err(e2) => format!("cannot update the catalog: {e}; setting it aside failed: {e2}"),
-    }
 }

@@ -549,6 +549,19 @@ fn flipped_index_bytes_cost_dedupe_never_data() {
         }
         m.unmount();
         let name = flip_index_file(&s.store, what, at);
+        // scrub reports it too (on a copy: the open that finds the damage
+        // rebuilds the index, and fsck below must still see it).
+        let copy = s.store.with_extension("scrubbed");
+        let cp = std::process::Command::new("cp")
+            .args(["-a", st, copy.to_str().unwrap()])
+            .status()
+            .unwrap();
+        assert!(cp.success());
+        let scrub = onecopy(&["store", "scrub", copy.to_str().unwrap()]);
+        let text = String::from_utf8_lossy(&scrub.stdout);
+        assert_eq!(scrub.status.code(), Some(1), "{name}: scrub: {scrub:?}");
+        assert!(text.contains("fingerprint index"), "{name}: scrub: {text}");
+        std::fs::remove_dir_all(&copy).unwrap();
         let fsck = onecopy(&["store", "fsck", st]);
         let text = String::from_utf8_lossy(&fsck.stdout);
         assert_eq!(fsck.status.code(), Some(1), "{name}: {fsck:?}");

@@ -349,7 +349,7 @@ impl Store {
     /// problem it cannot repair (nothing is invented); the rest of each
     /// file stays readable.
     fn report_damaged_extents(&self, rep: &mut FsckReport) -> Result<()> {
-        let bad = self.scrub()?.damaged_ids;
+        let bad = self.scrub_chunks()?.damaged_ids;
         let g = self.lock();
         let mut st =
             g.db.prepare("SELECT ino, off, len FROM extents WHERE chunk = ?1 ORDER BY ino, off")?;
@@ -371,8 +371,21 @@ impl Store {
         Ok(())
     }
 
-    /// Reads every referenced chunk and checks its checksum and BLAKE3.
+    /// Reads every referenced chunk and checks its checksum and BLAKE3,
+    /// then checks the fingerprint index against the chunk rows (as fsck
+    /// does, without repairing): a damaged index file is reported too.
     pub fn scrub(&self) -> Result<ScrubReport> {
+        let mut rep = self.scrub_chunks()?;
+        // Durable first, as for fsck: the index is then comparable.
+        self.flush_all(true)?;
+        let mut g = self.lock();
+        let Inner { db, index, .. } = &mut *g;
+        rep.damaged.extend(index.check(db)?);
+        Ok(rep)
+    }
+
+    /// Reads every referenced chunk and checks its checksum and BLAKE3.
+    fn scrub_chunks(&self) -> Result<ScrubReport> {
         let chunks: Vec<(u64, Vec<u8>, ChunkLoc)> = {
             let g = self.lock();
             let mut st = g.db.prepare(

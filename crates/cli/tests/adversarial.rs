@@ -1504,7 +1504,8 @@ fn sigint_at_random_points(kind: FsKind) {
 fn sigkill_at_random_points(kind: FsKind) {
     let seed = seed("sigkill_at_random_points");
     let mut rng = Prng::new(seed);
-    let fs = new_fs(kind, 768 * MIB);
+    // Up to 11 batches of about 85 MiB each before dedupe.
+    let fs = new_fs(kind, 1200 * MIB);
     let root = fs.path();
     let span = calibrate(&fs, kind);
     let (mut whole, mut near) = (Vec::new(), Vec::new());
@@ -1512,9 +1513,10 @@ fn sigkill_at_random_points(kind: FsKind) {
     let mut killed_copying = false;
     let rounds = 5;
     // The last phase kills a run while it holds a re-homing copy; a run
-    // that ends before it is seen doing so (a short copy on a loaded
-    // machine) is followed by another batch, up to three times.
-    for i in 1..=rounds + 3 {
+    // that ends before it is seen doing so (a copy open for a few
+    // milliseconds, on a loaded machine) is followed by another batch, up
+    // to six times.
+    for i in 1..=rounds + 6 {
         if i > rounds + 1 && (killed_copying || kind != FsKind::Btrfs) {
             break;
         }
@@ -1571,7 +1573,7 @@ fn sigkill_at_random_points(kind: FsKind) {
     if kind == FsKind::Btrfs {
         assert!(
             killed_copying,
-            "no run was seen holding a re-homing copy (3 tries)"
+            "no run was seen holding a re-homing copy (6 tries)"
         );
     }
     if killed_copying {

@@ -355,10 +355,9 @@ fn torn_appends_lose_no_committed_entry() {
     }
 }
 
-/// The log alone (no flush): a commit whose append is torn by `ENOSPC`,
-/// then successful commits. Replay must see every record after the tear.
-#[test]
-fn torn_log_append_hides_no_later_record() {
+/// An index on a [`FullIo`] with room for everything and a memtable that
+/// never flushes (the log alone), holding keys 0, 1 and 2, each committed.
+fn log_only_index_with_three_commits() -> (Arc<FullIo>, Config, Index) {
     use std::sync::atomic::Ordering;
     let io = Arc::new(FullIo::default());
     io.budget.store(i64::MAX, Ordering::SeqCst);
@@ -372,6 +371,15 @@ fn torn_log_append_hides_no_later_record() {
         ix.insert(key(k), k as u64, 0).unwrap();
         ix.commit().unwrap();
     }
+    (io, cfg, ix)
+}
+
+/// The log alone (no flush): a commit whose append is torn by `ENOSPC`,
+/// then successful commits. Replay must see every record after the tear.
+#[test]
+fn torn_log_append_hides_no_later_record() {
+    use std::sync::atomic::Ordering;
+    let (io, cfg, mut ix) = log_only_index_with_three_commits();
     ix.insert(key(3), 3, 0).unwrap();
     io.budget.store(0, Ordering::SeqCst);
     assert!(ix.commit().is_err(), "the torn append fails the commit");
@@ -397,18 +405,7 @@ fn torn_log_append_hides_no_later_record() {
 #[test]
 fn failed_log_sync_then_success_loses_nothing() {
     use std::sync::atomic::Ordering;
-    let io = Arc::new(FullIo::default());
-    io.budget.store(i64::MAX, Ordering::SeqCst);
-    let cfg = Config {
-        memtable_entries: 1000,
-        mode: Mode::Eager,
-        ..Default::default()
-    };
-    let mut ix = Index::open_with(Box::new(io.clone()), cfg.clone()).unwrap();
-    for k in 0..3u8 {
-        ix.insert(key(k), k as u64, 0).unwrap();
-        ix.commit().unwrap();
-    }
+    let (io, cfg, mut ix) = log_only_index_with_three_commits();
     ix.insert(key(3), 3, 0).unwrap();
     ix.insert(key(4), 4, 0).unwrap();
     io.fail_sync.store(true, Ordering::SeqCst);

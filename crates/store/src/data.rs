@@ -719,22 +719,29 @@ use crate::ns::Attr;
 mod tests {
     use crate::{Kind, NewNode, Store, StoreConfig};
 
+    /// A new store made with `cfg` in a temporary directory, opened, with
+    /// one empty file `f` created and open: (directory, store, its inode).
+    fn store_with_open_file(cfg: &StoreConfig) -> (tempfile::TempDir, Store, u64) {
+        let dir = tempfile::tempdir().unwrap();
+        Store::init(dir.path(), cfg).unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        let node = NewNode::root_owned(Kind::File, 0o644);
+        let ino = s.mknod(1, b"f", node).unwrap().ino;
+        s.open_file(ino).unwrap();
+        (dir, s, ino)
+    }
+
     /// Writers and flushes race on the same pages of one file (flushes
     /// hash outside the lock): at the end every page holds the bytes of
     /// its last write, before and after a reopen.
     #[test]
     fn flushes_outside_the_lock_never_lose_a_later_write() {
-        let dir = tempfile::tempdir().unwrap();
         let cfg = StoreConfig {
             chunking: "fixed:4K".parse().unwrap(),
             container_size: 1 << 20,
             ..StoreConfig::default()
         };
-        Store::init(dir.path(), &cfg).unwrap();
-        let s = Store::open(dir.path()).unwrap();
-        let node = NewNode::root_owned(Kind::File, 0o644);
-        let ino = s.mknod(1, b"f", node).unwrap().ino;
-        s.open_file(ino).unwrap();
+        let (dir, s, ino) = store_with_open_file(&cfg);
         let page = |pg: u64, v: u64| -> Vec<u8> {
             let mut b = Vec::with_capacity(4096);
             while b.len() < 4096 {
@@ -784,17 +791,12 @@ mod tests {
     #[test]
     fn reads_at_any_alignment_return_the_written_bytes() {
         for compress in ["lz4", "zstd", "none"] {
-            let dir = tempfile::tempdir().unwrap();
             let cfg = StoreConfig {
                 chunking: "fixed:4K".parse().unwrap(),
                 compress: compress.parse().unwrap(),
                 ..StoreConfig::default()
             };
-            Store::init(dir.path(), &cfg).unwrap();
-            let s = Store::open(dir.path()).unwrap();
-            let node = NewNode::root_owned(Kind::File, 0o644);
-            let ino = s.mknod(1, b"f", node).unwrap().ino;
-            s.open_file(ino).unwrap();
+            let (_dir, s, ino) = store_with_open_file(&cfg);
             // Text-like pages (compressible), a hole, then random-ish bytes.
             let mut want: Vec<u8> = (0..40_000u32)
                 .map(|i| b"abcdefgh"[(i % 8) as usize])

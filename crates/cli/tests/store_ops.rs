@@ -73,6 +73,18 @@ fn mountinfo_line(mnt: &Path) -> Option<String> {
 
 /// Lazily detaches whatever is left mounted on the paths when dropped (a
 /// failed assertion must not leave mounts behind).
+/// A scratch directory holding `store` (not created yet) and an empty
+/// mount point `mnt`, with a guard that unmounts `mnt`. Bind the guard
+/// last (`let (t, store, mnt, _guard) = store_site();`): it is dropped
+/// first, before the directory is removed.
+fn store_site() -> (tempfile::TempDir, PathBuf, PathBuf, Unmount) {
+    let t = tmp();
+    let (store, mnt) = (t.path().join("store"), t.path().join("mnt"));
+    std::fs::create_dir(&mnt).unwrap();
+    let guard = Unmount(vec![mnt.clone()]);
+    (t, store, mnt, guard)
+}
+
 struct Unmount(Vec<PathBuf>);
 
 impl Drop for Unmount {
@@ -154,10 +166,7 @@ fn mount_helper_for_mount_t_and_fstab() {
     let Some(_helper) = Helper::install() else {
         return;
     };
-    let t = tmp();
-    let (store, mnt) = (t.path().join("store"), t.path().join("mnt"));
-    std::fs::create_dir(&mnt).unwrap();
-    let _guard = Unmount(vec![mnt.clone()]);
+    let (t, store, mnt, _guard) = store_site();
     init(&store);
     let (st, mt) = (store.to_str().unwrap(), mnt.to_str().unwrap());
 
@@ -209,10 +218,7 @@ fn stats_reports_every_figure() {
     if !can_fuse() {
         return;
     }
-    let t = tmp();
-    let (store, mnt) = (t.path().join("store"), t.path().join("mnt"));
-    std::fs::create_dir(&mnt).unwrap();
-    let _guard = Unmount(vec![mnt.clone()]);
+    let (_t, store, mnt, _guard) = store_site();
     init(&store);
     let (st, mt) = (store.to_str().unwrap(), mnt.to_str().unwrap());
     ok(&onecopy(&["mount", st, mt]), "mount");
@@ -358,10 +364,7 @@ fn index_quota_and_prune_through_the_cli() {
     if !can_fuse() {
         return;
     }
-    let t = tmp();
-    let (store, mnt) = (t.path().join("store"), t.path().join("mnt"));
-    std::fs::create_dir(&mnt).unwrap();
-    let _guard = Unmount(vec![mnt.clone()]);
+    let (t, store, mnt, _guard) = store_site();
     let st = store.to_str().unwrap();
     ok(
         &onecopy(&["store", "init", st, "--index-quota", "40"]),

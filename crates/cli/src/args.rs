@@ -80,10 +80,17 @@ pub struct DedupeArgs {
     pub json: bool,
 
     /// Block size for matching (a multiple of the filesystem block size),
-    /// e.g. 4K, 64K, 1M. Smaller finds more partial duplicates and uses more
-    /// memory.
-    #[arg(short = 'b', long, value_name = "SIZE", default_value = "64K", value_parser = parse_size)]
-    pub block_size: u64,
+    /// e.g. 4K, 64K, 1M [default: the filesystem block size, 4K on most].
+    /// Larger finds fewer partial duplicates and uses less memory.
+    #[arg(short = 'b', long, value_name = "SIZE", value_parser = parse_size)]
+    pub block_size: Option<u64>,
+
+    /// RAM for the table of block fingerprints. A table that would not fit
+    /// is kept on disk instead, as a temporary index in the cache
+    /// directory (about 4 bytes of RAM per block on top), with the same
+    /// results.
+    #[arg(long, value_name = "SIZE", default_value = "16M", value_parser = parse_size)]
+    pub memory: u64,
 
     /// Skip files smaller than SIZE. Empty files, and on btrfs files of at
     /// most 2048 bytes (stored inline in metadata), are always skipped.
@@ -128,6 +135,18 @@ pub struct DedupeArgs {
     #[arg(short, long)]
     pub verbose: bool,
 }
+
+impl DedupeArgs {
+    /// The matching block size (resolved from the filesystems when not
+    /// given, before anything runs).
+    pub fn block(&self) -> u64 {
+        self.block_size.unwrap_or(DEFAULT_BLOCK)
+    }
+}
+
+/// The block size when neither `-b` nor a filesystem block larger than it
+/// says otherwise.
+pub const DEFAULT_BLOCK: u64 = 4096;
 
 /// Parses sizes like `4096`, `4K`, `64KiB`, `1M`, `2G`.
 pub fn parse_size(s: &str) -> Result<u64, String> {

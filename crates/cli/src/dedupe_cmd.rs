@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::os::fd::AsFd;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -19,13 +19,14 @@ use anyhow::Result;
 use onecopy_catalog::{Catalog, Classifier, FileRecord};
 use onecopy_dedupe::{fsrun, policy, roots, ExecOptions, ExecProgress};
 use onecopy_ioctl::fs::fs_info;
+use onecopy_plan::TableBudget;
 use onecopy_scan::{
     DigestStore, FileEntry, FsId, HashOptions, HashedFile, Progress, Tree, WalkOptions,
 };
 
-use crate::args::DedupeArgs;
+use crate::args::{DedupeArgs, DEFAULT_BLOCK};
 use crate::exit;
-use crate::output::{Report, Ui};
+use crate::output::{ErrorRecord, Report, Ui};
 
 /// The progress counters the engines update, and the flag a signal sets.
 struct Signals {
@@ -76,8 +77,10 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
     // Signals first: a Ctrl-C at any point ends in a report and exit 130.
     let sig = Signals::install()?;
     let ui = Ui::new(a.quiet || a.json, a.verbose);
-    if let Err(code) = check_args(&a) {
-        return Ok(code);
+    let mut a = a;
+    match check_args(&a) {
+        Ok(block) => a.block_size = Some(block),
+        Err(code) => return Ok(code),
     }
     let free_before = settled_free(&a.paths);
     // Absolute, symlink-free roots: catalog records hold absolute paths.
@@ -117,8 +120,9 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
 }
 
 /// Refuses bad arguments and roots clearly, before scanning: the exit code
-/// if so.
-fn check_args(a: &DedupeArgs) -> Result<(), u8> {
+/// if so, else the block size to match with (`-b`, or the largest block
+/// size of the roots' filesystems and at least [`DEFAULT_BLOCK`]).
+fn check_args(a: &DedupeArgs) -> Result<u64, u8> {
     let usage = |msg: String| {
         eprintln!("onecopy: {msg}");
         exit::USAGE
@@ -129,6 +133,7 @@ fn check_args(a: &DedupeArgs) -> Result<(), u8> {
     if a.threads == 0 {
         return Err(usage("--threads must be at least 1".into()));
     }
+    let mut infos = Vec::new();
     for p in &a.paths {
         let info = roots::check_root(p).map_err(|e| {
             eprintln!("onecopy: {e}");
@@ -138,11 +143,16 @@ fn check_args(a: &DedupeArgs) -> Result<(), u8> {
                 exit::UNSUPPORTED
             }
         })?;
-        roots::check_block_size(a.block_size, info.block_size).map_err(usage)?;
+        infos.push(info.block_size);
+    }
+    let fs_max = infos.iter().copied().max().unwrap_or(0);
+    let block = a.block_size.unwrap_or(fs_max.max(DEFAULT_BLOCK));
+    for fs_block in infos {
+        roots::check_block_size(block, fs_block).map_err(usage)?;
     }
     match foreign_hashfile(a) {
         Some(msg) => Err(usage(msg)),
-        None => Ok(()),
+        None => Ok(block),
     }
 }
 
@@ -207,7 +217,7 @@ fn consult(
         let path = catalog_path(a, &run.key);
         let fs = (run.fs, run.fs_block);
         let classifier = Classifier::new(&run.key, fs, walked, (&mut *tree, &mut *store), roots);
-        let c = onecopy_catalog::consult(&path, a.block_size, a.hashfile.is_none(), classifier);
+        let c = onecopy_catalog::consult(&path, a.block(), a.hashfile.is_none(), classifier);
         if let Some(why) = &c.rebuilt {
             ui.warn(&format!("{why}; the catalog was set aside and is rebuilt"));
             report.catalog_rebuilt = true;
@@ -249,7 +259,7 @@ fn read(
     let to_read_bytes = to_read.iter().map(|f| f.size).sum();
     let bar = ui.bytes_bar("reading", to_read_bytes, &sig.scan);
     let opts = HashOptions {
-        block_size: a.block_size,
+        block_size: a.block(),
         threads: a.threads,
         read_size: 4 << 20,
     };
@@ -289,7 +299,19 @@ fn act(
         return vec![false; run.files.len()];
     }
     let t = Instant::now();
-    let (plan, denied) = fsrun::plan(&run.files, (tree, store), a.block_size, run.fs_block);
+    let budget = TableBudget {
+        memory: a.memory,
+        spill_dir: Some(spill_dir(a)),
+    };
+    let sizes = (a.block(), run.fs_block);
+    let (plan, denied) = fsrun::plan(&run.files, (tree, store), sizes, &budget);
+    if let Some(e) = &plan.table_error {
+        ui.warn(&format!("{e}; matching found less than it could"));
+        report.errors.push(ErrorRecord {
+            path: spill_dir(a).display().to_string(),
+            error: e.clone(),
+        });
+    }
     report.files_source_only += denied;
     *report.phases.entry("plan").or_default() += t.elapsed().as_secs_f64();
     report.add_plan(&plan.stats);
@@ -455,6 +477,17 @@ fn foreign_hashfile(a: &DedupeArgs) -> Option<String> {
     let path = a.hashfile.as_ref().filter(|_| !a.no_catalog)?;
     (onecopy_catalog::identify(path).ok()? == onecopy_catalog::Existing::Foreign)
         .then(|| onecopy_catalog::CatalogError::NotACatalog { path: path.clone() }.to_string())
+}
+
+/// Where a block table too large for `--memory` goes: next to the
+/// catalogs (never in a user's tree; tmpfs would hold it in RAM).
+fn spill_dir(a: &DedupeArgs) -> PathBuf {
+    a.hashfile
+        .as_ref()
+        .filter(|_| !a.no_catalog)
+        .and_then(|h| h.parent())
+        .filter(|p| !p.as_os_str().is_empty())
+        .map_or_else(default_catalog_dir, Path::to_path_buf)
 }
 
 fn catalog_path(a: &DedupeArgs, key: &str) -> PathBuf {

@@ -264,7 +264,7 @@ mod tests {
         let cli = Cli::try_parse_from(v).unwrap();
         match cli.command {
             Command::Dedupe(d) => {
-                assert_eq!(d.block_size, 64 << 10);
+                assert_eq!(d.block_size, Some(64 << 10));
                 assert_eq!(d.threads, 2);
                 assert!(d.verbose && !d.dry_run);
             }

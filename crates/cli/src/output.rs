@@ -76,7 +76,7 @@ impl Report {
             version: 1,
             dry_run: a.dry_run,
             roots: a.paths.iter().map(|p| p.display().to_string()).collect(),
-            block_size: a.block_size,
+            block_size: a.block(),
             index_bytes_per_block: onecopy_plan::FingerprintTable::BYTES_PER_ENTRY as u64,
             ..Default::default()
         }
@@ -106,6 +106,8 @@ impl Report {
         q.block_run_bytes += p.block_run_bytes;
         q.index_entries += p.index_entries;
         q.index_memory_bytes = q.index_memory_bytes.max(p.index_memory_bytes);
+        q.index_spilled += p.index_spilled;
+        q.index_disk_reads += p.index_disk_reads;
     }
 
     pub fn add_exec(&mut self, r: ExecReport) {

@@ -57,9 +57,14 @@ pub struct WatchArgs {
     #[arg(long, value_name = "LOAD", default_value_t = 0.0)]
     pub max_load: f64,
 
-    /// Block size for matching (as for dedupe).
-    #[arg(short = 'b', long, value_name = "SIZE", default_value = "64K")]
-    pub block_size: String,
+    /// Block size for matching (as for dedupe; default: the filesystem
+    /// block size).
+    #[arg(short = 'b', long, value_name = "SIZE")]
+    pub block_size: Option<String>,
+
+    /// RAM for the block table of each pass (as for dedupe).
+    #[arg(long, value_name = "SIZE")]
+    pub memory: Option<String>,
 
     /// Catalog file (as for dedupe).
     #[arg(long, value_name = "PATH")]
@@ -388,13 +393,13 @@ impl Watcher<'_> {
     fn spawn_dedupe(&self, roots: &[&PathBuf], list_read: bool) -> anyhow::Result<Child> {
         let exe = std::env::current_exe().context("finding the onecopy binary")?;
         let mut cmd = std::process::Command::new(exe);
-        cmd.args([
-            "dedupe",
-            "--json",
-            "--quiet",
-            "--block-size",
-            &self.a.block_size,
-        ]);
+        cmd.args(["dedupe", "--json", "--quiet"]);
+        if let Some(b) = &self.a.block_size {
+            cmd.args(["--block-size", b]);
+        }
+        if let Some(m) = &self.a.memory {
+            cmd.args(["--memory", m]);
+        }
         cmd.args(["--threads", &self.a.threads.to_string()]);
         if list_read {
             cmd.arg("--verbose");

@@ -267,9 +267,10 @@ fn block_sizes(kind: FsKind) {
         );
         assert!(r.stderr.contains("block"), "unclear message: {}", r.stderr);
     }
-    let r = dedupe(&[&root], &["-n", "--block-size", "4K", "--no-catalog"]);
-    r.assert_ok("4K dry run");
-    let r64 = dedupe(&[&root], &["-n", "--no-catalog"]);
+    let r = dedupe(&[&root], &["-n", "--no-catalog"]);
+    r.assert_ok("default (4K) dry run");
+    assert_eq!(r.u("block_size"), 4096, "the default is the fs block");
+    let r64 = dedupe(&[&root], &["-n", "--block-size", "64K", "--no-catalog"]);
     r64.assert_ok("64K dry run");
     assert!(r.u("bytes_would_share") >= r64.u("bytes_would_share"));
     assert!(
@@ -278,11 +279,72 @@ fn block_sizes(kind: FsKind) {
     );
 }
 
+/// Pieces of 4 KiB-aligned shared data at different offsets in many files,
+/// deduped with a block table far larger than `--memory`: it spills to a
+/// temporary index next to the catalog, the plan is the one made in RAM,
+/// every piece ends shared, contents are unchanged and the temporary index
+/// is gone afterwards.
+fn spilled_block_table(kind: FsKind) {
+    let fs = new_fs(kind, 512 * MIB);
+    let root = fs.path().join("p");
+    let pool = random_bytes((8 * MIB) as usize, 77);
+    let mut rng = Prng::new(0x5b11_1ed0);
+    let mut pieces = Vec::new();
+    for i in 0..40u64 {
+        // Unique head of 1-7 blocks, then a 256 KiB piece of the pool at a
+        // random block offset, then a unique tail.
+        let head = random_bytes(((1 + rng.below(7)) * 4096) as usize, 900 + i);
+        let at = (rng.below(pool.len() as u64 / 4096 - 64) * 4096) as usize;
+        let mut buf = head.clone();
+        buf.extend_from_slice(&pool[at..at + 256 * 1024]);
+        buf.extend_from_slice(&random_bytes(5000, 1900 + i));
+        let p = root.join(format!("d{}/f{i}", i % 4));
+        write(&p, &buf);
+        pieces.push((p, head.len() as u64));
+    }
+    // The pool itself, so that every piece has a source.
+    write(&root.join("pool"), &pool);
+    fs.sync();
+    let sums = checksum_tree(&root);
+    let cache = tempfile::tempdir().unwrap();
+    let hashfile = cache.path().join("c.sqlite");
+    let h = hashfile.to_str().unwrap();
+    let ram = dedupe(&[&root], &["-n", "--no-catalog"]);
+    ram.assert_ok("in RAM");
+    assert_eq!(ram.report()["plan"]["index_spilled"], 0);
+    let r = dedupe(&[&root], &["--memory", "4K", "--hashfile", h]);
+    r.assert_ok("spilled");
+    let plan = &r.report()["plan"];
+    assert_eq!(plan["index_spilled"], 1, "{plan}");
+    for k in ["index_entries", "block_runs", "block_run_bytes"] {
+        assert_eq!(plan[k], ram.report()["plan"][k], "{k}");
+    }
+    assert!(
+        r.u("bytes_deduped") >= 40 * 256 * 1024,
+        "{}",
+        r.u("bytes_deduped")
+    );
+    assert_eq!(checksum_tree(&root), sums);
+    for (p, head) in &pieces {
+        let s = shared_bytes_between(&root.join("pool"), p);
+        assert!(s >= 256 * 1024, "{}: shared {s} (head {head})", p.display());
+    }
+    let left: Vec<_> = std::fs::read_dir(cache.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|n| n.to_string_lossy().starts_with("spill-"))
+        .collect();
+    assert!(left.is_empty(), "temporary index left: {left:?}");
+    no_tmp_dirs_left(&root);
+}
+
 per_fs!(
     near,
     shifted,
     zero_blocks,
     rehome_keeps_metadata,
     rehome_disabled,
-    block_sizes
+    block_sizes,
+    spilled_block_table
 );

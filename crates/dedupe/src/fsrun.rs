@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use onecopy_plan::{Plan, PlanFile, PlanInput, PlanOptions};
+use onecopy_plan::{Plan, PlanFile, PlanInput, PlanOptions, TableBudget};
 use onecopy_scan::{DigestStore, FsId, HashedFile, Tree};
 
 use crate::{policy, Model, RehomeOptions};
@@ -68,13 +68,14 @@ impl PlanInput for PlanView<'_> {
 }
 
 /// Plans one filesystem's files (`block_size` digests, `fs_block`
-/// sub-digests; paths in `tree`, digests in `store`); also returns how
-/// many files were sources only for lack of permission.
+/// sub-digests; paths in `tree`, digests in `store`; the block table
+/// within `budget`); also returns how many files were sources only for
+/// lack of permission.
 pub fn plan(
     files: &[HashedFile],
     (tree, store): (&Tree, &DigestStore),
-    block_size: u64,
-    fs_block: u64,
+    (block_size, fs_block): (u64, u64),
+    budget: &TableBudget,
 ) -> (Plan, u64) {
     let (roles, denied) = roles(files, tree);
     let plan = onecopy_plan::plan_input(
@@ -89,6 +90,7 @@ pub fn plan(
             min_run: 0,
             sub_size: fs_block,
         },
+        budget,
     );
     (plan, denied)
 }

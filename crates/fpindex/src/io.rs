@@ -46,6 +46,8 @@ pub trait Io: Send + Sync {
 pub struct FsIo {
     dir: PathBuf,
     direct: bool,
+    /// Whether `sync` reaches the device (false for a scratch index).
+    durable: bool,
     files: Mutex<HashMap<String, (File, Option<File>)>>,
 }
 
@@ -55,8 +57,19 @@ impl FsIo {
         Ok(FsIo {
             dir: dir.to_path_buf(),
             direct,
+            durable: true,
             files: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Files for an index that lives for one process and is removed after
+    /// it (a dedupe run's spilled block table): `sync` does nothing, since
+    /// nothing of it has to survive a crash. Such an index must never be
+    /// reopened after a crash.
+    pub fn scratch(dir: &Path) -> io::Result<FsIo> {
+        let mut io = FsIo::new(dir, false)?;
+        io.durable = false;
+        Ok(io)
     }
 
     fn with_file<T>(
@@ -113,6 +126,9 @@ impl Io for FsIo {
         self.with_file(name, |mut f, _| f.write_all(data))
     }
     fn sync(&self, name: &str) -> io::Result<()> {
+        if !self.durable {
+            return Ok(());
+        }
         self.with_file(name, |f, _| f.sync_data())
     }
     fn len(&self, name: &str) -> io::Result<Option<u64>> {
@@ -130,6 +146,9 @@ impl Io for FsIo {
         files.remove(from);
         files.remove(to);
         std::fs::rename(self.dir.join(from), self.dir.join(to))?;
+        if !self.durable {
+            return Ok(());
+        }
         File::open(&self.dir)?.sync_all()
     }
     fn remove(&self, name: &str) -> io::Result<()> {

@@ -7,7 +7,8 @@
 //!    source is the group's first member (its canonical copy).
 //! 2. **Block runs.** Every block of the remaining files (and of the
 //!    canonical copies) is looked up in a first-occurrence
-//!    [`FingerprintTable`]. A block seen before starts a run, which is
+//!    [`BlockTable`] (in RAM, or on disk beyond the memory budget: the
+//!    same answers). A block seen before starts a run, which is
 //!    extended block by block while both sides keep matching; the run's
 //!    source is always made of first occurrences, so every copy of some
 //!    data is deduped against the one canonical place and all copies
@@ -20,7 +21,7 @@
 
 use std::collections::HashMap;
 
-pub use onecopy_index::{BlockRef, FingerprintTable};
+pub use onecopy_index::{BlockRef, BlockTable, FingerprintTable, TableBudget};
 
 /// One file as the planner sees it.
 #[derive(Debug, Clone, Copy)]
@@ -116,6 +117,11 @@ pub struct PlanStats {
     pub block_run_bytes: u64,
     pub index_entries: u64,
     pub index_memory_bytes: u64,
+    /// Planning passes whose block table did not fit the memory budget and
+    /// lived on disk.
+    pub index_spilled: u64,
+    /// Device reads of those tables' lookups.
+    pub index_disk_reads: u64,
 }
 
 #[derive(Debug, Default)]
@@ -123,6 +129,9 @@ pub struct Plan {
     /// Largest candidate savings first.
     pub ops: Vec<Op>,
     pub stats: PlanStats,
+    /// Why the spilled block table stopped answering, if it did (the plan
+    /// then found less, nothing wrong).
+    pub table_error: Option<String>,
 }
 
 /// Extends a match of `f` at block position `i` (in `f`'s blocks, via
@@ -130,7 +139,7 @@ pub struct Plan {
 /// blocks. `win(j)` gives `f`'s digest `j` blocks after the start, or None
 /// past the end.
 fn extend(
-    table: &FingerprintTable,
+    table: &mut BlockTable,
     g: &PlanFile<'_>,
     src: BlockRef,
     limit: usize,
@@ -170,7 +179,7 @@ fn match_runs<F: PlanInput + ?Sized>(
     fi: u32,
     opts: &PlanOptions,
     step: u64,
-    table: &mut FingerprintTable,
+    table: &mut BlockTable,
     emit: &mut dyn FnMut(u32, u64, u32, u64, u64),
 ) {
     let f = files.file(fi);
@@ -235,13 +244,19 @@ fn match_runs<F: PlanInput + ?Sized>(
     }
 }
 
-/// Plans the dedupe of `files` (all on one filesystem).
+/// Plans the dedupe of `files` (all on one filesystem), the block table
+/// in RAM.
 pub fn plan(files: &[PlanFile<'_>], opts: &PlanOptions) -> Plan {
-    plan_input(files, opts)
+    plan_input(files, opts, &TableBudget::unbounded())
 }
 
-/// [`plan`] over files handed out one at a time by `files`.
-pub fn plan_input<F: PlanInput + ?Sized>(files: &F, opts: &PlanOptions) -> Plan {
+/// [`plan`] over files handed out one at a time by `files`, the block
+/// table within `budget` (spilled to disk beyond it, same answers).
+pub fn plan_input<F: PlanInput + ?Sized>(
+    files: &F,
+    opts: &PlanOptions,
+    budget: &TableBudget,
+) -> Plan {
     let mut stats = PlanStats::default();
     let mut ops = Vec::new();
     let bs = opts.block_size;
@@ -300,7 +315,7 @@ pub fn plan_input<F: PlanInput + ?Sized>(files: &F, opts: &PlanOptions) -> Plan 
         .filter(|&i| !covered[i as usize])
         .map(|i| files.file(i).blocks.len())
         .sum();
-    let mut table = FingerprintTable::with_capacity(total_blocks.min(1 << 26));
+    let mut table = BlockTable::new(total_blocks, budget);
     // Runs keyed by source range, so equal ranges share one op.
     let mut runs: HashMap<(u32, u64, u64), Vec<Dest>> = HashMap::new();
     // A canonical copy that is itself a block-run destination takes its
@@ -341,9 +356,12 @@ pub fn plan_input<F: PlanInput + ?Sized>(files: &F, opts: &PlanOptions) -> Plan 
             &mut |s, so, d, dof, n| emit(s, so, d, dof, n, &mut stats),
         );
     }
-    stats.index_entries = table.len() as u64;
-    stats.index_memory_bytes = table.memory_bytes() as u64;
+    let ts = table.stats();
     drop(table);
+    stats.index_entries = ts.entries;
+    stats.index_memory_bytes = ts.memory_bytes;
+    stats.index_spilled = u64::from(ts.spilled);
+    stats.index_disk_reads = ts.disk_reads;
     for ((src, src_offset, len), dests) in runs {
         ops.push(Op {
             kind: OpKind::BlockRun,
@@ -359,7 +377,11 @@ pub fn plan_input<F: PlanInput + ?Sized>(files: &F, opts: &PlanOptions) -> Plan 
             .then(a.src.cmp(&b.src))
             .then(a.src_offset.cmp(&b.src_offset))
     });
-    Plan { ops, stats }
+    Plan {
+        ops,
+        stats,
+        table_error: ts.error,
+    }
 }
 
 #[cfg(test)]
@@ -553,5 +575,60 @@ mod tests {
         let p = plan(&[fa, fb], &opts());
         assert_eq!(p.ops.len(), 1);
         assert_eq!((p.ops[0].src_offset, p.ops[0].len), (4, 6));
+    }
+
+    /// A plan made with the block table spilled to disk (a budget far below
+    /// its size) is the plan made in RAM, over files with shared runs,
+    /// repeats within files, zero blocks and whole-file copies.
+    #[test]
+    fn spilled_table_plans_exactly_as_ram() {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut rnd = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        // 300 files of up to 400 blocks drawn from a pool of 20,000 block
+        // values in runs, so that runs repeat across and within files.
+        let files: Vec<Vec<u128>> = (0..300)
+            .map(|_| {
+                let mut v = Vec::new();
+                let n = 1 + rnd(400);
+                while (v.len() as u64) < n {
+                    let start = rnd(20_000);
+                    for j in 0..1 + rnd(40) {
+                        v.push(if rnd(50) == 0 {
+                            Z
+                        } else {
+                            (start + j) as u128 + 1
+                        });
+                    }
+                }
+                v
+            })
+            .collect();
+        let mut views: Vec<PlanFile<'_>> = files.iter().map(|b| pf(b)).collect();
+        views.push(pf(&files[3]));
+        let d = tempfile::tempdir().unwrap();
+        let tiny = TableBudget {
+            memory: 4096,
+            spill_dir: Some(d.path().into()),
+        };
+        let ram = plan(&views, &opts());
+        let disk = plan_input(&views[..], &opts(), &tiny);
+        assert_eq!(ram.stats.index_spilled, 0);
+        assert_eq!(disk.stats.index_spilled, 1);
+        assert!(disk.table_error.is_none());
+        assert!(ram.stats.block_runs > 1000, "{:?}", ram.stats);
+        // Ops of equal savings, source and offset may come in any order.
+        let key = |o: &Op| (o.src, o.src_offset, o.len);
+        let sorted = |mut v: Vec<Op>| {
+            v.sort_by_key(key);
+            v
+        };
+        assert_eq!(sorted(ram.ops), sorted(disk.ops));
+        assert_eq!(ram.stats.index_entries, disk.stats.index_entries);
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0);
     }
 }

@@ -21,7 +21,7 @@ pub const KIB: u64 = 1 << 10;
 pub const MIB: u64 = 1 << 20;
 
 /// The default `--block-size` of `onecopy dedupe`.
-pub const DEFAULT_BLOCK: u64 = 64 * KIB;
+pub const DEFAULT_BLOCK: u64 = 4 * KIB;
 
 /// Runs `$f(FsKind::Btrfs)` and `$f(FsKind::Xfs)` as two tests,
 /// `$f::btrfs` and `$f::xfs`.

@@ -1,0 +1,379 @@
+//! The block table of one planning pass, bounded in RAM.
+//!
+//! [`BlockTable`] answers "where did I first see this block?" like
+//! [`FingerprintTable`], from one of two homes chosen when it is made:
+//!
+//! - **RAM**: the hash table, when every block of the pass fits in the
+//!   memory budget at [`FingerprintTable::BYTES_PER_ENTRY`] bytes each;
+//! - **disk**: otherwise a scratch `onecopy-fpindex` index in a directory
+//!   of its own under the spill directory, whose memtable and locality
+//!   cache are sized from the budget and whose filters and page
+//!   directories cost about 3.5 bytes per distinct block beyond it.
+//!   Entries are stored in insertion order, so a run of duplicate blocks
+//!   costs about one device read per segment page, not one per block.
+//!
+//! Answers are exact in both homes. A failing disk (full, unreadable) makes
+//! the table answer "not seen" from then on and keeps the first error:
+//! dedupe then finds less, never anything wrong (the kernel compares the
+//! bytes of every request anyway).
+//!
+//! The scratch directory is removed when the table is dropped; one left by
+//! a killed run (named after its process id) is removed by the next table
+//! made under the same spill directory once that process is gone.
+
+use std::path::{Path, PathBuf};
+
+use onecopy_fpindex::{Config, FsIo, Index, Inserted, Mode};
+
+use crate::{BlockRef, FingerprintTable};
+
+/// How much RAM a table may use and where it spills beyond that.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableBudget {
+    /// Bytes of RAM for the table's entries (the disk home's memtable and
+    /// cache; its filters and directories, ~3.5 B per block, come on top).
+    pub memory: u64,
+    /// Where a table that does not fit goes; `None`: it stays in RAM
+    /// whatever its size.
+    pub spill_dir: Option<PathBuf>,
+}
+
+impl TableBudget {
+    /// No bound: the table always lives in RAM.
+    pub fn unbounded() -> TableBudget {
+        TableBudget {
+            memory: u64::MAX,
+            spill_dir: None,
+        }
+    }
+}
+
+/// About how many bytes of RAM one memtable entry of the disk home costs.
+const MEMTABLE_ENTRY_BYTES: u64 = 80;
+/// About how many bytes of RAM one locality-cache entry costs.
+const CACHE_ENTRY_BYTES: u64 = 60;
+/// Prefix of scratch directory names: `spill-<pid>-<n>`.
+const SCRATCH_PREFIX: &str = "spill-";
+
+/// Figures of a table, for the report.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TableStats {
+    /// Distinct blocks indexed.
+    pub entries: u64,
+    /// Bytes of RAM held (RAM home: its capacity; disk home: memtable and
+    /// cache bounds plus filters and directories).
+    pub memory_bytes: u64,
+    /// Whether the table lived on disk.
+    pub spilled: bool,
+    /// Device reads the disk home made for lookups.
+    pub disk_reads: u64,
+    /// The first error of the disk home, after which it answered "not seen".
+    pub error: Option<String>,
+}
+
+/// First-occurrence table of block digests, in RAM or spilled to disk.
+pub enum BlockTable {
+    Ram(FingerprintTable),
+    Disk(Box<DiskTable>),
+}
+
+impl BlockTable {
+    /// A table for at most `blocks` insertions within `budget`: in RAM if
+    /// they fit (or if there is nowhere to spill, or the spill directory
+    /// cannot be made — then the error is kept in the stats), else on disk.
+    pub fn new(blocks: usize, budget: &TableBudget) -> BlockTable {
+        let need = blocks as u64 * FingerprintTable::BYTES_PER_ENTRY as u64;
+        let ram = || FingerprintTable::with_capacity(blocks.min(1 << 26));
+        match &budget.spill_dir {
+            Some(dir) if need > budget.memory => match DiskTable::create(dir, budget.memory) {
+                Ok(t) => BlockTable::Disk(Box::new(t)),
+                Err(e) => BlockTable::Disk(Box::new(DiskTable::failed(e))),
+            },
+            _ => BlockTable::Ram(ram()),
+        }
+    }
+
+    /// Inserts `at` for `digest` unless the digest is known; returns the
+    /// earlier location if there was one.
+    pub fn insert_first(&mut self, digest: u128, at: BlockRef) -> Option<BlockRef> {
+        match self {
+            BlockTable::Ram(t) => t.insert_first(digest, at),
+            BlockTable::Disk(t) => t.insert_first(digest, at),
+        }
+    }
+
+    /// The first location of `digest`, if indexed.
+    pub fn get(&mut self, digest: u128) -> Option<BlockRef> {
+        match self {
+            BlockTable::Ram(t) => t.get(digest),
+            BlockTable::Disk(t) => t.get(digest),
+        }
+    }
+
+    pub fn stats(&self) -> TableStats {
+        match self {
+            BlockTable::Ram(t) => TableStats {
+                entries: t.len() as u64,
+                memory_bytes: t.memory_bytes() as u64,
+                ..Default::default()
+            },
+            BlockTable::Disk(t) => t.stats(),
+        }
+    }
+}
+
+/// The disk home: a scratch fingerprint index that removes its directory
+/// when dropped.
+pub struct DiskTable {
+    /// `None` once it failed (or if it could not be made).
+    ix: Option<Index>,
+    dir: Option<PathBuf>,
+    entries: u64,
+    /// The memtable and cache bounds, bytes.
+    bounded_bytes: u64,
+    error: Option<String>,
+}
+
+impl DiskTable {
+    fn create(spill_dir: &Path, memory: u64) -> Result<DiskTable, String> {
+        std::fs::create_dir_all(spill_dir).map_err(|e| format!("{}: {e}", spill_dir.display()))?;
+        remove_stale(spill_dir);
+        let dir = scratch_dir(spill_dir)?;
+        let half = memory / 2;
+        let cfg = Config {
+            memtable_entries: (half / MEMTABLE_ENTRY_BYTES).clamp(1024, 1 << 24) as usize,
+            cache_entries: (half / CACHE_ENTRY_BYTES).clamp(1024, 1 << 24) as usize,
+            mode: Mode::Eager,
+            ..Config::default()
+        };
+        let bounded_bytes = cfg.memtable_entries as u64 * MEMTABLE_ENTRY_BYTES
+            + cfg.cache_entries as u64 * CACHE_ENTRY_BYTES;
+        let opened = FsIo::scratch(&dir)
+            .map_err(|e| format!("{}: {e}", dir.display()))
+            .and_then(|io| Index::open_with(Box::new(io), cfg).map_err(|e| e.to_string()));
+        match opened {
+            Ok(ix) => Ok(DiskTable {
+                ix: Some(ix),
+                dir: Some(dir),
+                entries: 0,
+                bounded_bytes,
+                error: None,
+            }),
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                Err(e)
+            }
+        }
+    }
+
+    /// A table that answers "not seen" to everything, keeping why.
+    fn failed(error: String) -> DiskTable {
+        DiskTable {
+            ix: None,
+            dir: None,
+            entries: 0,
+            bounded_bytes: 0,
+            error: Some(format!("spilled block table: {error}")),
+        }
+    }
+
+    fn fail(&mut self, e: onecopy_fpindex::Error) {
+        self.ix = None;
+        self.error
+            .get_or_insert_with(|| format!("spilled block table: {e}"));
+    }
+
+    fn insert_first(&mut self, digest: u128, at: BlockRef) -> Option<BlockRef> {
+        let ix = self.ix.as_mut()?;
+        match ix.insert(digest, pack(at), 0) {
+            Ok(Inserted::New) => {
+                self.entries += 1;
+                None
+            }
+            Ok(Inserted::Exists(loc)) => Some(unpack(loc)),
+            Ok(Inserted::NotIndexed) => None,
+            Err(e) => {
+                self.fail(e);
+                None
+            }
+        }
+    }
+
+    fn get(&mut self, digest: u128) -> Option<BlockRef> {
+        let ix = self.ix.as_mut()?;
+        match ix.lookup(digest) {
+            Ok(loc) => loc.map(unpack),
+            Err(e) => {
+                self.fail(e);
+                None
+            }
+        }
+    }
+
+    fn stats(&self) -> TableStats {
+        let (ram, reads) = self.ix.as_ref().map_or((0, 0), |ix| {
+            let s = ix.stats();
+            (ix.ram_bytes() as u64, s.index_reads + s.prefetch_reads)
+        });
+        TableStats {
+            entries: self.entries,
+            memory_bytes: self.bounded_bytes + ram,
+            spilled: true,
+            disk_reads: reads,
+            error: self.error.clone(),
+        }
+    }
+}
+
+impl Drop for DiskTable {
+    fn drop(&mut self) {
+        self.ix = None;
+        if let Some(d) = &self.dir {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+fn pack(at: BlockRef) -> u64 {
+    (at.file as u64) << 32 | at.block as u64
+}
+
+fn unpack(loc: u64) -> BlockRef {
+    BlockRef {
+        file: (loc >> 32) as u32,
+        block: loc as u32,
+    }
+}
+
+/// A new directory `spill-<pid>-<n>` under `parent`, made `0700`.
+fn scratch_dir(parent: &Path) -> Result<PathBuf, String> {
+    use std::os::unix::fs::DirBuilderExt;
+    let pid = std::process::id();
+    for n in 0..1000u32 {
+        let d = parent.join(format!("{SCRATCH_PREFIX}{pid}-{n}"));
+        match std::fs::DirBuilder::new().mode(0o700).create(&d) {
+            Ok(()) => return Ok(d),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(format!("{}: {e}", d.display())),
+        }
+    }
+    Err(format!("{}: no free scratch name", parent.display()))
+}
+
+/// Removes scratch directories under `parent` whose process is gone (a
+/// killed run's).
+fn remove_stale(parent: &Path) {
+    let Ok(rd) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(SCRATCH_PREFIX))
+            .and_then(|r| r.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let alive = Path::new("/proc").join(pid.to_string()).exists();
+        if !alive && e.file_type().is_ok_and(|t| t.is_dir()) {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spilled(dir: &Path, memory: u64) -> BlockTable {
+        let b = TableBudget {
+            memory,
+            spill_dir: Some(dir.to_path_buf()),
+        };
+        BlockTable::new(1 << 20, &b)
+    }
+
+    fn key(i: u64) -> u128 {
+        let x = (i as u128 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835);
+        x ^ (x >> 61)
+    }
+
+    #[test]
+    fn ram_when_it_fits_disk_beyond() {
+        let d = tempfile::tempdir().unwrap();
+        let fits = TableBudget {
+            memory: 1 << 30,
+            spill_dir: Some(d.path().into()),
+        };
+        assert!(matches!(BlockTable::new(1000, &fits), BlockTable::Ram(_)));
+        assert!(matches!(spilled(d.path(), 1 << 16), BlockTable::Disk(_)));
+        let nowhere = TableBudget {
+            memory: 0,
+            spill_dir: None,
+        };
+        assert!(matches!(
+            BlockTable::new(1000, &nowhere),
+            BlockTable::Ram(_)
+        ));
+    }
+
+    /// The disk home answers exactly as the RAM home over enough blocks to
+    /// flush and merge several runs, and leaves nothing behind.
+    #[test]
+    fn disk_answers_as_ram_and_cleans_up() {
+        let d = tempfile::tempdir().unwrap();
+        let mut disk = spilled(d.path(), 1 << 16);
+        let mut ram = FingerprintTable::default();
+        for i in 0..40_000u64 {
+            // Every third key repeats an earlier one.
+            let k = if i % 3 == 2 { key(i / 7) } else { key(i) };
+            let at = BlockRef {
+                file: (i / 100) as u32,
+                block: (i % 100) as u32,
+            };
+            assert_eq!(disk.insert_first(k, at), ram.insert_first(k, at), "{i}");
+        }
+        for i in 0..45_000u64 {
+            assert_eq!(disk.get(key(i)), ram.get(key(i)), "{i}");
+        }
+        let s = disk.stats();
+        assert!(s.spilled && s.error.is_none());
+        assert_eq!(s.entries, ram.len() as u64);
+        assert!(s.disk_reads > 0);
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 1);
+        drop(disk);
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn stale_scratch_of_a_dead_process_is_removed() {
+        let d = tempfile::tempdir().unwrap();
+        // Pid numbers this large are never handed out (pid_max <= 2^22).
+        let stale = d.path().join("spill-4294967290-0");
+        std::fs::create_dir(&stale).unwrap();
+        std::fs::write(stale.join("x"), b"x").unwrap();
+        let mine = d.path().join(format!("spill-{}-7", std::process::id()));
+        std::fs::create_dir(&mine).unwrap();
+        let other = d.path().join("catalog.sqlite");
+        std::fs::write(&other, b"x").unwrap();
+        let t = spilled(d.path(), 1 << 16);
+        assert!(!stale.exists() && mine.exists() && other.exists());
+        drop(t);
+    }
+
+    #[test]
+    fn an_unusable_spill_dir_answers_not_seen_with_the_reason() {
+        let d = tempfile::tempdir().unwrap();
+        let file = d.path().join("f");
+        std::fs::write(&file, b"x").unwrap();
+        let mut t = spilled(&file, 1 << 16);
+        let at = BlockRef { file: 0, block: 0 };
+        assert_eq!(t.insert_first(1, at), None);
+        assert_eq!(t.insert_first(1, at), None);
+        assert_eq!(t.get(1), None);
+        let e = t.stats().error.unwrap();
+        assert!(e.contains("spilled block table") && e.contains("/f"), "{e}");
+    }
+}

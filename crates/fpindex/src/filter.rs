@@ -62,9 +62,11 @@ pub(crate) fn probe(key: u128) -> u64 {
     (key as u64) ^ ((key >> 64) as u64).rotate_left(29)
 }
 
-/// Number of partitions (a power of two) for up to `n` keys.
-pub fn partitions_for(n: u64) -> usize {
-    (n.div_ceil(PARTITION_KEYS)).next_power_of_two().max(1) as usize
+/// Number of partitions (a power of two) for up to `n` keys, about
+/// `per_part` keys each (the build holds one partition in RAM: ~40 B a key).
+pub fn partitions_for(n: u64, per_part: u64) -> usize {
+    let n = n.div_ceil(per_part.max(1)).next_power_of_two().max(1);
+    n.min(1 << 24) as usize
 }
 
 fn shift_for(n: usize) -> u32 {
@@ -75,10 +77,20 @@ fn shift_for(n: usize) -> u32 {
     }
 }
 
-fn anon(len: usize) -> Option<MmapMut> {
+/// Content below which a filter is not put on huge pages: a huge page is
+/// 2 MiB of RAM as soon as one byte of it is touched, so small filters
+/// (a dedupe run's spilled table flushes runs of a few thousand keys)
+/// would cost 2 MiB each; above it the rounding costs at most a quarter.
+const HUGE_MIN: usize = 8 << 20;
+
+/// An anonymous mapping of `len` bytes, advised for transparent huge pages
+/// when `content` (the bytes that will be written) is at least [`HUGE_MIN`].
+fn anon(len: usize, content: usize) -> Option<MmapMut> {
     let mem = MmapMut::map_anon(len.max(1)).ok()?;
-    // Best effort: without it lookups are slower, not wrong.
-    let _ = mem.advise(Advice::HugePage);
+    if content >= HUGE_MIN {
+        // Best effort: without it lookups are slower, not wrong.
+        let _ = mem.advise(Advice::HugePage);
+    }
     Some(mem)
 }
 
@@ -247,8 +259,8 @@ impl RunFilter {
         }
         // Both mappings are sized by the blobs' total (an upper bound for
         // each); only what is written becomes resident.
-        let mut mem = anon(total)?;
-        let mut bloom = anon(if version == 1 { 0 } else { total })?;
+        let mut mem = anon(total, total)?;
+        let mut bloom = anon(if version == 1 { 0 } else { total }, total / 2)?;
         let mut parts = Vec::with_capacity(n);
         let (mut at, mut bat) = (0, 0);
         for (off, len) in offs {
@@ -339,17 +351,19 @@ fn filter_err(what: &str) -> std::io::Error {
 }
 
 impl FilterBuilder {
-    /// For at most `max_keys` keys.
-    pub fn new(max_keys: u64) -> std::io::Result<Self> {
-        let n = partitions_for(max_keys);
+    /// For at most `max_keys` keys, in partitions of about `per_part`.
+    pub fn new(max_keys: u64, per_part: u64) -> std::io::Result<Self> {
+        let n = partitions_for(max_keys, per_part);
         let reserve = (max_keys as usize)
             .saturating_mul(4)
             .saturating_add((n + 1) << 21);
-        let mem = anon(reserve).ok_or_else(|| filter_err("cannot map memory"))?;
+        let keys = max_keys.min(usize::MAX as u64 / 4) as usize;
+        let mem = anon(reserve, keys * 2).ok_or_else(|| filter_err("cannot map memory"))?;
         let bloom_reserve = (max_keys as usize)
             .saturating_mul(bloom::BITS_PER_KEY as usize / 8 + 1)
             .saturating_add(n * bloom::BLOCK);
-        let bloom = anon(bloom_reserve).ok_or_else(|| filter_err("cannot map memory"))?;
+        let bloom = anon(bloom_reserve, keys * bloom::BITS_PER_KEY as usize / 8)
+            .ok_or_else(|| filter_err("cannot map memory"))?;
         Ok(FilterBuilder {
             shift: shift_for(n),
             parts: (0..n).map(|_| None).collect(),
@@ -438,7 +452,7 @@ mod tests {
             .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835))
             .collect();
         keys.sort_unstable();
-        let mut b = FilterBuilder::new(3 * PARTITION_KEYS).unwrap();
+        let mut b = FilterBuilder::new(3 * PARTITION_KEYS, PARTITION_KEYS).unwrap();
         for &k in &keys {
             b.push(k).unwrap();
         }
@@ -476,7 +490,7 @@ mod tests {
             .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835))
             .collect();
         keys.sort_unstable();
-        let mut b = FilterBuilder::new(keys.len() as u64).unwrap();
+        let mut b = FilterBuilder::new(keys.len() as u64, PARTITION_KEYS).unwrap();
         for &k in &keys {
             b.push(k).unwrap();
         }
@@ -521,7 +535,7 @@ mod tests {
             let mut keys = keys;
             keys.sort_unstable();
             keys.dedup();
-            let mut b = FilterBuilder::new(keys.len() as u64).unwrap();
+            let mut b = FilterBuilder::new(keys.len() as u64, PARTITION_KEYS).unwrap();
             for &k in &keys {
                 b.push(k).unwrap();
             }

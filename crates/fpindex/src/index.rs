@@ -69,6 +69,9 @@ pub struct Config {
     /// to 16 on a disk with milliseconds of latency).
     pub prefetch_pages: Option<u64>,
     pub mode: Mode,
+    /// Keys per filter partition of a new run: a flush or merge holds one
+    /// partition's keys while it builds its filter (about 40 B each).
+    pub partition_keys: u64,
 }
 
 impl Default for Config {
@@ -82,6 +85,7 @@ impl Default for Config {
             max_runs: 8,
             prefetch_pages: None,
             mode: Mode::Auto,
+            partition_keys: crate::filter::PARTITION_KEYS,
         }
     }
 }
@@ -823,7 +827,12 @@ impl Index {
         let mut es: Vec<Entry> = self.mem.values().copied().collect();
         es.sort_unstable_by_key(|e| e.key);
         let run_id = self.next_id();
-        let mut w = RunWriter::new(self.io.clone(), run_id, es.len() as u64)?;
+        let mut w = RunWriter::new(
+            self.io.clone(),
+            run_id,
+            es.len() as u64,
+            self.cfg.partition_keys,
+        )?;
         for &e in &es {
             w.push(e)?;
         }
@@ -947,7 +956,7 @@ impl Index {
             })
             .collect();
         let id = self.next_id();
-        let writer = RunWriter::new(self.io.clone(), id, total)?;
+        let writer = RunWriter::new(self.io.clone(), id, total, self.cfg.partition_keys)?;
         // Finish within half a memtable's worth of operations.
         let pace = (2 * total).div_ceil(self.cfg.memtable_entries.max(1) as u64) as usize + 16;
         self.merge = Some(MergeJob {

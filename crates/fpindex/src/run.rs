@@ -16,6 +16,9 @@ const DIR_MAGIC: &[u8; 8] = b"OCFPDIR\0";
 const RUN_VERSION: u32 = 1;
 /// Pages written per `append` while building a run.
 const WRITE_BATCH: usize = 256;
+/// Pages a merge reads from each input at a time (128 KiB: a merge of many
+/// runs holds one batch per input, read and decoded).
+const READ_BATCH: usize = 32;
 
 pub fn run_name(id: u64) -> String {
     format!("run-{id:016x}")
@@ -176,7 +179,7 @@ impl Iterator for RunIter {
             if self.next_page >= self.run.pages {
                 return None;
             }
-            let n = (self.run.pages - self.next_page).min(WRITE_BATCH as u64);
+            let n = (self.run.pages - self.next_page).min(READ_BATCH as u64);
             let mut raw = vec![0u8; n as usize * PAGE];
             let name = &self.run.name;
             if let Err(e) = self
@@ -220,10 +223,12 @@ pub struct RunWriter {
 
 impl RunWriter {
     /// A writer for at most `max_entries` entries (sizes the filter).
-    pub fn new(io: Arc<dyn Io>, id: u64, max_entries: u64) -> Result<Self> {
+    /// A run of at most `max_entries`, its filter in partitions of about
+    /// `part_keys` keys.
+    pub fn new(io: Arc<dyn Io>, id: u64, max_entries: u64, part_keys: u64) -> Result<Self> {
         let name = run_name(id);
         io.remove(&name).ctx(&name)?;
-        let filter = FilterBuilder::new(max_entries).ctx(&name)?;
+        let filter = FilterBuilder::new(max_entries, part_keys).ctx(&name)?;
         Ok(RunWriter {
             io,
             id,

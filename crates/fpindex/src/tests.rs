@@ -55,6 +55,8 @@ fn cfg(quota: Option<u64>, cache: usize) -> Config {
         mode: Mode::Eager,
         // Segment windows of 3 pages with a quota, the measured default otherwise.
         prefetch_pages: quota.map(|_| 3),
+        // Runs of more than a few keys get several filter partitions.
+        partition_keys: 4,
         ..Default::default()
     }
 }

@@ -30,8 +30,9 @@ use crate::{BlockRef, FingerprintTable};
 /// How much RAM a table may use and where it spills beyond that.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TableBudget {
-    /// Bytes of RAM for the table's entries (the disk home's memtable and
-    /// cache; its filters and directories, ~3.5 B per block, come on top).
+    /// Bytes of RAM for the table's entries (the disk home's memtable,
+    /// cache and filter building; its filters and directories, ~3.5 B per
+    /// block, come on top).
     pub memory: u64,
     /// Where a table that does not fit goes; `None`: it stays in RAM
     /// whatever its size.
@@ -52,6 +53,8 @@ impl TableBudget {
 const MEMTABLE_ENTRY_BYTES: u64 = 80;
 /// About how many bytes of RAM one locality-cache entry costs.
 const CACHE_ENTRY_BYTES: u64 = 60;
+/// About how many bytes of RAM a key costs while its run's filter is built.
+const FILTER_BUILD_BYTES: u64 = 40;
 /// Prefix of scratch directory names: `spill-<pid>-<n>`.
 const SCRATCH_PREFIX: &str = "spill-";
 
@@ -139,10 +142,13 @@ impl DiskTable {
         std::fs::create_dir_all(spill_dir).map_err(|e| format!("{}: {e}", spill_dir.display()))?;
         remove_stale(spill_dir);
         let dir = scratch_dir(spill_dir)?;
-        let half = memory / 2;
+        // A third each for the memtable, the cache and building a run's
+        // filter (one partition's keys at a time).
+        let third = memory / 3;
         let cfg = Config {
-            memtable_entries: (half / MEMTABLE_ENTRY_BYTES).clamp(1024, 1 << 24) as usize,
-            cache_entries: (half / CACHE_ENTRY_BYTES).clamp(1024, 1 << 24) as usize,
+            memtable_entries: (third / MEMTABLE_ENTRY_BYTES).clamp(1024, 1 << 24) as usize,
+            cache_entries: (third / CACHE_ENTRY_BYTES).clamp(1024, 1 << 24) as usize,
+            partition_keys: (third / FILTER_BUILD_BYTES).clamp(4096, 1 << 20),
             mode: Mode::Eager,
             ..Config::default()
         };

@@ -18,6 +18,7 @@ use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 
+use onecopy_index::digest::sub_of_block;
 use onecopy_scan::{DigestStore, Digests, FileEntry, FsId, HashedFile, Marks, Tree};
 
 use crate::{Catalog, CatalogError, FileRecord};
@@ -47,6 +48,7 @@ pub fn consult(
     own: bool,
     mut classifier: Classifier<'_>,
 ) -> Consulted {
+    classifier.one_sub_blocks = block_size == classifier.fs_block;
     let opened = Catalog::open_and_scan(path, block_size, own, &mut |r| classifier.offer(r));
     match opened {
         Ok((catalog, rebuilt)) => {
@@ -203,6 +205,10 @@ pub struct Classifier<'a> {
     outside: Vec<HashedFile>,
     deleted: Vec<(String, u64, u64)>,
     renamed: u64,
+    /// The block is the filesystem block: a record whose digests are not
+    /// all [`onecopy_index::digest::block_of_sub`] digests (written before
+    /// that scheme) is not trusted, so its file is read again.
+    one_sub_blocks: bool,
 }
 
 impl<'a> Classifier<'a> {
@@ -239,6 +245,7 @@ impl<'a> Classifier<'a> {
             outside: Vec::new(),
             deleted: Vec::new(),
             renamed: 0,
+            one_sub_blocks: false,
         }
     }
 
@@ -284,7 +291,7 @@ impl<'a> Classifier<'a> {
         } else {
             false
         };
-        if !known {
+        if !known || !self.current_scheme(&rec) {
             return;
         }
         self.renamed += moved as u64;
@@ -295,7 +302,7 @@ impl<'a> Classifier<'a> {
     /// A record the walk did not meet: deleted if under the roots, else a
     /// source while its file still exists unchanged.
     fn offer_unmet(&mut self, rec: FileRecord) {
-        if under_roots(&rec.path, self.roots) {
+        if under_roots(&rec.path, self.roots) || !self.current_scheme(&rec) {
             self.deleted.push((rec.fs, rec.subvol, rec.ino));
             return;
         }
@@ -318,6 +325,11 @@ impl<'a> Classifier<'a> {
             }
             _ => self.deleted.push((rec.fs, rec.subvol, rec.ino)),
         }
+    }
+
+    /// Whether `rec`'s digests are of the scheme this run computes.
+    fn current_scheme(&self, rec: &FileRecord) -> bool {
+        !self.one_sub_blocks || rec.blocks.iter().all(|&b| sub_of_block(b).is_some())
     }
 
     /// Forgets every record offered so far (the catalog turned out
@@ -439,7 +451,9 @@ mod tests {
         assert!(c
             .known
             .iter()
-            .all(|k| k.blocks(&store)[0] == k.entry.ino as u128 && k.settled() && !k.dirty()));
+            .all(|k| k.blocks(&store).get(0) == Some(k.entry.ino as u128)
+                && k.settled()
+                && !k.dirty()));
         assert_eq!(
             inos(&c.to_read),
             inos(&[0, 2, 5].map(|i| walked[i].clone()))
@@ -460,5 +474,48 @@ mod tests {
         let c = cl.finish();
         assert!(c.known.is_empty() && c.deleted.is_empty());
         assert_eq!(inos(&c.to_read), inos(&walked));
+    }
+
+    /// At a block of one filesystem block, a record whose digests are of
+    /// the older scheme (not `block_of_sub` digests) is not trusted: its
+    /// file is read again; one of the current scheme is known, its digests
+    /// kept as 8-byte sub-digests.
+    #[test]
+    fn records_of_an_older_digest_scheme_are_read_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        let mut tree = Tree::new();
+        let mut walked = Vec::new();
+        for i in 0..2 {
+            let p = root.join(format!("f{i}"));
+            std::fs::write(&p, [i as u8; 10]).unwrap();
+            let m = std::fs::metadata(&p).unwrap();
+            walked.push(tree.add_file(&p, &m, 1, 0, 4096).unwrap());
+        }
+        walked.sort_unstable_by_key(|e| (e.dev, e.ino));
+        let old = record("fs-a", &walked[0], &tree.path(walked[0].name));
+        let mut new = record("fs-a", &walked[1], &tree.path(walked[1].name));
+        new.blocks = vec![onecopy_index::digest::block_of_sub(7)];
+        let roots = [root.clone()];
+        let mut store = DigestStore::new();
+        let mut cl = Classifier::new(
+            "fs-a",
+            (1, 4096),
+            walked.clone(),
+            (&mut tree, &mut store),
+            &roots,
+        );
+        cl.one_sub_blocks = true;
+        cl.offer(old);
+        cl.offer(new);
+        let c = cl.finish();
+        assert_eq!(c.known.len(), 1);
+        assert_eq!(c.known[0].entry.ino, walked[1].ino);
+        assert!(matches!(
+            c.known[0].blocks(&store),
+            onecopy_scan::Blocks::OneSub([7])
+        ));
+        assert_eq!(c.to_read.len(), 1);
+        assert_eq!(c.to_read[0].ino, walked[0].ino);
     }
 }

@@ -57,6 +57,76 @@ pub fn window_digest(subs: &[SubDigest], len: u64, full: bool) -> BlockDigest {
     h.digest128()
 }
 
+/// The digest of a block that is a single sub-block (the matching block
+/// is the filesystem block): the sub-digest in the low half and a
+/// bijective mix of it in the high half, so that the 8-byte sub-digest
+/// alone gives it back ([`sub_of_block`]) and both halves are uniform (the
+/// fingerprint index partitions and sorts by the high half). The
+/// sub-digest already covers the byte count, so a file's short tail needs
+/// no length.
+pub fn block_of_sub(sub: SubDigest) -> BlockDigest {
+    ((mix64(sub) as u128) << 64) | sub as u128
+}
+
+/// The sub-digest `b` was made from by [`block_of_sub`], or `None` for a
+/// digest of a larger block (or of an older scheme).
+pub fn sub_of_block(b: BlockDigest) -> Option<SubDigest> {
+    let lo = b as u64;
+    (block_of_sub(lo) == b).then_some(lo)
+}
+
+/// A bijection of u64 (the SplitMix64 finalizer).
+fn mix64(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// A file's block digests as they are stored: in full (16 B each), or as
+/// the sub-digests of single-sub-block blocks (8 B each, see
+/// [`block_of_sub`]).
+#[derive(Debug, Clone, Copy)]
+pub enum Blocks<'a> {
+    Full(&'a [BlockDigest]),
+    OneSub(&'a [SubDigest]),
+}
+
+impl<'a> Blocks<'a> {
+    pub fn len(&self) -> usize {
+        match self {
+            Blocks::Full(b) => b.len(),
+            Blocks::OneSub(s) => s.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Block `i`'s digest, `None` past the end.
+    #[inline]
+    pub fn get(&self, i: usize) -> Option<BlockDigest> {
+        match self {
+            Blocks::Full(b) => b.get(i).copied(),
+            Blocks::OneSub(s) => s.get(i).map(|&x| block_of_sub(x)),
+        }
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = BlockDigest> + 'a {
+        let (full, one): (&'a [BlockDigest], &'a [SubDigest]) = match *self {
+            Blocks::Full(b) => (b, &[]),
+            Blocks::OneSub(s) => (&[], s),
+        };
+        full.iter()
+            .copied()
+            .chain(one.iter().map(|&x| block_of_sub(x)))
+    }
+
+    pub fn to_vec(&self) -> Vec<BlockDigest> {
+        self.iter().collect()
+    }
+}
+
 /// Digests `chunk` (at most one block of `block_size` bytes, read at a
 /// block boundary) in `sub`-byte sub-blocks: appends its sub-digests to
 /// `subs` and returns its block digest.
@@ -68,6 +138,9 @@ pub fn digest_block(
 ) -> BlockDigest {
     let first = subs.len();
     subs.extend(chunk.chunks(sub).map(sub_digest));
+    if block_size == sub {
+        return block_of_sub(subs[first]);
+    }
     window_digest(
         &subs[first..],
         chunk.len() as u64,
@@ -89,6 +162,9 @@ pub fn window_at(
         return None;
     }
     let k = (block_size / sub) as usize;
+    if k == 1 {
+        return Some(block_of_sub(subs[s]));
+    }
     let len = block_size.min(size - s as u64 * sub);
     let end = (s + k).min(subs.len());
     Some(window_digest(&subs[s..end], len, len == block_size))
@@ -98,6 +174,9 @@ pub fn window_at(
 /// of `sub_size`-byte blocks.
 pub fn zero_block_digest(block_size: u64, sub_size: u64) -> BlockDigest {
     let z = sub_digest(&vec![0u8; sub_size as usize]);
+    if block_size == sub_size {
+        return block_of_sub(z);
+    }
     window_digest(&vec![z; (block_size / sub_size) as usize], block_size, true)
 }
 
@@ -190,5 +269,33 @@ mod tests {
         let b = [1u128, 2];
         assert_ne!(whole_digest(&b, 10), whole_digest(&b, 11));
         assert_ne!(whole_digest(&b, 10), whole_digest(&[2, 1], 10));
+    }
+
+    /// At a block of one sub-block, digests keep in 8 bytes: the block
+    /// digest gives its sub-digest back, windows and the zero block agree,
+    /// a tail differs from a full block with the same first bytes, and a
+    /// digest of a larger block is not taken for one.
+    #[test]
+    fn one_sub_blocks_keep_in_their_sub_digest() {
+        let mut data = bytes(5 * 4096 + 300, 5);
+        data[4096..8192].fill(0);
+        let (blocks, subs) = digest_file(&data, 4096, 4096);
+        assert_eq!(blocks.len(), 6);
+        for (i, b) in blocks.iter().enumerate() {
+            assert_eq!(sub_of_block(*b), Some(subs[i]), "block {i}");
+            let w = window_at(&subs, i, 4096, 4096, data.len() as u64);
+            assert_eq!(w, Some(*b));
+        }
+        assert_eq!(blocks[1], zero_block_digest(4096, 4096));
+        let tail = digest_file(&data[5 * 4096..], 4096, 4096).0[0];
+        let mut full = data[5 * 4096..].to_vec();
+        full.resize(4096, 0);
+        assert_ne!(tail, digest_file(&full, 4096, 4096).0[0]);
+        let (big, _) = digest_file(&data, 16384, 4096);
+        assert!(big.iter().all(|b| sub_of_block(*b).is_none()));
+        let v = Blocks::OneSub(&subs);
+        assert_eq!(v.to_vec(), blocks);
+        assert_eq!((v.len(), v.get(6)), (6, None));
+        assert_eq!(Blocks::Full(&blocks).get(2), Some(blocks[2]));
     }
 }

@@ -21,13 +21,13 @@
 
 use std::collections::HashMap;
 
-pub use onecopy_index::{BlockRef, BlockTable, FingerprintTable, TableBudget};
+pub use onecopy_index::{BlockRef, BlockTable, Blocks, FingerprintTable, TableBudget};
 
 /// One file as the planner sees it.
 #[derive(Debug, Clone, Copy)]
 pub struct PlanFile<'a> {
     pub size: u64,
-    pub blocks: &'a [u128],
+    pub blocks: Blocks<'a>,
     /// Sub-block digests (one per `PlanOptions::sub_size` bytes), or empty.
     /// With them, the file is also matched at every sub-block offset, not
     /// only at block boundaries.
@@ -150,7 +150,7 @@ fn extend(
     let mut len = 1usize;
     while len < limit && k + len < g.blocks.len() {
         let Some(d) = win(len) else { break };
-        if d != g.blocks[k + len]
+        if Some(d) != g.blocks.get(k + len)
             || (d != zero
                 && table.get(d)
                     != Some(BlockRef {
@@ -194,7 +194,7 @@ fn match_runs<F: PlanInput + ?Sized>(
             return None;
         }
         if s.is_multiple_of(k) {
-            return f.blocks.get(s / k).copied();
+            return f.blocks.get(s / k);
         }
         onecopy_index::digest::window_at(f.subs, s, bs, sub, f.size)
     };
@@ -406,7 +406,7 @@ mod tests {
             .fold(17u128, |a, b| a.wrapping_mul(31).wrapping_add(*b));
         PlanFile {
             size: blocks.len() as u64 * BS,
-            blocks,
+            blocks: Blocks::Full(blocks),
             subs: &[],
             whole,
             can_be_dest: true,
@@ -538,7 +538,7 @@ mod tests {
         };
         let fa = PlanFile {
             size: 12,
-            blocks: &a_blocks,
+            blocks: Blocks::Full(&a_blocks),
             subs: &a_subs,
             whole: 1,
             can_be_dest: true,
@@ -546,7 +546,7 @@ mod tests {
         };
         let fb = PlanFile {
             size: 15,
-            blocks: &b_blocks,
+            blocks: Blocks::Full(&b_blocks),
             subs: &b_subs,
             whole: 2,
             can_be_dest: true,

@@ -12,8 +12,9 @@ use crate::{FileEntry, Marks, Progress, ScanError, SkipReason, Tree};
 
 // The digest scheme lives in `onecopy_index::digest`; re-exported for
 // callers of the reader.
+use onecopy_index::digest::sub_of_block;
 use onecopy_index::digest::{digest_block, whole_digest};
-pub use onecopy_index::digest::{window_digest, zero_block_digest, BlockDigest, SubDigest};
+pub use onecopy_index::digest::{window_digest, zero_block_digest, BlockDigest, Blocks, SubDigest};
 
 /// How to read and fingerprint.
 #[derive(Debug, Clone)]
@@ -113,7 +114,7 @@ impl HashedFile {
     }
 
     /// One digest per `block_size` block; the last covers the partial tail.
-    pub fn blocks<'a>(&self, store: &'a DigestStore) -> &'a [BlockDigest] {
+    pub fn blocks<'a>(&self, store: &'a DigestStore) -> Blocks<'a> {
         store.blocks(&self.digests)
     }
 
@@ -155,8 +156,21 @@ impl DigestStore {
     }
 
     /// Stores `blocks` and `subs` (packed two to a slot in native byte
-    /// order); where they are.
+    /// order); where they are. Blocks of one sub-block each (the matching
+    /// block is the filesystem block) are stored as their sub-digests, 8 B
+    /// each: `Digests { blocks: 0, subs: n }`, which no other file has (a
+    /// file with sub-digests has blocks).
     pub fn push(&mut self, blocks: &[BlockDigest], subs: &[SubDigest]) -> Digests {
+        if subs.is_empty() && !blocks.is_empty() {
+            let one: Option<Vec<SubDigest>> = blocks.iter().map(|&b| sub_of_block(b)).collect();
+            if let Some(one) = one {
+                return self.push_slots(&[], &one);
+            }
+        }
+        self.push_slots(blocks, subs)
+    }
+
+    fn push_slots(&mut self, blocks: &[BlockDigest], subs: &[SubDigest]) -> Digests {
         let n = blocks.len() + subs.len().div_ceil(2);
         let fits = self
             .chunks
@@ -194,12 +208,24 @@ impl DigestStore {
     }
 
     /// The block digests of `d`.
-    pub fn blocks(&self, d: &Digests) -> &[BlockDigest] {
-        &self.slots(d)[..d.blocks as usize]
+    pub fn blocks(&self, d: &Digests) -> Blocks<'_> {
+        if d.blocks == 0 {
+            return Blocks::OneSub(self.packed(d));
+        }
+        Blocks::Full(&self.slots(d)[..d.blocks as usize])
     }
 
-    /// The sub-block digests of `d`.
+    /// The sub-block digests of `d` (none where blocks are single
+    /// sub-blocks).
     pub fn subs(&self, d: &Digests) -> &[SubDigest] {
+        if d.blocks == 0 {
+            return &[];
+        }
+        self.packed(d)
+    }
+
+    /// The u64s packed after `d`'s block digests.
+    fn packed(&self, d: &Digests) -> &[SubDigest] {
         // `push` wrote each pair in native byte order, so u64 `i` of the
         // packed slots is sub-digest `i` (bytemuck checks size and
         // alignment: a u128 holds two u64s).
@@ -536,14 +562,12 @@ mod tests {
         assert!(small.subs(&store).is_empty());
         assert_eq!(big.blocks(&store).len(), 2);
         assert_eq!(big.subs(&store).len(), 6);
-        // The 4 KiB block digests are what the sub-digests would have given.
+        // The 4 KiB block digests are what the sub-digests would have
+        // given, and are kept as them (8 B each).
+        assert!(matches!(small.blocks(&store), Blocks::OneSub(_)));
         for (i, b) in small.blocks(&store).iter().enumerate() {
-            let len = (data.len() - i * 4096).min(4096) as u64;
-            assert_eq!(
-                *b,
-                window_digest(&big.subs(&store)[i..i + 1], len, len == 4096),
-                "block {i}"
-            );
+            let sub = big.subs(&store)[i];
+            assert_eq!(b, onecopy_index::digest::block_of_sub(sub), "block {i}");
         }
     }
 
@@ -593,7 +617,7 @@ mod tests {
 
 #[cfg(test)]
 mod digests_tests {
-    use super::{DigestStore, Digests};
+    use super::{Blocks, DigestStore, Digests};
 
     /// Blocks and sub-blocks come back as packed, odd counts included, and
     /// a list never moves or straddles chunks.
@@ -610,9 +634,15 @@ mod digests_tests {
             kept.push((d, blocks, subs));
         }
         for (d, blocks, subs) in &kept {
-            assert_eq!(store.blocks(d), &blocks[..]);
+            assert_eq!(store.blocks(d).to_vec(), &blocks[..]);
             assert_eq!(store.subs(d), &subs[..]);
         }
+        // Blocks of one sub-block each keep as sub-digests.
+        let one: Vec<u128> = (0..9u64).map(onecopy_index::digest::block_of_sub).collect();
+        let d = store.push(&one, &[]);
+        assert!(matches!(store.blocks(&d), Blocks::OneSub(s) if s.len() == 9));
+        assert_eq!(store.blocks(&d).to_vec(), one);
+        assert!(store.subs(&d).is_empty());
         assert!(store.subs(&Digests::default()).is_empty());
         assert!(DigestStore::new().blocks(&Digests::default()).is_empty());
     }

@@ -89,7 +89,7 @@ pub struct DedupeArgs {
     /// is kept on disk instead, as a temporary index in the cache
     /// directory (about 4 bytes of RAM per block on top), with the same
     /// results.
-    #[arg(long, value_name = "SIZE", default_value = "16M", value_parser = parse_size)]
+    #[arg(long, value_name = "SIZE", default_value = "2M", value_parser = parse_size)]
     pub memory: u64,
 
     /// Skip files smaller than SIZE. Empty files, and on btrfs files of at

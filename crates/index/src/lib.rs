@@ -98,6 +98,13 @@ impl FingerprintTable {
         self.map.is_empty()
     }
 
+    /// Bytes of RAM a table made `with_capacity(n)` takes: its buckets
+    /// are a power of two at most 7/8 full.
+    pub fn bytes_for(n: usize) -> usize {
+        let buckets = (n.min(1 << 26) * 8).div_ceil(7).next_power_of_two().max(4);
+        buckets * (8 + 8 + 8 + 1)
+    }
+
     /// Bytes of RAM the table holds now (capacity, not just entries).
     pub fn memory_bytes(&self) -> usize {
         self.map.capacity() * (8 + 8 + 8 + 1)
@@ -107,6 +114,14 @@ impl FingerprintTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bytes_for_counts_the_power_of_two_buckets() {
+        assert_eq!(FingerprintTable::bytes_for(1000), 2048 * 25);
+        let t = FingerprintTable::with_capacity(1000);
+        assert!(t.memory_bytes() <= FingerprintTable::bytes_for(1000));
+        assert!(t.memory_bytes() * 8 / 7 >= FingerprintTable::bytes_for(1000) - 25);
+    }
 
     #[test]
     fn first_wins() {

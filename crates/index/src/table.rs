@@ -85,7 +85,7 @@ impl BlockTable {
     /// they fit (or if there is nowhere to spill, or the spill directory
     /// cannot be made — then the error is kept in the stats), else on disk.
     pub fn new(blocks: usize, budget: &TableBudget) -> BlockTable {
-        let need = blocks as u64 * FingerprintTable::BYTES_PER_ENTRY as u64;
+        let need = FingerprintTable::bytes_for(blocks) as u64;
         let ram = || FingerprintTable::with_capacity(blocks.min(1 << 26));
         match &budget.spill_dir {
             Some(dir) if need > budget.memory => match DiskTable::create(dir, budget.memory) {

@@ -42,7 +42,8 @@ pub struct DuperemoveArgs {
     /// other filesystems mounted below are walked too).
     #[arg(short = 'x')]
     pub one_filesystem: bool,
-    /// Block size for matching (duperemove's default is 128K, onecopy's 64K).
+    /// Block size for matching (duperemove's default is 128K, onecopy's the
+    /// filesystem block, 4K on most).
     #[arg(short = 'b', value_name = "SIZE")]
     pub block_size: Option<String>,
     /// onecopy's catalog file (not duperemove's SQLite format: an existing

@@ -413,19 +413,26 @@ mod tests {
     /// identity; known and to-read lists keep the walk's order, records of
     /// other filesystems are ignored, unmet records under the roots are
     /// deleted, and `forget` drops everything offered.
-    #[test]
-    fn records_matched_in_any_order_and_forgotten() {
+    /// `n` small files in a new directory, walked: (the directory, its
+    /// canonical path, the tree, the entries sorted by device and inode).
+    fn walked_files(n: u8) -> (tempfile::TempDir, PathBuf, Tree, Vec<FileEntry>) {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().canonicalize().unwrap();
         let mut walked = Vec::new();
         let mut tree = Tree::new();
-        for i in 0..6 {
+        for i in 0..n {
             let p = root.join(format!("f{i}"));
-            std::fs::write(&p, [i as u8; 10]).unwrap();
+            std::fs::write(&p, [i; 10]).unwrap();
             let m = std::fs::metadata(&p).unwrap();
             walked.push(tree.add_file(&p, &m, 1, 0, 4096).unwrap());
         }
         walked.sort_unstable_by_key(|e| (e.dev, e.ino));
+        (dir, root, tree, walked)
+    }
+
+    #[test]
+    fn records_matched_in_any_order_and_forgotten() {
+        let (_dir, root, mut tree, walked) = walked_files(6);
         let path = |e: &FileEntry| tree.path(e.name);
         let mut recs: Vec<FileRecord> = [4, 1, 3]
             .iter()
@@ -482,17 +489,7 @@ mod tests {
     /// kept as 8-byte sub-digests.
     #[test]
     fn records_of_an_older_digest_scheme_are_read_again() {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path().canonicalize().unwrap();
-        let mut tree = Tree::new();
-        let mut walked = Vec::new();
-        for i in 0..2 {
-            let p = root.join(format!("f{i}"));
-            std::fs::write(&p, [i as u8; 10]).unwrap();
-            let m = std::fs::metadata(&p).unwrap();
-            walked.push(tree.add_file(&p, &m, 1, 0, 4096).unwrap());
-        }
-        walked.sort_unstable_by_key(|e| (e.dev, e.ino));
+        let (_dir, root, mut tree, walked) = walked_files(2);
         let old = record("fs-a", &walked[0], &tree.path(walked[0].name));
         let mut new = record("fs-a", &walked[1], &tree.path(walked[1].name));
         new.blocks = vec![onecopy_index::digest::block_of_sub(7)];

@@ -72,6 +72,9 @@ pub struct Config {
     /// Keys per filter partition of a new run: a flush or merge holds one
     /// partition's keys while it builds its filter (about 40 B each).
     pub partition_keys: u64,
+    /// Write the log. Without it nothing since the last flush survives a
+    /// reopen: only for an index that is never reopened (a scratch one).
+    pub log: bool,
 }
 
 impl Default for Config {
@@ -86,6 +89,7 @@ impl Default for Config {
             prefetch_pages: None,
             mode: Mode::Auto,
             partition_keys: crate::filter::PARTITION_KEYS,
+            log: true,
         }
     }
 }
@@ -365,7 +369,9 @@ impl Index {
 
     /// Logs and applies one entry state.
     fn put(&mut self, e: Entry) -> Result<()> {
-        self.log_buf.extend_from_slice(&encode_record(&e));
+        if self.cfg.log {
+            self.log_buf.extend_from_slice(&encode_record(&e));
+        }
         self.apply(e);
         if self.log_buf.len() >= LOG_BUFFER {
             self.write_log()?;

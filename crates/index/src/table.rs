@@ -150,6 +150,8 @@ impl DiskTable {
             cache_entries: (third / CACHE_ENTRY_BYTES).clamp(1024, 1 << 24) as usize,
             partition_keys: (third / FILTER_BUILD_BYTES).clamp(4096, 1 << 20),
             mode: Mode::Eager,
+            // Never reopened: nothing to replay.
+            log: false,
             ..Config::default()
         };
         let bounded_bytes = cfg.memtable_entries as u64 * MEMTABLE_ENTRY_BYTES

@@ -21,6 +21,11 @@ pub struct Cache {
     free: Vec<u32>,
     by_id: HashMap<u64, u32>,
     clock: VecDeque<u32>,
+    /// Keys held by the groups in `slab` (a key loaded by two overlapping
+    /// groups counts twice; one removed stays counted until its group
+    /// goes): what `capacity` bounds, so that memory is bounded even when
+    /// `map` is not growing.
+    held: usize,
     capacity: usize,
     /// Groups loaded, and those of them hit since, over a decaying window:
     /// whether loading neighbours pays off for the workload at hand.
@@ -71,6 +76,7 @@ impl Cache {
             self.map.insert(k, (l, slot));
             keys.push(k);
         }
+        self.held += keys.len();
         self.slab[slot as usize] = Some(Group {
             id: group,
             keys,
@@ -84,7 +90,7 @@ impl Cache {
         }
         self.by_id.insert(group, slot);
         self.clock.push_back(slot);
-        while self.map.len() > self.capacity && self.evict_one() {}
+        while self.held > self.capacity && self.evict_one() {}
     }
 
     fn evict_one(&mut self) -> bool {
@@ -101,6 +107,7 @@ impl Cache {
                 continue;
             };
             self.by_id.remove(&group.id);
+            self.held -= group.keys.len();
             for k in group.keys {
                 if self.map.get(&k).is_some_and(|&(_, owner)| owner == slot) {
                     self.map.remove(&k);
@@ -171,5 +178,23 @@ mod tests {
         assert_eq!(c.get(5), None);
         c.insert_group(4, [(6, 60)]);
         assert_eq!(c.get(6), Some(60));
+    }
+
+    /// Groups that load keys already cached (overlapping prefetch
+    /// windows) or whose keys were removed do not pile up: the keys the
+    /// groups hold are bounded, not only the map (before, a map kept
+    /// under its capacity let groups accumulate without bound).
+    #[test]
+    fn overlapping_and_emptied_groups_stay_bounded() {
+        let mut c = Cache::new(100);
+        for g in 0..10_000u64 {
+            // Every group reloads the same 50 keys, then one is removed.
+            c.insert_group(g, (0..50u128).map(|k| (k, g)));
+            c.remove(g as u128 % 50);
+        }
+        let groups = c.slab.iter().filter(|g| g.is_some()).count();
+        assert!(groups <= 3, "{groups} groups held");
+        assert!(c.held <= 100 + 50, "{}", c.held);
+        assert!(c.len() <= 50);
     }
 }

@@ -299,16 +299,17 @@ fn act(
         return vec![false; run.files.len()];
     }
     let t = Instant::now();
+    let spill = spill_dir(a);
     let budget = TableBudget {
         memory: a.memory,
-        spill_dir: Some(spill_dir(a)),
+        spill_dir: Some(spill.clone()),
     };
     let sizes = (a.block(), run.fs_block);
     let (plan, denied) = fsrun::plan(&run.files, (tree, store), sizes, &budget);
     if let Some(e) = &plan.table_error {
         ui.warn(&format!("{e}; matching found less than it could"));
         report.errors.push(ErrorRecord {
-            path: spill_dir(a).display().to_string(),
+            path: spill.display().to_string(),
             error: e.clone(),
         });
     }

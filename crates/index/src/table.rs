@@ -3,8 +3,8 @@
 //! [`BlockTable`] answers "where did I first see this block?" like
 //! [`FingerprintTable`], from one of two homes chosen when it is made:
 //!
-//! - **RAM**: the hash table, when every block of the pass fits in the
-//!   memory budget at [`FingerprintTable::BYTES_PER_ENTRY`] bytes each;
+//! - **RAM**: the hash table, when one sized for every block of the pass
+//!   fits the memory budget ([`FingerprintTable::bytes_for`]);
 //! - **disk**: otherwise a scratch `onecopy-fpindex` index in a directory
 //!   of its own under the spill directory, whose memtable and locality
 //!   cache are sized from the budget and whose filters and page
@@ -82,17 +82,17 @@ pub enum BlockTable {
 
 impl BlockTable {
     /// A table for at most `blocks` insertions within `budget`: in RAM if
-    /// they fit (or if there is nowhere to spill, or the spill directory
-    /// cannot be made — then the error is kept in the stats), else on disk.
+    /// they fit or there is nowhere to spill, else on disk. A disk home
+    /// that cannot be made answers "not seen" to everything and keeps the
+    /// error in its stats.
     pub fn new(blocks: usize, budget: &TableBudget) -> BlockTable {
         let need = FingerprintTable::bytes_for(blocks) as u64;
-        let ram = || FingerprintTable::with_capacity(blocks.min(1 << 26));
         match &budget.spill_dir {
             Some(dir) if need > budget.memory => match DiskTable::create(dir, budget.memory) {
                 Ok(t) => BlockTable::Disk(Box::new(t)),
                 Err(e) => BlockTable::Disk(Box::new(DiskTable::failed(e))),
             },
-            _ => BlockTable::Ram(ram()),
+            _ => BlockTable::Ram(FingerprintTable::with_capacity(blocks.min(1 << 26))),
         }
     }
 

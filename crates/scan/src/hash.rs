@@ -161,17 +161,23 @@ impl DigestStore {
     /// each: `Digests { blocks: 0, subs: n }`, which no other file has (a
     /// file with sub-digests has blocks).
     pub fn push(&mut self, blocks: &[BlockDigest], subs: &[SubDigest]) -> Digests {
-        if subs.is_empty() && !blocks.is_empty() {
-            let one: Option<Vec<SubDigest>> = blocks.iter().map(|&b| sub_of_block(b)).collect();
-            if let Some(one) = one {
-                return self.push_slots(&[], &one);
-            }
+        let one_sub = subs.is_empty() && blocks.iter().all(|&b| sub_of_block(b).is_some());
+        if one_sub && !blocks.is_empty() {
+            // Their sub-digests are their low halves.
+            let low = |i: usize| blocks[i] as u64;
+            return self.push_slots(&[], blocks.len(), low);
         }
-        self.push_slots(blocks, subs)
+        self.push_slots(blocks, subs.len(), |i| subs[i])
     }
 
-    fn push_slots(&mut self, blocks: &[BlockDigest], subs: &[SubDigest]) -> Digests {
-        let n = blocks.len() + subs.len().div_ceil(2);
+    /// Stores `blocks` then `nsubs` sub-digests, `sub(i)` the i-th.
+    fn push_slots(
+        &mut self,
+        blocks: &[BlockDigest],
+        nsubs: usize,
+        sub: impl Fn(usize) -> SubDigest,
+    ) -> Digests {
+        let n = blocks.len() + nsubs.div_ceil(2);
         let fits = self
             .chunks
             .last()
@@ -183,11 +189,11 @@ impl DigestStore {
         let c = &mut self.chunks[chunk];
         let at = c.len();
         c.extend_from_slice(blocks);
-        c.extend(subs.chunks(2).map(|pair| {
+        c.extend((0..nsubs).step_by(2).map(|i| {
             let mut b = [0u8; 16];
-            b[..8].copy_from_slice(&pair[0].to_ne_bytes());
-            if let Some(second) = pair.get(1) {
-                b[8..].copy_from_slice(&second.to_ne_bytes());
+            b[..8].copy_from_slice(&sub(i).to_ne_bytes());
+            if i + 1 < nsubs {
+                b[8..].copy_from_slice(&sub(i + 1).to_ne_bytes());
             }
             u128::from_ne_bytes(b)
         }));
@@ -195,7 +201,7 @@ impl DigestStore {
             chunk: chunk as u32,
             at: at as u32,
             blocks: blocks.len() as u32,
-            subs: subs.len() as u32,
+            subs: nsubs as u32,
         }
     }
 

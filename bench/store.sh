@@ -109,6 +109,8 @@ ts=0; t0=$(date +%s.%N)
 for i in 1 2 3 4; do cp -a "$work/versions/v$i" "$work/mnt/v$i"; done; sync -f "$work/mnt"
 ts=$(python3 -c "import time,sys; print(f'{time.time()-float(sys.argv[1]):.1f}')" $t0)
 umount_store; sstore=$(du -sm "$work/s" | cut -f1)
+echo "store breakdown (KiB): containers $(du -sk "$work/s/containers" | cut -f1), meta.sqlite $(du -skc "$work"/s/meta.sqlite* | tail -1 | cut -f1), index $(du -sk "$work/s/index" | cut -f1)"
+$O store stats "$work/s" | sed 's/^/  /'
 export RESTIC_PASSWORD=x BORG_PASSPHRASE=x BORG_UNKNOWN_UNENCRYPTED_REPO_ACCESS_IS_OK=yes
 restic init -q -r "$work/restic"; t0=$(date +%s.%N)
 for i in 1 2 3 4; do restic -q -r "$work/restic" backup "$work/versions/v$i" >/dev/null; done

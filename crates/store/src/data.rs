@@ -40,12 +40,35 @@ enum Cut {
 
 /// A file is flushed to chunks once this much of it is buffered.
 const DIRTY_LIMIT: u64 = 16 << 20;
+/// All files' buffers together: a write that finds this much buffered
+/// flushes the file with the most (so many files open for writing do not
+/// hold up to [`DIRTY_LIMIT`] each; see "Memory of the mount").
+pub(crate) const DIRTY_TOTAL_LIMIT: u64 = 64 << 20;
 /// Largest file size accepted.
 const MAX_SIZE: u64 = 1 << 52;
 /// Largest read of adjacent records in one `pread`.
 const MAX_SPAN: u64 = 8 << 20;
 /// Buffer page size with content-defined chunking.
 const CDC_PAGE: u64 = 64 << 10;
+
+/// The file with the most buffered pages (none being flushed), when all
+/// buffers together reach [`DIRTY_TOTAL_LIMIT`]. One file alone is
+/// bounded by [`DIRTY_LIMIT`]: only several are summed (a pass over the
+/// files with buffers, which are the files being written).
+fn most_buffered_over_total(dirty: &HashMap<u64, DirtyFile>, page: u64) -> Option<u64> {
+    if dirty.len() < 2 {
+        return None;
+    }
+    let pages: u64 = dirty.values().map(|d| d.pages.len() as u64).sum();
+    if pages * page < DIRTY_TOTAL_LIMIT {
+        return None;
+    }
+    dirty
+        .iter()
+        .filter(|(_, d)| !d.flushing)
+        .max_by_key(|(_, d)| d.pages.len())
+        .map(|(&ino, _)| ino)
+}
 
 /// A stored extent: file offset, length, and where its chunk is.
 type Planned = (u64, u64, ChunkLoc);
@@ -69,7 +92,7 @@ fn copy_overlap(dst: &mut [u8], dst_off: u64, src: &[u8], src_off: u64) {
 }
 
 impl Store {
-    fn page_size(&self) -> u64 {
+    pub(crate) fn page_size(&self) -> u64 {
         match self.cfg.chunking {
             Chunking::Fixed { size } => size as u64,
             Chunking::Cdc { .. } => CDC_PAGE,
@@ -351,6 +374,15 @@ impl Store {
         } else if buffered >= 4 * DIRTY_LIMIT {
             // Writers outrun the flush outside the lock: hold them here.
             self.flush_file_locked(&mut g, ino)?;
+        } else if let Some(other) = most_buffered_over_total(&g.dirty, p) {
+            drop(g);
+            // Another file's failure is reported by its own close or
+            // fsync, which flushes again; this write succeeded.
+            if let Err(e) = self.flush_file(other) {
+                if other == ino {
+                    return Err(e);
+                }
+            }
         }
         Ok(data.len())
     }

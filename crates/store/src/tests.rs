@@ -312,3 +312,49 @@ fn concurrent_gcs_both_succeed() {
     assert_eq!((st.chunks, st.stored_bytes), (0, 0), "leak: {st:?}");
     assert!(st.containers <= 1, "{st:?}");
 }
+
+/// Many files open for writing, each below the per-file flush threshold:
+/// their buffers together stay within the total bound (plus one write),
+/// and every byte reads back after close.
+#[test]
+fn buffers_of_many_open_files_stay_bounded() {
+    for chunking in ["fixed:64K", "cdc:16K/64K/256K"] {
+        let (_d, s) = new_store(chunking, "none");
+        let per_file = 3 << 20;
+        let mut inos = Vec::new();
+        for f in 0..40u64 {
+            let a = s
+                .mknod(1, format!("f{f}").as_bytes(), node(Kind::File))
+                .unwrap();
+            s.open_file(a.ino).unwrap();
+            inos.push(a.ino);
+        }
+        let mut peak = 0;
+        for (f, &ino) in inos.iter().enumerate() {
+            let data = pseudo(per_file, f as u64);
+            for (i, piece) in data.chunks(1 << 20).enumerate() {
+                s.write(ino, (i << 20) as u64, piece).unwrap();
+                let g = s.lock();
+                let p = s.page_size();
+                let buffered: u64 = g.dirty.values().map(|d| d.pages.len() as u64 * p).sum();
+                peak = peak.max(buffered);
+            }
+        }
+        assert!(
+            peak <= crate::data::DIRTY_TOTAL_LIMIT + (2 << 20),
+            "{chunking}: {peak} bytes buffered"
+        );
+        assert!(
+            peak >= 32 << 20,
+            "{chunking}: the test did not buffer: {peak}"
+        );
+        for (f, &ino) in inos.iter().enumerate() {
+            s.release_file(ino).unwrap();
+            assert_eq!(
+                read_all(&s, ino),
+                pseudo(per_file, f as u64),
+                "{chunking} f{f}"
+            );
+        }
+    }
+}

@@ -10,6 +10,9 @@ use crate::index::{set_meta, IndexFigures};
 use crate::meta::ChunkLoc;
 use crate::store::{Inner, Store};
 
+/// Unreferenced chunk rows `prune` reads at a time.
+const PRUNE_BATCH: i64 = 4096;
+
 /// What `store stats` reports.
 #[derive(Debug, Clone, Serialize)]
 pub struct Stats {
@@ -189,13 +192,20 @@ impl Store {
     /// Each leaves the fingerprint index through its journal.
     pub fn prune(&self) -> Result<u64> {
         let mut g = self.lock();
-        let dead: Vec<(u64, Vec<u8>)> = {
-            let mut st =
-                g.db.prepare("SELECT id, hash FROM chunks WHERE refs <= 0")?;
-            let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
-            rows.collect::<rusqlite::Result<_>>()?
-        };
-        {
+        let (mut after, mut n) = (0u64, 0u64);
+        // In batches by id, so the rows held stay few whatever gc finds.
+        loop {
+            let dead: Vec<(u64, Vec<u8>)> = {
+                let mut st = g.db.prepare_cached(
+                    "SELECT id, hash FROM chunks WHERE id > ?1 AND refs <= 0 ORDER BY id LIMIT ?2",
+                )?;
+                let rows =
+                    st.query_map(params![after, PRUNE_BATCH], |r| Ok((r.get(0)?, r.get(1)?)))?;
+                rows.collect::<rusqlite::Result<_>>()?
+            };
+            let Some(&(last, _)) = dead.last() else {
+                break;
+            };
             let Inner { db, index, .. } = &mut *g;
             let mut del = db.prepare_cached("DELETE FROM chunks WHERE id = ?1")?;
             for (id, hash) in &dead {
@@ -204,9 +214,10 @@ impl Store {
                 }
                 del.execute([id])?;
             }
+            (after, n) = (last, n + dead.len() as u64);
         }
         self.commit_locked(&mut g, true)?;
-        Ok(dead.len() as u64)
+        Ok(n)
     }
 
     /// `store prune --days`: drops from the fingerprint index the chunks
@@ -268,27 +279,31 @@ impl Store {
 
     /// Copies the live chunks of container `id` to the open container,
     /// commits the new locations durably, then deletes the old file.
+    /// Records are copied as stored (no recompression) once checked
+    /// ([`Store::checked_record`]), so the copies held take at most the
+    /// container's stored bytes, whatever its chunks decompress to.
     fn compact(&self, id: u64) -> Result<()> {
-        let live: Vec<(u64, ChunkLoc)> = {
+        let live: Vec<(u64, Vec<u8>, ChunkLoc)> = {
             let g = self.lock();
             let mut st = g.db.prepare(
-                "SELECT id, container, offset, stored_len, raw_len FROM chunks
+                "SELECT id, hash, container, offset, stored_len, raw_len FROM chunks
                  WHERE container = ?1 ORDER BY offset",
             )?;
-            let rows = st.query_map([id], |r| Ok((r.get(0)?, crate::meta::loc_of(r, 1)?)))?;
+            let rows = st.query_map([id], |r| {
+                Ok((r.get(0)?, r.get(1)?, crate::meta::loc_of(r, 2)?))
+            })?;
             rows.collect::<rusqlite::Result<_>>()?
         };
         // Reading (and checking) the live chunks needs no lock: only gc
         // moves chunks, and the container is sealed.
         let mut copies = Vec::with_capacity(live.len());
-        for (chunk, loc) in live {
-            let raw = self.read_loc(loc)?;
-            copies.push((chunk, *blake3::hash(&raw).as_bytes(), raw));
+        for (chunk, hash, loc) in live {
+            copies.push((chunk, self.checked_record(loc, &hash)?));
         }
         {
             let mut g = self.lock();
-            for (chunk, hash, raw) in &copies {
-                let new = self.append_record(&mut g, hash, raw)?;
+            for (chunk, rec) in copies {
+                let new = self.append_encoded(&mut g, rec)?;
                 g.db.execute(
                     "UPDATE chunks SET container = ?2, offset = ?3, stored_len = ?4 WHERE id = ?1",
                     params![chunk, new.container, new.offset, new.stored_len],
@@ -298,6 +313,30 @@ impl Store {
         }
         self.commit(true)?;
         self.containers.delete(id)
+    }
+
+    /// The stored record at `loc`, checked before gc copies it: framing,
+    /// CRC, decoding, length, and the BLAKE3 of its bytes against the
+    /// chunk's row (`hash`) and the record's header. One chunk is decoded
+    /// at a time and dropped; a damaged record is an error (gc stops, as
+    /// before, and `scrub` / `fsck` say where).
+    fn checked_record(&self, loc: ChunkLoc, hash: &[u8]) -> Result<container::Encoded> {
+        let rec = self
+            .containers
+            .read(loc.container, loc.offset, loc.stored_len as usize)?;
+        let raw = crate::store::decode_loc(&rec, loc)?;
+        let sum = blake3::hash(&raw);
+        if sum.as_bytes()[..] != *hash || rec[..32] != *hash {
+            return Err(StoreError::Damaged {
+                container: loc.container,
+                offset: loc.offset,
+                why: "bytes differ from the chunk's BLAKE3".into(),
+            });
+        }
+        Ok(container::Encoded {
+            bytes: rec,
+            raw_len: loc.raw_len,
+        })
     }
 
     /// Deletes container files the database does not know (left by a crash

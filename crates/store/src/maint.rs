@@ -424,19 +424,36 @@ impl Store {
     }
 
     /// Reads every referenced chunk and checks its checksum and BLAKE3.
+    /// Container by container (the rows of one held at a time, read in
+    /// offset order), so scrub's memory does not grow with the store.
     fn scrub_chunks(&self) -> Result<ScrubReport> {
+        let containers: Vec<u64> = {
+            let g = self.lock();
+            let mut st =
+                g.db.prepare("SELECT DISTINCT container FROM chunks ORDER BY container")?;
+            let rows = st.query_map([], |r| r.get(0))?;
+            rows.collect::<rusqlite::Result<_>>()?
+        };
+        let mut rep = ScrubReport::default();
+        for id in containers {
+            self.scrub_container(id, &mut rep)?;
+        }
+        Ok(rep)
+    }
+
+    /// Reads and checks every chunk row of container `id`.
+    fn scrub_container(&self, id: u64, rep: &mut ScrubReport) -> Result<()> {
         let chunks: Vec<(u64, Vec<u8>, ChunkLoc)> = {
             let g = self.lock();
-            let mut st = g.db.prepare(
+            let mut st = g.db.prepare_cached(
                 "SELECT id, hash, container, offset, stored_len, raw_len FROM chunks
-                 ORDER BY container, offset",
+                 WHERE container = ?1 ORDER BY offset",
             )?;
-            let rows = st.query_map([], |r| {
+            let rows = st.query_map([id], |r| {
                 Ok((r.get(0)?, r.get(1)?, crate::meta::loc_of(r, 2)?))
             })?;
             rows.collect::<rusqlite::Result<_>>()?
         };
-        let mut rep = ScrubReport::default();
         for (id, hash, loc) in chunks {
             rep.chunks_checked += 1;
             match self.read_loc(loc) {
@@ -454,7 +471,7 @@ impl Store {
                 }
             }
         }
-        Ok(rep)
+        Ok(())
     }
 
     /// Checks the metadata's invariants; with `repair`, fixes what can be

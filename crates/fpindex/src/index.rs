@@ -767,11 +767,13 @@ impl Index {
     /// first, then deletes them, so a crash in between leaves nothing
     /// unaccounted for.
     pub fn prune_candidates(&self, older_than: u32) -> Result<Vec<Entry>> {
-        Ok(self
-            .scan()?
-            .into_iter()
-            .filter(|e| !e.is_tombstone() && e.refs == 1 && e.born < older_than)
-            .collect())
+        self.entries()
+            .filter(|e| {
+                e.as_ref().map_or(true, |e| {
+                    !e.is_tombstone() && e.refs == 1 && e.born < older_than
+                })
+            })
+            .collect()
     }
 
     /// Every entry's newest state (tombstones included), in key order.
@@ -790,7 +792,16 @@ impl Index {
         Ok(())
     }
 
+    /// Every entry's newest state (tombstones included) in key order, all
+    /// of them in a Vec: for tests and small indexes; see [`Index::entries`].
     pub fn scan(&self) -> Result<Vec<Entry>> {
+        self.entries().collect()
+    }
+
+    /// Every entry's newest state (tombstones included) in key order,
+    /// streamed: RAM for a page batch per run and a sorted copy of the
+    /// memtable, whatever the index's size.
+    pub fn entries(&self) -> impl Iterator<Item = Result<Entry>> + Send + 'static {
         let mut mem: Vec<Entry> = self.mem.values().copied().collect();
         mem.sort_unstable_by_key(|e| e.key);
         let mut inputs: Vec<Box<dyn Iterator<Item = Result<Entry>> + Send>> = Vec::new();
@@ -798,7 +809,7 @@ impl Index {
             inputs.push(Box::new(Run::iter(r, &self.io)));
         }
         inputs.push(Box::new(mem.into_iter().map(Ok)));
-        merged(inputs).collect()
+        merged(inputs)
     }
 
     /// Seals the memtable into a new run, its new inserts into segment

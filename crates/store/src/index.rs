@@ -23,7 +23,7 @@
 //! - `indexed = 0` marks rows the index refused (quota) or pruned: they are
 //!   not re-inserted, and fsck expects them absent.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -589,6 +589,13 @@ impl StoreIndex {
     /// Compares the index with the chunk rows: every indexed row must be
     /// found at its id, no row marked `indexed = 0` may be, and every entry
     /// must name a row with its key. Call when settled.
+    ///
+    /// Streamed, in RAM bounded whatever the store's size: each entry (in
+    /// key order) is checked against the row it names; as entries have
+    /// distinct keys and a row one key, the valid ones name distinct rows,
+    /// so if there are as many as indexed rows, every indexed row is in the
+    /// index. Only when fewer are the rows looked up one by one, to name
+    /// the missing.
     pub fn check(&mut self, db: &Connection) -> Result<Vec<String>> {
         let mut problems = Vec::new();
         if let Some(why) = self.rebuilt_at_open.take() {
@@ -596,60 +603,98 @@ impl StoreIndex {
                 "the fingerprint index was damaged ({why}) and was rebuilt from the metadata"
             ));
         }
-        let r = self.fp.verify().and_then(|_| self.fp.scan());
-        let entries = match self.damaged.clone() {
-            Some(why) => Err(why),
-            None => match self.fp_ok(r)? {
-                Some(entries) => Ok(entries),
-                None => Err(self.damaged.clone().unwrap_or_default()),
-            },
+        let r = self.fp.verify();
+        let verified = self.fp_ok(r)?.is_some();
+        let valid = match self.damaged.clone() {
+            None if verified => self.check_entries(db, &mut problems)?,
+            _ => None,
         };
-        let entries = match entries {
-            Ok(entries) => entries,
-            Err(why) => {
-                problems.push(format!("the fingerprint index is damaged: {why}"));
-                return Ok(problems);
-            }
+        let Some(valid) = valid else {
+            let why = self.damaged.clone().unwrap_or_default();
+            problems.push(format!("the fingerprint index is damaged: {why}"));
+            return Ok(problems);
         };
-        let by_key: HashMap<u128, u64> = entries
-            .iter()
-            .filter(|e| !e.is_tombstone())
-            .map(|e| (e.key, e.loc))
-            .collect();
-        let mut matched = HashSet::new();
-        let mut st = db.prepare("SELECT id, hash, indexed FROM chunks ORDER BY id")?;
+        let mut st = db.prepare("SELECT id, length(hash) FROM chunks WHERE length(hash) != 32")?;
         let mut rows = st.query([])?;
         while let Some(r) = rows.next()? {
-            let (id, hash, indexed): (ChunkId, Vec<u8>, i64) = (r.get(0)?, r.get(1)?, r.get(2)?);
-            let Ok(h) = Hash::try_from(hash.as_slice()) else {
-                problems.push(format!(
-                    "chunk {id} has a fingerprint of {} bytes",
-                    hash.len()
-                ));
-                continue;
-            };
-            let k = key_of(&h);
-            let at = by_key.get(&k).copied();
-            if indexed != 0 && at != Some(id) {
-                problems.push(format!("chunk {id} is missing from the fingerprint index"));
-            } else if indexed == 0 && at == Some(id) {
-                problems.push(format!(
-                    "chunk {id} is marked not indexed but is in the fingerprint index"
-                ));
-            }
-            if at == Some(id) {
-                matched.insert(k);
-            }
+            let (id, len): (ChunkId, i64) = (r.get(0)?, r.get(1)?);
+            problems.push(format!("chunk {id} has a fingerprint of {len} bytes"));
         }
-        for (k, loc) in by_key {
-            if !matched.contains(&k) {
-                problems.push(format!(
-                    "fingerprint index entry {k:032x} points at chunk {loc}, which is missing \
-                     or has another fingerprint"
-                ));
-            }
+        let indexed: u64 = db.query_row(
+            "SELECT COUNT(*) FROM chunks WHERE indexed != 0 AND length(hash) = 32",
+            [],
+            |r| r.get(0),
+        )?;
+        if valid < indexed {
+            self.name_missing(db, &mut problems)?;
         }
         Ok(problems)
+    }
+
+    /// Checks every index entry against the row it names; the number of
+    /// valid entries, or None when the index turned out damaged.
+    fn check_entries(
+        &mut self,
+        db: &Connection,
+        problems: &mut Vec<String>,
+    ) -> Result<Option<u64>> {
+        let mut st = db.prepare_cached("SELECT hash, indexed FROM chunks WHERE id = ?1")?;
+        let mut valid = 0;
+        let mut failed = None;
+        for e in self.fp.entries() {
+            let e = match e {
+                Ok(e) => e,
+                Err(err) => {
+                    failed = Some(err);
+                    break;
+                }
+            };
+            if e.is_tombstone() {
+                continue;
+            }
+            let row: Option<(Vec<u8>, i64)> = st
+                .query_row([e.loc], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()?;
+            let same = row
+                .as_ref()
+                .and_then(|(h, _)| Hash::try_from(h.as_slice()).ok());
+            match (same.map(|h| key_of(&h)), row.map(|r| r.1)) {
+                (Some(k), Some(0)) if k == e.key => problems.push(format!(
+                    "chunk {} is marked not indexed but is in the fingerprint index",
+                    e.loc
+                )),
+                (Some(k), _) if k == e.key => valid += 1,
+                _ => problems.push(format!(
+                    "fingerprint index entry {:032x} points at chunk {}, which is missing \
+                     or has another fingerprint",
+                    e.key, e.loc
+                )),
+            }
+        }
+        match failed {
+            None => Ok(Some(valid)),
+            Some(err) => self.fp_ok(Err::<(), _>(err)).map(|_| None),
+        }
+    }
+
+    /// Names the indexed rows the index does not find at their id (one
+    /// lookup per row: only when the counts showed some are missing).
+    fn name_missing(&mut self, db: &Connection, problems: &mut Vec<String>) -> Result<()> {
+        let mut st = db.prepare(
+            "SELECT id, hash FROM chunks WHERE indexed != 0 AND length(hash) = 32 ORDER BY id",
+        )?;
+        let mut rows = st.query([])?;
+        while let Some(r) = rows.next()? {
+            let (id, hash): (ChunkId, Vec<u8>) = (r.get(0)?, r.get(1)?);
+            let Ok(h) = Hash::try_from(hash.as_slice()) else {
+                continue;
+            };
+            let got = self.fp.get(key_of(&h));
+            if self.fp_ok(got)?.flatten().map(|e| e.loc) != Some(id) {
+                problems.push(format!("chunk {id} is missing from the fingerprint index"));
+            }
+        }
+        Ok(())
     }
 
     /// Builds the index again from the chunk rows (fsck --repair, or a
@@ -827,6 +872,52 @@ mod tests {
     }
 
     /// A lost index is found by fsck and rebuilt by fsck --repair.
+    /// The streamed check names each kind of difference: an entry whose
+    /// row is gone, an indexed row the index lacks, and a row marked not
+    /// indexed that the index still has.
+    #[test]
+    fn fsck_names_every_kind_of_index_difference() {
+        let (_dir, s) = store(None);
+        put(&s, "a", &data(20, 6));
+        s.flush_all(true).unwrap();
+        let ids: Vec<(u64, Vec<u8>)> = {
+            let g = s.lock();
+            let mut st =
+                g.db.prepare("SELECT id, hash FROM chunks ORDER BY id")
+                    .unwrap();
+            let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).unwrap();
+            rows.collect::<rusqlite::Result<_>>().unwrap()
+        };
+        {
+            let mut g = s.lock();
+            g.db.execute("DELETE FROM chunks WHERE id = ?1", [ids[0].0])
+                .unwrap();
+            g.db.execute("UPDATE chunks SET indexed = 0 WHERE id = ?1", [ids[1].0])
+                .unwrap();
+            let k = super::key_of(&ids[2].1.as_slice().try_into().unwrap());
+            g.index.fp.delete(k).unwrap();
+        }
+        let r = s.fsck(false).unwrap();
+        let has = |what: &str, id: u64| {
+            r.problems
+                .iter()
+                .any(|p| p.contains(what) && p.contains(&format!("chunk {id}")))
+        };
+        assert!(has("which is missing", ids[0].0), "{:?}", r.problems);
+        assert!(has("marked not indexed", ids[1].0), "{:?}", r.problems);
+        assert!(
+            has("missing from the fingerprint index", ids[2].0),
+            "{:?}",
+            r.problems
+        );
+        // The fourth: the file's extent on the deleted row.
+        assert!(r
+            .problems
+            .iter()
+            .any(|p| p.contains("extent points at a missing chunk")));
+        assert_eq!(r.problems.len(), 4, "{:?}", r.problems);
+    }
+
     #[test]
     fn fsck_finds_a_lost_index_and_repair_rebuilds_it() {
         let (dir, s) = store(None);

@@ -46,7 +46,13 @@ pub struct MountArgs {
     pub notify_ready: bool,
 }
 
+/// C allocator arenas of a mount: its FUSE workers and gc threads share
+/// them (ARCHITECTURE "Memory of the mount": 8 arenas held ~110 MiB free
+/// at 1 M files).
+const MALLOC_ARENAS: u32 = 2;
+
 pub fn run(a: MountArgs) -> ExitCode {
+    onecopy_ioctl::process::limit_malloc_arenas(MALLOC_ARENAS);
     if !a.mountpoint.is_dir() {
         eprintln!(
             "onecopy: {}: mount point is not a directory",
@@ -155,6 +161,9 @@ fn online_gc(store: &Store) {
         Ok(r) => serde_json::to_value(r).expect("serializes"),
         Err(e) => serde_json::json!({ "error": e.to_string() }),
     };
+    // What gc freed goes back to the kernel now, not when the allocator
+    // next happens to trim.
+    onecopy_ioctl::process::release_free_memory();
     let path = store.dir().join("gc.json");
     let tmp = store.dir().join("gc.json.tmp");
     let written =

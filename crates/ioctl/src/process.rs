@@ -1,7 +1,7 @@
-//! The I/O scheduling priority of a process (`ioprio_set(2)`,
-//! `ioprio_get(2)`; glibc has no wrappers). A process in the idle class
-//! gets disk time only when no other process asks for it; children inherit
-//! the class.
+//! Process settings: the C allocator's arenas, and the I/O scheduling
+//! priority (`ioprio_set(2)`, `ioprio_get(2)`; glibc has no wrappers). A
+//! process in the idle class gets disk time only when no other process
+//! asks for it; children inherit the class.
 
 use std::io;
 
@@ -47,4 +47,48 @@ pub fn io_class(pid: u32) -> io::Result<IoClass> {
         3 => IoClass::Idle,
         _ => IoClass::None,
     })
+}
+
+/// Caps the C allocator's arenas (glibc `mallopt(M_ARENA_MAX)`). Without
+/// a cap each thread that allocates while others do may get an arena of
+/// its own (up to 8 per core), and memory freed in one arena is reused
+/// only by the threads on it: a multi-threaded daemon then holds far more
+/// than it uses. Whether the cap was set (false where the C library is
+/// not glibc).
+pub fn limit_malloc_arenas(n: u32) -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: mallopt takes two integers and only changes the
+        // allocator's parameters for arenas made later.
+        unsafe { libc::mallopt(libc::M_ARENA_MAX, n.max(1) as libc::c_int) == 1 }
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        let _ = n;
+        false
+    }
+}
+
+/// Gives the allocator's free pages (in every arena) back to the kernel
+/// (glibc `malloc_trim(0)`); a no-op elsewhere.
+pub fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim takes a size and only returns free pages.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn arenas_can_be_capped_and_memory_released() {
+        assert_eq!(
+            super::limit_malloc_arenas(2),
+            cfg!(all(target_os = "linux", target_env = "gnu"))
+        );
+        let v: Vec<Vec<u8>> = (0..64).map(|_| vec![1u8; 1 << 16]).collect();
+        drop(v);
+        super::release_free_memory();
+    }
 }

@@ -51,7 +51,8 @@ const SYNC_OPS: usize = 1 << 16;
 const SYNC_EVERY: Duration = Duration::from_secs(5);
 /// Operations applied by one unforced durable commit (an `fsync`): the
 /// rest wait for the next, so that a burst (gc deleting thousands of
-/// rows) does not stall one writer behind the store's lock for all of it.
+/// rows) does not stall one writer behind the store's lock for all of it;
+/// but never more than [`MAX_WAITING`] stay queued.
 const APPLY_SLICE: usize = 2048;
 
 /// The index key of a chunk: the first 16 bytes of its BLAKE3-256.
@@ -388,10 +389,14 @@ impl StoreIndex {
     /// oldest first; the rest stay queued in order (W then covers only the
     /// applied inserts, whose ids are below every queued one).
     pub fn made_durable(&mut self, db: &Connection, force: bool) -> Result<()> {
+        let len = self.committed_ops.len();
         let n = if force {
-            self.committed_ops.len()
+            len
         } else {
-            self.committed_ops.len().min(APPLY_SLICE)
+            // Never leave more than MAX_WAITING queued: a writer that makes
+            // more new chunks between commits than a slice would otherwise
+            // grow the queue (and `waiting`, and the replay) without bound.
+            len.min(APPLY_SLICE).max(len.saturating_sub(MAX_WAITING))
         };
         let ops: Vec<Op> = self.committed_ops.drain(..n).collect();
         for (i, &op) in ops.iter().enumerate() {
@@ -844,6 +849,38 @@ mod tests {
 
     /// An index entry pointing at the wrong row is a miss (the row's full
     /// BLAKE3 differs), never a false duplicate; it is replaced.
+    /// A writer that makes far more new chunks between commits than one
+    /// durable commit applies (no fsync: the periodic commits only) leaves
+    /// at most MAX_WAITING operations queued, in RAM and for the replay.
+    #[test]
+    fn queued_index_operations_stay_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = StoreConfig {
+            index_memtable: None,
+            ..cfg(None)
+        };
+        Store::init(dir.path(), &cfg).unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        let node = NewNode::root_owned(Kind::File, 0o644);
+        let ino = s.mknod(1, b"big", node).unwrap().ino;
+        s.open_file(ino).unwrap();
+        let pages = 3 * super::MAX_WAITING as u64;
+        let mut most = 0;
+        for first in (0..pages).step_by(4096) {
+            let mut buf = vec![0u8; 4096 * 4096];
+            for (i, page) in buf.chunks_mut(4096).enumerate() {
+                page[..8].copy_from_slice(&(first + i as u64 + 1).to_le_bytes());
+            }
+            s.write(ino, first * 4096, &buf).unwrap();
+            s.flush_all(false).unwrap();
+            most = most.max(s.lock().index.committed_ops.len());
+        }
+        assert!(most <= super::MAX_WAITING + 4096, "{most} queued");
+        s.release_file(ino).unwrap();
+        s.flush_all(true).unwrap();
+        assert_eq!(s.stats().unwrap().index_entries, pages);
+    }
+
     #[test]
     fn stale_entry_is_a_miss_never_a_false_duplicate() {
         let (dir, s) = store(None);

@@ -245,7 +245,10 @@ impl Store {
     /// Reclaims unreferenced chunks: containers with nothing live are
     /// deleted, containers less than half live are compacted into new
     /// ones. Works one container at a time, so writers wait at most for one.
+    /// A second gc meanwhile waits for this one, then runs.
     pub fn gc(&self) -> Result<GcReport> {
+        // A poisoned guard only means the other gc failed: run anyway.
+        let _one = self.gc_running.lock().unwrap_or_else(|e| e.into_inner());
         self.flush_all(true)?;
         let mut rep = GcReport {
             chunks_dropped: self.prune()?,
@@ -295,7 +298,7 @@ impl Store {
             rows.collect::<rusqlite::Result<_>>()?
         };
         // Reading (and checking) the live chunks needs no lock: only gc
-        // moves chunks, and the container is sealed.
+        // moves chunks, one gc runs at a time, and the container is sealed.
         let mut copies = Vec::with_capacity(live.len());
         for (chunk, hash, loc) in live {
             copies.push((chunk, self.checked_record(loc, &hash)?));

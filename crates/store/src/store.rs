@@ -87,6 +87,10 @@ pub struct Store {
     /// container sync runs holding this lock, so a sync that succeeds
     /// after another's failure consumed the error still sees the poison.
     poison: Mutex<Option<Poison>>,
+    /// Held by a running gc: a second one (two `store gc` on one mount)
+    /// waits for it, so it never copies from a container the first has
+    /// just compacted and deleted.
+    pub(crate) gc_running: Mutex<()>,
     _lock: File,
 }
 
@@ -227,6 +231,7 @@ impl Store {
             cache: ChunkCache::new(CACHE_BYTES),
             has_caps: AtomicBool::new(has_caps),
             poison: Mutex::new(None),
+            gc_running: Mutex::new(()),
             _lock: lock,
         };
         store.remove_orphans()?;

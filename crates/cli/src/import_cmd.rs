@@ -3,14 +3,13 @@
 //! model) are in `onecopy_store::import`.
 
 use std::io::IsTerminal;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
 use indicatif::HumanBytes;
-use onecopy_store::{ImportError, ImportProgress, ImportReport, Store, StoreError};
+use onecopy_store::{ImportError, ImportOptions, ImportProgress, ImportReport, Store, StoreError};
 
 use crate::progress::Bars;
 use crate::store_cmd::{code, error_code};
@@ -19,7 +18,7 @@ const TEMPLATE: &str =
     "{prefix}: [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta} {msg}";
 
 /// Runs the import; returns the exit code.
-pub fn run(dir: &Path, srcs: &[PathBuf], to: &Path, json: bool) -> u8 {
+pub fn run(dir: &Path, srcs: &[PathBuf], opts: &ImportOptions, json: bool) -> u8 {
     let store = match Store::open(dir) {
         Ok(s) => s,
         Err(e @ StoreError::Locked { .. }) => {
@@ -47,7 +46,7 @@ pub fn run(dir: &Path, srcs: &[PathBuf], to: &Path, json: bool) -> u8 {
         None
     };
     let start = Instant::now();
-    let r = store.import(srcs, to.as_os_str().as_bytes(), &progress);
+    let r = store.import(srcs, opts, &progress);
     bars.finish(live);
     let secs = start.elapsed().as_secs_f64();
     match r {

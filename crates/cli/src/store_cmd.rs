@@ -106,6 +106,10 @@ pub enum StoreAction {
         /// Print the summary as JSON on stdout.
         #[arg(long)]
         json: bool,
+        /// Make a durable commit after this many bytes read (a crash loses
+        /// at most about this much of the import).
+        #[arg(long, value_name = "SIZE", default_value = "256M", hide = true)]
+        commit_every: String,
     },
     /// Drop index entries of chunks nobody references (gc reclaims their
     /// bytes); with --days, also the fingerprint index entries of chunks
@@ -237,7 +241,15 @@ fn act(action: StoreAction) -> Result<u8, StoreError> {
             srcs,
             to,
             json,
-        } => Ok(crate::import_cmd::run(&dir, &srcs, &to, json)),
+            commit_every,
+        } => {
+            use std::os::unix::ffi::OsStrExt;
+            let opts = onecopy_store::ImportOptions {
+                to: to.as_os_str().as_bytes().to_vec(),
+                commit_every: onecopy_store::config::parse_size(&commit_every)? as u64,
+            };
+            Ok(crate::import_cmd::run(&dir, &srcs, &opts, json))
+        }
         StoreAction::Prune { dir, days } => {
             let s = Store::open(&dir)?;
             let n = s.prune()?;

@@ -111,6 +111,26 @@ fn src_err(path: &Path) -> impl FnOnce(std::io::Error) -> ImportError + '_ {
     }
 }
 
+/// How to import.
+#[derive(Debug, Clone)]
+pub struct ImportOptions {
+    /// Directory inside the store the sources go into (`/a/b`), created
+    /// like `mkdir -p`.
+    pub to: Vec<u8>,
+    /// A durable commit is made after this many bytes were read (a crash
+    /// loses at most about this much).
+    pub commit_every: u64,
+}
+
+impl Default for ImportOptions {
+    fn default() -> Self {
+        ImportOptions {
+            to: b"/".to_vec(),
+            commit_every: COMMIT_EVERY,
+        }
+    }
+}
+
 /// Counters an observer (a progress bar) may read while the import runs.
 #[derive(Debug, Default)]
 pub struct ImportProgress {
@@ -199,6 +219,7 @@ struct Shared<'a> {
     /// Store inode of each multiply-linked source imported.
     linked: Mutex<HashMap<(u64, u64), u64>>,
     since_commit: AtomicU64,
+    commit_every: u64,
 }
 
 impl Shared<'_> {
@@ -272,9 +293,10 @@ impl Store {
     pub fn import(
         &self,
         srcs: &[PathBuf],
-        to: &[u8],
+        opts: &ImportOptions,
         progress: &ImportProgress,
     ) -> Result<ImportReport, ImportError> {
+        let to = &opts.to[..];
         let plan = self.plan_import(srcs, to)?;
         let here = Path::new("<store>");
         let dest = self.mkdir_p(to).map_err(store_err(here))?;
@@ -285,6 +307,7 @@ impl Store {
             report: Mutex::new(ImportReport::default()),
             linked: Mutex::new(HashMap::new()),
             since_commit: AtomicU64::new(0),
+            commit_every: opts.commit_every.max(1),
         };
         let counters0 = self.lock().counters;
         let threads = std::thread::available_parallelism()
@@ -801,7 +824,7 @@ impl Store {
     fn count_read(&self, shared: &Shared, n: u64) -> crate::Result<()> {
         shared.progress().bytes.fetch_add(n, Ordering::Relaxed);
         let total = shared.since_commit.fetch_add(n, Ordering::Relaxed) + n;
-        if total >= COMMIT_EVERY
+        if total >= shared.commit_every
             && shared
                 .since_commit
                 .compare_exchange(total, 0, Ordering::Relaxed, Ordering::Relaxed)

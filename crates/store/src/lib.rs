@@ -19,7 +19,9 @@ mod store;
 
 pub use config::{Chunking, Compress, StoreConfig};
 pub use error::{Result, StoreError};
-pub use import::{measure as import_measure, ImportError, ImportProgress, ImportReport};
+pub use import::{
+    measure as import_measure, ImportError, ImportOptions, ImportProgress, ImportReport,
+};
 pub use maint::{FsckReport, GcReport, ScrubReport, StatFs, Stats};
 pub use meta::{ChunkIndex, ChunkLoc};
 pub use ns::{Attr, DirEntry, Kind, NewNode, RenameFlags, SetAttr};

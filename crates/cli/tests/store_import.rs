@@ -429,7 +429,7 @@ fn import_killed_leaves_a_clean_store_and_no_partial_file() {
             MIB as usize + i * 1000,
         );
     }
-    for delay in [100u64 + rng.below(200), 300 + rng.below(400)] {
+    for delay in [30u64 + rng.below(90), 120 + rng.below(150)] {
         let sc = scratch(&[]);
         let mut child = Command::new(store_common::BIN)
             .args([
@@ -451,4 +451,55 @@ fn import_killed_leaves_a_clean_store_and_no_partial_file() {
         let n = same_as_source(&sc, "tree", &src);
         eprintln!("killed at {delay} ms: {n} complete files in the store");
     }
+}
+
+/// A file that keeps growing while it is read (a log being written) is
+/// reported as changed (exit 1) and not imported, twice read; a quiet
+/// file beside it is imported.
+#[test]
+fn import_reports_a_file_changing_while_read() {
+    if !can_fuse() {
+        return;
+    }
+    let mut rng = Rng::seeded("store_import::changing");
+    let work = tempfile::tempdir_in(scratch_dir()).unwrap();
+    let src = work.path().join("live");
+    std::fs::create_dir(&src).unwrap();
+    write_rng(&src.join("quiet"), &mut rng, 100_000);
+    write_rng(&src.join("log"), &mut rng, 48 * MIB as usize);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let sc = scratch(&[]);
+    let out = std::thread::scope(|th| {
+        th.spawn(|| {
+            use std::io::Write;
+            let mut f = std::fs::File::options()
+                .append(true)
+                .open(src.join("log"))
+                .unwrap();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                f.write_all(b"more\n").unwrap();
+                std::thread::sleep(Duration::from_micros(500));
+            }
+        });
+        let out = import(&sc.store, &[s(&src)]);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        out
+    });
+    assert_eq!(code(&out), 1, "{}", text(&out));
+    assert!(
+        text(&out).contains("changed while it was read"),
+        "{}",
+        text(&out)
+    );
+    fsck_clean(&sc.store);
+    let m = Mount::new(&sc);
+    assert!(
+        !sc.mnt.join("live/log").exists(),
+        "a changing file was imported"
+    );
+    assert_eq!(
+        checksum_file(&sc.mnt.join("live/quiet")).unwrap(),
+        checksum_file(&src.join("quiet")).unwrap()
+    );
+    m.unmount();
 }

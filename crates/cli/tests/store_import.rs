@@ -240,7 +240,30 @@ fn import_preserves_the_tree_and_reads_back_through_the_mount() {
         assert_eq!((a.ino(), a.nlink()), (b.ino(), 2), "{chunking}: hardlink");
         let fifo = std::fs::symlink_metadata(sc.mnt.join("backups/one/src/fifo")).unwrap();
         assert!(std::os::unix::fs::FileTypeExt::is_fifo(&fifo.file_type()));
+        // An imported file is an ordinary store file: a write into the
+        // data at the sparse file's end (not aligned to a chunk) reads
+        // back over the imported bytes around it.
+        let tail = (1u64 << 30) - 50_000;
+        let want_tail = {
+            let mut v = vec![0u8; 50_000 - 20_000];
+            v.extend_from_slice(&[9u8; 50_000]);
+            v[50_000 - 20_000 + 333..50_000 - 20_000 + 343].copy_from_slice(b"0123456789");
+            v
+        };
+        {
+            use std::os::unix::fs::FileExt;
+            let p = sc.mnt.join("backups/one/src/sparse");
+            let f = std::fs::File::options().write(true).open(&p).unwrap();
+            f.write_all_at(b"0123456789", tail + 333).unwrap();
+            f.sync_all().unwrap();
+            drop(f);
+            let f = std::fs::File::open(&p).unwrap();
+            let mut got = vec![0u8; want_tail.len()];
+            f.read_exact_at(&mut got, tail - 30_000).unwrap();
+            assert!(got == want_tail, "{chunking}: write into an imported file");
+        }
         m.unmount();
+        fsck_clean(&sc.store);
     }
 }
 
@@ -272,6 +295,11 @@ fn import_refuses_a_mounted_store_and_an_existing_destination() {
 
     let out = import(&sc.store, &[s(&src)]);
     assert_eq!(code(&out), 0, "{}", text(&out));
+    // A source holding the store itself: the store is skipped with a note.
+    let holder = sc.store.parent().unwrap();
+    let out = import(&sc.store, &[s(holder), "--to", "/holder"]);
+    assert_eq!(code(&out), 0, "{}", text(&out));
+    assert!(text(&out).contains("the store itself"), "{}", text(&out));
     let before = stats(&sc.store);
     std::fs::write(src.join("f"), b"second version").unwrap();
     std::fs::write(src.join("g"), b"new file").unwrap();

@@ -220,6 +220,8 @@ struct Shared<'a> {
     linked: Mutex<HashMap<(u64, u64), u64>>,
     since_commit: AtomicU64,
     commit_every: u64,
+    /// (dev, ino) of the store's directory: never imported into itself.
+    store_dir: Option<(u64, u64)>,
 }
 
 impl Shared<'_> {
@@ -308,6 +310,9 @@ impl Store {
             linked: Mutex::new(HashMap::new()),
             since_commit: AtomicU64::new(0),
             commit_every: opts.commit_every.max(1),
+            store_dir: std::fs::metadata(&self.dir)
+                .ok()
+                .map(|m| (m.dev(), m.ino())),
         };
         let counters0 = self.lock().counters;
         let threads = std::thread::available_parallelism()
@@ -453,6 +458,13 @@ impl Store {
             return Ok(());
         }
         let md = std::fs::symlink_metadata(src).map_err(src_err(src))?;
+        if Some((md.dev(), md.ino())) == shared.store_dir {
+            shared
+                .report()
+                .notes
+                .push(format!("{}: the store itself, skipped", src.display()));
+            return Ok(());
+        }
         let ft = md.file_type();
         if ft.is_file() {
             let link_key = (md.nlink() > 1).then(|| (md.dev(), md.ino()));
@@ -729,20 +741,32 @@ impl Store {
     ) -> Result<u64, ImportError> {
         let mut buf: Vec<u8> = Vec::new();
         let mut pos = 0u64;
+        // Fixed chunks stay aligned to their size (the write path replaces
+        // a page's chunk by its aligned start): regions are widened to
+        // chunk boundaries.
+        let align = match self.cfg.chunking {
+            Chunking::Fixed { size } => size as u64,
+            Chunking::Cdc { .. } => 1,
+        };
+        let mut data = 0u64;
         for (start, end) in data_regions(f, size).map_err(src_err(src))? {
             if shared.stopped() {
                 return Err(ImportError::Changed { path: src.into() });
             }
-            let start = start.max(pos);
+            let start = (start / align * align).max(pos);
+            let end = end.div_ceil(align).saturating_mul(align).min(size);
             if start >= end {
                 continue;
             }
             let got = self.store_region(shared, f, ino, start, end, &mut buf, src)?;
             pos = start + got;
+            data += got;
             if got < end - start {
                 return Ok(pos);
             }
         }
+        // The holes skipped count as zero bytes, as zero chunks do.
+        self.lock().counters.zero_bytes += size - data;
         Ok(size)
     }
 

@@ -110,6 +110,9 @@ pub enum StoreAction {
         /// at most about this much of the import).
         #[arg(long, value_name = "SIZE", default_value = "256M", hide = true)]
         commit_every: String,
+        /// Worker threads (0: four per core, 4 to 16).
+        #[arg(long, value_name = "N", default_value_t = 0, hide = true)]
+        threads: usize,
     },
     /// Drop index entries of chunks nobody references (gc reclaims their
     /// bytes); with --days, also the fingerprint index entries of chunks
@@ -242,11 +245,13 @@ fn act(action: StoreAction) -> Result<u8, StoreError> {
             to,
             json,
             commit_every,
+            threads,
         } => {
             use std::os::unix::ffi::OsStrExt;
             let opts = onecopy_store::ImportOptions {
                 to: to.as_os_str().as_bytes().to_vec(),
                 commit_every: onecopy_store::config::parse_size(&commit_every)? as u64,
+                threads,
             };
             Ok(crate::import_cmd::run(&dir, &srcs, &opts, json))
         }

@@ -96,7 +96,10 @@ pub enum StoreAction {
     /// anything is written. Sources that cannot be read (or change while
     /// read) are listed and left out (exit 1); the rest is imported.
     Import {
+        /// The store (not mounted).
         dir: PathBuf,
+        /// What to copy in: directories (recursively), files, symlinks (not
+        /// followed), FIFOs, device nodes.
         #[arg(required = true, value_name = "SRC")]
         srcs: Vec<PathBuf>,
         /// Directory inside the store to import into (created like

@@ -283,8 +283,9 @@ fn components(to: &[u8]) -> Result<Vec<&[u8]>, ImportError> {
         .filter(|c| !c.is_empty() && *c != b".")
         .collect();
     if parts.contains(&&b".."[..]) {
-        return Err(ImportError::NotDir {
-            dest: String::from_utf8_lossy(to).into_owned(),
+        return Err(ImportError::BadSource {
+            path: PathBuf::from(OsStr::from_bytes(to)),
+            why: "`..` is not allowed in the destination path".into(),
         });
     }
     Ok(parts)

@@ -88,6 +88,14 @@ fn build_tree(root: &Path) -> PathBuf {
     std::fs::hard_link(src.join("tiny"), sub.join("tiny-hardlink")).unwrap();
     let fifo = CString::new(src.join("fifo").as_os_str().as_bytes()).unwrap();
     assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o640) }, 0);
+    // A character device (as /dev/null: 1, 3) and a socket (skipped).
+    let dev = CString::new(sub.join("null-dev").as_os_str().as_bytes()).unwrap();
+    let rdev = libc::makedev(1, 3);
+    assert_eq!(
+        unsafe { libc::mknod(dev.as_ptr(), libc::S_IFCHR | 0o620, rdev) },
+        0
+    );
+    drop(std::os::unix::net::UnixListener::bind(src.join("sock")).unwrap());
     rustix::fs::setxattr(
         src.join("small-dup"),
         "user.onecopy",
@@ -126,8 +134,20 @@ fn build_tree(root: &Path) -> PathBuf {
 }
 
 /// What is compared of one entry: type and mode, owner, size, mtime,
-/// link count, symlink target, content checksum, user xattr.
-type Entry = (u32, u32, u32, u64, i64, i64, u64, Vec<u8>, u128, Vec<u8>);
+/// link count, symlink target, content checksum, user xattr, device.
+type Entry = (
+    u32,
+    u32,
+    u32,
+    u64,
+    i64,
+    i64,
+    u64,
+    Vec<u8>,
+    u128,
+    Vec<u8>,
+    u64,
+);
 
 fn describe(root: &Path) -> BTreeMap<Vec<u8>, Entry> {
     fn walk(root: &Path, p: &Path, out: &mut BTreeMap<Vec<u8>, Entry>) {
@@ -179,6 +199,7 @@ fn describe(root: &Path) -> BTreeMap<Vec<u8>, Entry> {
                 target,
                 sum,
                 xattr,
+                md.rdev(),
             ),
         );
         if ft.is_dir() {
@@ -209,14 +230,16 @@ fn import_preserves_the_tree_and_reads_back_through_the_mount() {
     }
     let work = tempfile::tempdir_in(scratch_dir()).unwrap();
     let src = build_tree(work.path());
-    let want = describe(&src);
+    let mut want = describe(&src);
+    assert!(want.remove(&b"sock"[..]).is_some(), "the socket was made");
     for chunking in ["fixed:64K", "cdc:16K/64K/256K"] {
         let sc = scratch(&["--chunking", chunking]);
         let out = import(&sc.store, &[s(&src), "--to", "/backups/one", "--json"]);
         assert_eq!(code(&out), 0, "{chunking}: {}", text(&out));
         let rep: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(rep["hardlinks"], 1, "{rep}");
-        assert_eq!(rep["specials"], 1, "{rep}");
+        assert_eq!(rep["specials"], 2, "{rep}");
+        assert!(rep["notes"].to_string().contains("socket skipped"), "{rep}");
         assert_eq!(rep["failed"].as_array().unwrap().len(), 0, "{rep}");
         fsck_clean(&sc.store);
         let st = stats(&sc.store);

@@ -74,7 +74,8 @@ fn fatal(e: &ImportError) -> u8 {
         _ if e.is_no_space() => {
             eprintln!(
                 "onecopy: {e}; import stopped: the store keeps what was committed before \
-                 (store fsck is clean); free space and import the rest under a new name"
+                 (consistent: after freeing space, `store fsck` finds nothing); import the \
+                 rest under a new name"
             );
             code::FATAL
         }

@@ -4,7 +4,8 @@
 #   bench/store.sh (as root) [SIZE]        (fio data size, default 2G)
 # Rows: fio sequential 1 MiB 1st write (unique, incompressible), 2nd write
 # (the same bytes again), cold read; cp -a of ~100k small files; ingest of
-# successive versions of a tree vs restic and borg; fio 4 KiB sync write
+# successive versions of a tree (cp -a into the mount, and `store import`)
+# vs restic and borg; fio 4 KiB sync write
 # p99.9 latency idle vs during gc (gc runs while mounted only if the mount
 # supports it, else the row says so).
 set -euo pipefail
@@ -104,13 +105,19 @@ for k in range(20):
     open(os.path.join(root, f"new-{seed}-{k}"), "wb").write(rnd.randbytes(50000))
 PY
 done
-$O store init "$work/s" --chunking cdc:16K/64K/256K >/dev/null; $O mount "$work/s" "$work/mnt"
+# STORE_INIT_ARGS (e.g. --compress zstd) apply to both stores below.
+$O store init "$work/s" --chunking cdc:16K/64K/256K ${STORE_INIT_ARGS:-} >/dev/null; $O mount "$work/s" "$work/mnt"
 ts=0; t0=$(date +%s.%N)
 for i in 1 2 3 4; do cp -a "$work/versions/v$i" "$work/mnt/v$i"; done; sync -f "$work/mnt"
 ts=$(python3 -c "import time,sys; print(f'{time.time()-float(sys.argv[1]):.1f}')" $t0)
 umount_store; sstore=$(du -sm "$work/s" | cut -f1)
 echo "store breakdown (KiB): containers $(du -sk "$work/s/containers" | cut -f1), meta.sqlite $(du -skc "$work"/s/meta.sqlite* | tail -1 | cut -f1), index $(du -sk "$work/s/index" | cut -f1)"
 $O store stats "$work/s" | sed 's/^/  /'
+# The same versions into a second, fresh store with `store import` (no FUSE).
+$O store init "$work/si" --chunking cdc:16K/64K/256K ${STORE_INIT_ARGS:-} >/dev/null; t0=$(date +%s.%N)
+for i in 1 2 3 4; do $O store import "$work/si" "$work/versions/v$i" >/dev/null; done
+ti=$(python3 -c "import time,sys; print(f'{time.time()-float(sys.argv[1]):.1f}')" $t0); si=$(du -sm "$work/si" | cut -f1)
+$O store fsck "$work/si" | tail -1 | sed 's/^/  import store fsck: /'
 export RESTIC_PASSWORD=x BORG_PASSPHRASE=x BORG_UNKNOWN_UNENCRYPTED_REPO_ACCESS_IS_OK=yes
 restic init -q -r "$work/restic"; t0=$(date +%s.%N)
 for i in 1 2 3 4; do restic -q -r "$work/restic" backup "$work/versions/v$i" >/dev/null; done
@@ -118,10 +125,11 @@ tr=$(python3 -c "import time,sys; print(f'{time.time()-float(sys.argv[1]):.1f}')
 borg init -e none "$work/borg"; t0=$(date +%s.%N)
 for i in 1 2 3 4; do borg create "$work/borg::v$i" "$work/versions/v$i"; done
 tb=$(python3 -c "import time,sys; print(f'{time.time()-float(sys.argv[1]):.1f}')" $t0); sb=$(du -sm "$work/borg" | cut -f1)
-echo "| input MiB | onecopy store | restic | borg |"
-echo "|---|---|---|---|"
-echo "| $(du -sm "$work/versions" | cut -f1) | $sstore MiB, ${ts}s | $sr MiB, ${tr}s | $sb MiB, ${tb}s |"
-rm -rf "$work/versions" "$work/restic" "$work/borg" "$work/s"
+echo "| input MiB | onecopy store (cp -a into the mount) | onecopy store import | restic | borg |"
+echo "|---|---|---|---|---|"
+echo "| $(du -sm "$work/versions" | cut -f1) | $sstore MiB, ${ts}s | $si MiB, ${ti}s | $sr MiB, ${tr}s | $sb MiB, ${tb}s |"
+echo "load: $(uptime)"
+rm -rf "$work/versions" "$work/restic" "$work/borg" "$work/s" "$work/si"
 fi
 
 if want gc; then

@@ -6,6 +6,7 @@ mod catalog_cmd;
 mod dedupe_cmd;
 mod duperemove_cmd;
 mod generate_cmd;
+mod import_cmd;
 mod mount_cmd;
 mod mount_helper;
 mod output;

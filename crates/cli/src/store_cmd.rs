@@ -11,9 +11,11 @@ use onecopy_store::{Chunking, Compress, Store, StoreConfig, StoreError};
 pub mod code {
     /// Done; nothing wrong found.
     pub const OK: u8 = 0;
-    /// fsck or scrub found problems (listed).
+    /// fsck or scrub found problems (listed), or import could not import
+    /// some sources (listed; the rest is imported).
     pub const PROBLEMS: u8 = 1;
-    /// Bad arguments, or DIR is not a store (or already is one, for init).
+    /// Bad arguments, or DIR is not a store (or already is one, for init),
+    /// or an import destination that exists.
     pub const USAGE: u8 = 2;
     /// The store is in use (mounted) or the mount failed.
     pub const BUSY: u8 = 3;
@@ -23,9 +25,11 @@ pub mod code {
 
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Exit codes: 0 done; 1 fsck/scrub found problems; 2 bad arguments, \
-not a store, a newer store format, or init on a directory holding files; 3 store in use \
-(mounted) or mount failed; 4 I/O or internal error."
+    after_help = "Exit codes: 0 done; 1 fsck/scrub found problems, or import could not \
+import some sources (listed, the rest imported); 2 bad arguments, not a store, a newer \
+store format, init on a directory holding files, or an import destination that exists; \
+3 store in use (mounted) or mount failed; 4 I/O or internal error (for import: the \
+store keeps what was committed before)."
 )]
 pub struct StoreArgs {
     #[command(subcommand)]
@@ -84,6 +88,35 @@ pub enum StoreAction {
     /// Read every chunk and verify its checksum and BLAKE3; exit 1 if any
     /// is damaged.
     Scrub { dir: PathBuf },
+    /// Copy each SRC (directory, file, symlink, FIFO, device) into the
+    /// store as PATH/basename(SRC) without mounting it, preserving what
+    /// `cp -a` does: data (holes stay holes), mode, owner, atime/mtime,
+    /// symlinks, hardlinks among the imported files, xattrs. The store must
+    /// not be mounted; an existing destination name is refused before
+    /// anything is written. Sources that cannot be read (or change while
+    /// read) are listed and left out (exit 1); the rest is imported.
+    Import {
+        /// The store (not mounted).
+        dir: PathBuf,
+        /// What to copy in: directories (recursively), files, symlinks (not
+        /// followed), FIFOs, device nodes.
+        #[arg(required = true, value_name = "SRC")]
+        srcs: Vec<PathBuf>,
+        /// Directory inside the store to import into (created like
+        /// `mkdir -p`).
+        #[arg(long, value_name = "PATH", default_value = "/")]
+        to: PathBuf,
+        /// Print the summary as JSON on stdout.
+        #[arg(long)]
+        json: bool,
+        /// Make a durable commit after this many bytes read (a crash loses
+        /// at most about this much of the import).
+        #[arg(long, value_name = "SIZE", default_value = "256M", hide = true)]
+        commit_every: String,
+        /// Worker threads (0: four per core, 4 to 16).
+        #[arg(long, value_name = "N", default_value_t = 0, hide = true)]
+        threads: usize,
+    },
     /// Drop index entries of chunks nobody references (gc reclaims their
     /// bytes); with --days, also the fingerprint index entries of chunks
     /// referenced once and indexed more than DAYS days ago (as ZFS
@@ -208,6 +241,22 @@ fn act(action: StoreAction) -> Result<u8, StoreError> {
             } else {
                 code::PROBLEMS
             })
+        }
+        StoreAction::Import {
+            dir,
+            srcs,
+            to,
+            json,
+            commit_every,
+            threads,
+        } => {
+            use std::os::unix::ffi::OsStrExt;
+            let opts = onecopy_store::ImportOptions {
+                to: to.as_os_str().as_bytes().to_vec(),
+                commit_every: onecopy_store::config::parse_size(&commit_every)? as u64,
+                threads,
+            };
+            Ok(crate::import_cmd::run(&dir, &srcs, &opts, json))
         }
         StoreAction::Prune { dir, days } => {
             let s = Store::open(&dir)?;

@@ -10,6 +10,7 @@ pub mod config;
 pub mod container;
 mod data;
 pub mod error;
+mod import;
 mod index;
 mod maint;
 pub mod meta;
@@ -18,6 +19,9 @@ mod store;
 
 pub use config::{Chunking, Compress, StoreConfig};
 pub use error::{Result, StoreError};
+pub use import::{
+    measure as import_measure, ImportError, ImportOptions, ImportProgress, ImportReport,
+};
 pub use maint::{FsckReport, GcReport, ScrubReport, StatFs, Stats};
 pub use meta::{ChunkIndex, ChunkLoc};
 pub use ns::{Attr, DirEntry, Kind, NewNode, RenameFlags, SetAttr};

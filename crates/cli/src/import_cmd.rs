@@ -1,0 +1,136 @@
+//! `onecopy store import`: parses, draws the progress bar, prints the
+//! summary. The rules (what is preserved, what is refused, the crash
+//! model) are in `onecopy_store::import`.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use indicatif::HumanBytes;
+use onecopy_store::{ImportError, ImportOptions, ImportProgress, ImportReport, Store, StoreError};
+
+use crate::progress::Bars;
+use crate::store_cmd::{code, error_code};
+
+const TEMPLATE: &str =
+    "{prefix}: [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta} {msg}";
+
+/// Runs the import; returns the exit code.
+pub fn run(dir: &Path, srcs: &[PathBuf], opts: &ImportOptions, json: bool) -> u8 {
+    let store = match Store::open(dir) {
+        Ok(s) => s,
+        Err(e @ StoreError::Locked { .. }) => {
+            eprintln!("onecopy: {e}; unmount it to import, or copy into the mount");
+            return code::BUSY;
+        }
+        Err(e) => {
+            eprintln!("onecopy: {e}");
+            return error_code(&e);
+        }
+    };
+    let progress = Arc::new(ImportProgress::default());
+    let bars = Bars::new(std::io::stderr().is_terminal() && !json);
+    let live = if std::io::stderr().is_terminal() && !json {
+        let (entries, total) = onecopy_store::import_measure(srcs);
+        let p = progress.clone();
+        bars.show(Some(total), TEMPLATE, "importing", move |pb| {
+            pb.set_position(p.bytes.load(Ordering::Relaxed));
+            pb.set_message(format!(
+                "{}/{entries} entries",
+                p.entries.load(Ordering::Relaxed)
+            ));
+        })
+    } else {
+        None
+    };
+    let start = Instant::now();
+    let r = store.import(srcs, opts, &progress);
+    bars.finish(live);
+    let secs = start.elapsed().as_secs_f64();
+    match r {
+        Ok(rep) => {
+            report(&rep, secs, json);
+            if rep.failed.is_empty() {
+                code::OK
+            } else {
+                code::PROBLEMS
+            }
+        }
+        Err(e) => fatal(&e),
+    }
+}
+
+fn fatal(e: &ImportError) -> u8 {
+    match e {
+        ImportError::Exists { .. }
+        | ImportError::NotDir { .. }
+        | ImportError::BadSource { .. }
+        | ImportError::Source { .. } => {
+            eprintln!("onecopy: {e}");
+            code::USAGE
+        }
+        _ if e.is_no_space() => {
+            eprintln!(
+                "onecopy: {e}; import stopped: the store keeps what was committed before \
+                 (consistent: after freeing space, `store fsck` finds nothing); import the \
+                 rest under a new name"
+            );
+            code::FATAL
+        }
+        _ => {
+            eprintln!("onecopy: {e}; import stopped: the store keeps what was committed before");
+            code::FATAL
+        }
+    }
+}
+
+fn report(r: &ImportReport, secs: f64, json: bool) {
+    for n in &r.notes {
+        eprintln!("onecopy: note: {n}");
+    }
+    for e in &r.failed {
+        eprintln!("onecopy: not imported: {e}");
+    }
+    let rate = r.bytes as f64 / secs.max(1e-9);
+    if json {
+        let v = serde_json::json!({
+            "files": r.files,
+            "directories": r.directories,
+            "symlinks": r.symlinks,
+            "hardlinks": r.hardlinks,
+            "specials": r.specials,
+            "bytes": r.bytes,
+            "new_bytes": r.new_bytes,
+            "duplicate_bytes": r.dup_bytes,
+            "zero_bytes": r.zero_bytes,
+            "seconds": secs,
+            "failed": r.failed.iter().map(|e| e.to_string()).collect::<Vec<_>>(),
+            "notes": r.notes,
+        });
+        println!("{}", serde_json::to_string_pretty(&v).expect("serializes"));
+        return;
+    }
+    println!(
+        "imported {} files ({}), {} directories, {} symlinks, {} hardlinks, {} special files \
+         in {:.1} s ({}/s)",
+        r.files,
+        HumanBytes(r.bytes),
+        r.directories,
+        r.symlinks,
+        r.hardlinks,
+        r.specials,
+        secs,
+        HumanBytes(rate as u64)
+    );
+    println!(
+        "new {}, duplicate {}, zero (holes) {}",
+        HumanBytes(r.new_bytes),
+        HumanBytes(r.dup_bytes),
+        HumanBytes(r.zero_bytes)
+    );
+    if !r.failed.is_empty() {
+        println!("{} entries not imported (listed above)", r.failed.len());
+    }
+}

@@ -191,10 +191,13 @@ impl Store {
     /// reclaimed by the next `gc`).
     /// Each leaves the fingerprint index through its journal.
     pub fn prune(&self) -> Result<u64> {
-        let mut g = self.lock();
         let (mut after, mut n) = (0u64, 0u64);
-        // In batches by id, so the rows held stay few whatever gc finds.
+        // In batches by id, each its own transaction with the lock let go
+        // in between: the rows held stay few, writers wait for one batch
+        // at most, and the index's queue grows by a batch at a time. A
+        // crash between batches leaves the rest to the next gc.
         loop {
+            let mut g = self.lock();
             let dead: Vec<(u64, Vec<u8>)> = {
                 let mut st = g.db.prepare_cached(
                     "SELECT id, hash FROM chunks WHERE id > ?1 AND refs <= 0 ORDER BY id LIMIT ?2",
@@ -204,7 +207,8 @@ impl Store {
                 rows.collect::<rusqlite::Result<_>>()?
             };
             let Some(&(last, _)) = dead.last() else {
-                break;
+                self.commit_locked(&mut g, true)?;
+                return Ok(n);
             };
             let Inner { db, index, .. } = &mut *g;
             let mut del = db.prepare_cached("DELETE FROM chunks WHERE id = ?1")?;
@@ -214,10 +218,10 @@ impl Store {
                 }
                 del.execute([id])?;
             }
+            drop(del);
+            self.commit_locked(&mut g, false)?;
             (after, n) = (last, n + dead.len() as u64);
         }
-        self.commit_locked(&mut g, true)?;
-        Ok(n)
     }
 
     /// `store prune --days`: drops from the fingerprint index the chunks

@@ -74,8 +74,9 @@ pub enum StoreAction {
         #[arg(long)]
         json: bool,
     },
-    /// Reclaim unreferenced chunks and compact half-empty containers
-    /// (store not mounted).
+    /// Reclaim unreferenced chunks and compact half-empty containers. On a
+    /// mounted store the mount process runs it (online, writers keep
+    /// going) and this waits for its report.
     Gc { dir: PathBuf },
     /// Check the metadata's invariants; exit 1 if anything is wrong.
     Fsck {

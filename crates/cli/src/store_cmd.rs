@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
-use onecopy_store::{Chunking, Compress, Store, StoreConfig, StoreError};
+use onecopy_store::{Chunking, Store, StoreConfig, StoreError};
 
 /// Exit codes of `store` and `mount`, documented in the README and --help.
 pub mod code {
@@ -46,8 +46,9 @@ pub enum StoreAction {
         #[arg(long, default_value = "fixed:64K")]
         chunking: String,
         /// Chunk compression: lz4 (default; fastest on incompressible
-        /// data), zstd (smaller) or none. Chunks that do not shrink are
-        /// stored raw.
+        /// data), zstd or zstd:LEVEL (smaller; level 1-19, default 3: higher
+        /// is smaller and slower on new data) or none. Chunks that do not
+        /// shrink are stored raw.
         #[arg(long, default_value = "lz4")]
         compress: String,
         /// Also compare bytes when a fingerprint is found (as ZFS
@@ -170,9 +171,11 @@ fn act(action: StoreAction) -> Result<u8, StoreError> {
                     "--index-memtable must be at least 1".into(),
                 ));
             }
+            let (codec, zstd_level) = onecopy_store::config::parse_compress(&compress)?;
             let cfg = StoreConfig {
                 chunking: chunking.parse::<Chunking>()?,
-                compress: compress.parse::<Compress>()?,
+                compress: codec,
+                zstd_level,
                 verify,
                 container_size: onecopy_store::config::parse_size(&container_size)? as u64,
                 index_quota,

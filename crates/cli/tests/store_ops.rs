@@ -415,3 +415,55 @@ fn index_quota_and_prune_through_the_cli() {
     ]);
     assert_eq!(bad.status.code(), Some(2), "{bad:?}");
 }
+
+/// `--compress zstd:LEVEL` is kept in store.json and used: the same text
+/// imported into a level-1 and a level-19 store is smaller in the latter;
+/// both are clean, and a level out of 1-19 is a usage error.
+#[test]
+fn zstd_level_is_kept_and_used() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("text");
+    std::fs::create_dir(&src).unwrap();
+    for i in 0..20 {
+        let line = format!(
+            "line {i}: the quick brown fox jumps over the lazy dog {}\n",
+            i * 7
+        );
+        std::fs::write(src.join(format!("f{i}")), line.repeat(4000 + i * 100)).unwrap();
+    }
+    let mut stored = Vec::new();
+    for level in ["zstd:1", "zstd:19"] {
+        let dir = t.path().join(level.replace(':', "-"));
+        let d = dir.to_str().unwrap();
+        ok(&onecopy(&["store", "init", d, "--compress", level]), "init");
+        let cfg: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join("store.json")).unwrap()).unwrap();
+        assert_eq!(cfg["zstd_level"].to_string(), level[5..], "{cfg}");
+        ok(
+            &onecopy(&["store", "import", d, src.to_str().unwrap()]),
+            "import",
+        );
+        ok(&onecopy(&["store", "fsck", d]), "fsck");
+        let out = onecopy(&["store", "stats", d, "--json"]);
+        let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        stored.push(s["stored_bytes"].as_u64().unwrap());
+    }
+    assert!(
+        stored[1] < stored[0],
+        "level 19 {} >= level 1 {}",
+        stored[1],
+        stored[0]
+    );
+    let bad = t.path().join("bad");
+    fails(
+        &onecopy(&[
+            "store",
+            "init",
+            bad.to_str().unwrap(),
+            "--compress",
+            "zstd:20",
+        ]),
+        2,
+        "level is 1 to 19",
+    );
+}

@@ -114,6 +114,39 @@ pub enum Compress {
     None,
 }
 
+/// zstd's level when a store does not set one (zstd's own default).
+pub const ZSTD_LEVEL: i32 = 3;
+
+/// `--compress` with an optional zstd level: `zstd:N` (1 to 19), `zstd`,
+/// `lz4` or `none`.
+pub fn parse_compress(s: &str) -> Result<(Compress, Option<i32>)> {
+    let Some(level) = s.strip_prefix("zstd:") else {
+        return Ok((s.parse()?, None));
+    };
+    match level.parse::<i32>() {
+        Ok(n) if (1..=19).contains(&n) => Ok((Compress::Zstd, Some(n))),
+        _ => Err(StoreError::BadOption(format!(
+            "'{s}': a zstd level is 1 to 19"
+        ))),
+    }
+}
+
+/// How chunks are packed: the codec and, for zstd, its level.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Packing {
+    pub compress: Compress,
+    pub zstd_level: i32,
+}
+
+impl From<Compress> for Packing {
+    fn from(compress: Compress) -> Packing {
+        Packing {
+            compress,
+            zstd_level: ZSTD_LEVEL,
+        }
+    }
+}
+
 impl std::str::FromStr for Compress {
     type Err = StoreError;
     fn from_str(s: &str) -> Result<Self> {
@@ -148,6 +181,19 @@ pub struct StoreConfig {
     /// flushes and merges happen often).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub index_memtable: Option<usize>,
+    /// zstd's level (1-19; default [`ZSTD_LEVEL`]); only with zstd.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zstd_level: Option<i32>,
+}
+
+impl StoreConfig {
+    /// The codec and level new chunks are packed with.
+    pub fn packing(&self) -> Packing {
+        Packing {
+            compress: self.compress,
+            zstd_level: self.zstd_level.unwrap_or(ZSTD_LEVEL),
+        }
+    }
 }
 
 impl Default for StoreConfig {
@@ -161,6 +207,7 @@ impl Default for StoreConfig {
             container_size: 4 << 20,
             index_quota: None,
             index_memtable: None,
+            zstd_level: None,
         }
     }
 }
@@ -187,5 +234,10 @@ mod tests {
         assert!("cdc:64K/16K/256K".parse::<Chunking>().is_err());
         assert!("rabin:1".parse::<Chunking>().is_err());
         assert!("zip".parse::<Compress>().is_err());
+        assert_eq!(parse_compress("zstd:6").unwrap(), (Compress::Zstd, Some(6)));
+        assert_eq!(parse_compress("lz4").unwrap(), (Compress::Lz4, None));
+        assert!(parse_compress("zstd:0").is_err());
+        assert!(parse_compress("zstd:20").is_err());
+        assert!(parse_compress("lz4:3").is_err());
     }
 }

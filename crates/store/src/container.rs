@@ -8,7 +8,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use crate::config::Compress;
+use crate::config::{Compress, Packing};
 use crate::error::{Result, StoreError};
 
 /// Magic at the start of every container.
@@ -36,9 +36,12 @@ pub struct Encoded {
 }
 
 /// Compresses `raw` (kept raw when that does not shrink it) and frames it.
-pub fn encode(hash: &Hash, raw: &[u8], compress: Compress) -> Encoded {
-    let packed = match compress {
-        Compress::Zstd => zstd::bulk::compress(raw, 1).ok().map(|p| (Codec::Zstd, p)),
+pub fn encode(hash: &Hash, raw: &[u8], packing: impl Into<Packing>) -> Encoded {
+    let packing = packing.into();
+    let packed = match packing.compress {
+        Compress::Zstd => zstd::bulk::compress(raw, packing.zstd_level)
+            .ok()
+            .map(|p| (Codec::Zstd, p)),
         Compress::Lz4 => Some((Codec::Lz4, lz4_flex::block::compress(raw))),
         Compress::None => None,
     };

@@ -194,7 +194,7 @@ impl Store {
                 .map(|(i, _)| i)
                 .collect()
         };
-        let compress = self.cfg.compress;
+        let compress = self.cfg.packing();
         let mut encoded: HashMap<Hash, Encoded> = par_map(&unknown, |&i| match cuts[i] {
             Cut::Data(len, h) => (h, container::encode(&h, &pages[i].1[..len], compress)),
             _ => unreachable!("only data pages are encoded"),

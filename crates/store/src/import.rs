@@ -914,7 +914,7 @@ impl Store {
                 k += 1;
             }
         }
-        let compress = self.cfg.compress;
+        let compress = self.cfg.packing();
         let enc = |&i: &usize| -> (usize, Encoded) {
             let h = hashes[i].expect("only data chunks are unknown");
             (i, container::encode(&h, chunks[i].1, compress))

@@ -453,7 +453,7 @@ impl Store {
             )?;
             return Ok(id);
         }
-        let enc = enc.unwrap_or_else(|| container::encode(&hash, data, self.cfg.compress));
+        let enc = enc.unwrap_or_else(|| container::encode(&hash, data, self.cfg.packing()));
         let loc = self.append_encoded(g, enc)?;
         g.counters.new_bytes += data.len() as u64;
         let id = SqlIndex(&g.db).insert(&hash, loc)?;
@@ -484,7 +484,7 @@ impl Store {
         hash: &Hash,
         data: &[u8],
     ) -> Result<ChunkLoc> {
-        let enc = container::encode(hash, data, self.cfg.compress);
+        let enc = container::encode(hash, data, self.cfg.packing());
         self.append_encoded(g, enc)
     }
 

@@ -481,23 +481,7 @@ impl Store {
         }
         let ft = md.file_type();
         if ft.is_file() {
-            let link_key = (md.nlink() > 1).then(|| (md.dev(), md.ino()));
-            if let Some(k) = link_key {
-                if let Some(names) = links.get_mut(&k) {
-                    names.push((parent, name.to_vec()));
-                    return Ok(());
-                }
-                links.insert(k, Vec::new());
-            }
-            let job = FileJob {
-                src: src.into(),
-                parent,
-                name: name.to_vec(),
-                md,
-                link_key,
-            };
-            // The workers only stop taking jobs when the scope ends.
-            let _ = tx.send(job);
+            queue_file(tx, links, src, parent, name, md);
             return Ok(());
         }
         if ft.is_socket() {
@@ -507,23 +491,7 @@ impl Store {
                 .push(format!("{}: socket skipped", src.display()));
             return Ok(());
         }
-        let (kind, target) = if ft.is_dir() {
-            (Kind::Dir, None)
-        } else if ft.is_symlink() {
-            let t = std::fs::read_link(src).map_err(src_err(src))?;
-            (Kind::Symlink, Some(t.into_os_string().into_vec()))
-        } else if ft.is_fifo() {
-            (Kind::Fifo, None)
-        } else if ft.is_char_device() {
-            (Kind::Char, None)
-        } else if ft.is_block_device() {
-            (Kind::Block, None)
-        } else {
-            return Err(ImportError::BadSource {
-                path: src.into(),
-                why: "unknown file type".into(),
-            });
-        };
+        let (kind, target) = node_kind(src, ft)?;
         // A directory that cannot be listed is not created.
         let entries = match kind {
             Kind::Dir => Some(std::fs::read_dir(src).map_err(src_err(src))?),
@@ -549,9 +517,23 @@ impl Store {
                 _ => r.specials += 1,
             }
         }
-        let Some(entries) = entries else {
-            return Ok(());
-        };
+        if let Some(entries) = entries {
+            self.walk_entries(shared, tx, links, src, ino, entries);
+        }
+        Ok(())
+    }
+
+    /// Walks the entries of directory `src` (store inode `ino`); errors
+    /// are recorded, and one listing the directory ends it.
+    fn walk_entries(
+        &self,
+        shared: &Shared,
+        tx: &mpsc::SyncSender<FileJob>,
+        links: &mut ExtraLinks,
+        src: &Path,
+        ino: u64,
+        entries: std::fs::ReadDir,
+    ) {
         for e in entries {
             if shared.stopped() {
                 break;
@@ -567,7 +549,6 @@ impl Store {
             let r = self.walk(shared, tx, links, &child, ino, e.file_name().as_bytes());
             shared.record(r);
         }
-        Ok(())
     }
 
     /// Inserts an inode with the source's attributes (ctime now) and, when
@@ -961,6 +942,57 @@ impl Store {
         }
         Ok(())
     }
+}
+
+/// Queues regular file `src` for the workers; a further name of a
+/// multiply-linked file already queued is kept for the end instead.
+fn queue_file(
+    tx: &mpsc::SyncSender<FileJob>,
+    links: &mut ExtraLinks,
+    src: &Path,
+    parent: u64,
+    name: &[u8],
+    md: Metadata,
+) {
+    let link_key = (md.nlink() > 1).then(|| (md.dev(), md.ino()));
+    if let Some(k) = link_key {
+        if let Some(names) = links.get_mut(&k) {
+            names.push((parent, name.to_vec()));
+            return;
+        }
+        links.insert(k, Vec::new());
+    }
+    let job = FileJob {
+        src: src.into(),
+        parent,
+        name: name.to_vec(),
+        md,
+        link_key,
+    };
+    // The workers only stop taking jobs when the scope ends.
+    let _ = tx.send(job);
+}
+
+/// The store kind of a source that is not a regular file or a socket,
+/// and a symlink's target.
+fn node_kind(src: &Path, ft: std::fs::FileType) -> Result<(Kind, Option<Vec<u8>>), ImportError> {
+    Ok(if ft.is_dir() {
+        (Kind::Dir, None)
+    } else if ft.is_symlink() {
+        let t = std::fs::read_link(src).map_err(src_err(src))?;
+        (Kind::Symlink, Some(t.into_os_string().into_vec()))
+    } else if ft.is_fifo() {
+        (Kind::Fifo, None)
+    } else if ft.is_char_device() {
+        (Kind::Char, None)
+    } else if ft.is_block_device() {
+        (Kind::Block, None)
+    } else {
+        return Err(ImportError::BadSource {
+            path: src.into(),
+            why: "unknown file type".into(),
+        });
+    })
 }
 
 fn lock_linked<'a>(shared: &'a Shared) -> std::sync::MutexGuard<'a, HashMap<(u64, u64), u64>> {

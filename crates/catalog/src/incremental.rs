@@ -409,10 +409,6 @@ mod tests {
         }
     }
 
-    /// Records offered in any order are matched to walked files by
-    /// identity; known and to-read lists keep the walk's order, records of
-    /// other filesystems are ignored, unmet records under the roots are
-    /// deleted, and `forget` drops everything offered.
     /// `n` small files in a new directory, walked: (the directory, its
     /// canonical path, the tree, the entries sorted by device and inode).
     fn walked_files(n: u8) -> (tempfile::TempDir, PathBuf, Tree, Vec<FileEntry>) {
@@ -430,6 +426,10 @@ mod tests {
         (dir, root, tree, walked)
     }
 
+    /// Records offered in any order are matched to walked files by
+    /// identity; known and to-read lists keep the walk's order, records of
+    /// other filesystems are ignored, unmet records under the roots are
+    /// deleted, and `forget` drops everything offered.
     #[test]
     fn records_matched_in_any_order_and_forgotten() {
         let (_dir, root, mut tree, walked) = walked_files(6);

@@ -847,8 +847,6 @@ mod tests {
         assert_eq!(s.stats().unwrap().index_entries, 100);
     }
 
-    /// An index entry pointing at the wrong row is a miss (the row's full
-    /// BLAKE3 differs), never a false duplicate; it is replaced.
     /// A writer that makes far more new chunks between commits than one
     /// durable commit applies (no fsync: the periodic commits only) leaves
     /// at most MAX_WAITING operations queued, in RAM and for the replay.
@@ -881,6 +879,8 @@ mod tests {
         assert_eq!(s.stats().unwrap().index_entries, pages);
     }
 
+    /// An index entry pointing at the wrong row is a miss (the row's full
+    /// BLAKE3 differs), never a false duplicate; it is replaced.
     #[test]
     fn stale_entry_is_a_miss_never_a_false_duplicate() {
         let (dir, s) = store(None);
@@ -908,7 +908,6 @@ mod tests {
         clean(&s);
     }
 
-    /// A lost index is found by fsck and rebuilt by fsck --repair.
     /// The streamed check names each kind of difference: an entry whose
     /// row is gone, an indexed row the index lacks, and a row marked not
     /// indexed that the index still has.
@@ -955,6 +954,7 @@ mod tests {
         assert_eq!(r.problems.len(), 4, "{:?}", r.problems);
     }
 
+    /// A lost index is found by fsck and rebuilt by fsck --repair.
     #[test]
     fn fsck_finds_a_lost_index_and_repair_rebuilds_it() {
         let (dir, s) = store(None);

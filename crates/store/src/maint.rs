@@ -290,17 +290,7 @@ impl Store {
     /// ([`Store::checked_record`]), so the copies held take at most the
     /// container's stored bytes, whatever its chunks decompress to.
     fn compact(&self, id: u64) -> Result<()> {
-        let live: Vec<(u64, Vec<u8>, ChunkLoc)> = {
-            let g = self.lock();
-            let mut st = g.db.prepare(
-                "SELECT id, hash, container, offset, stored_len, raw_len FROM chunks
-                 WHERE container = ?1 ORDER BY offset",
-            )?;
-            let rows = st.query_map([id], |r| {
-                Ok((r.get(0)?, r.get(1)?, crate::meta::loc_of(r, 2)?))
-            })?;
-            rows.collect::<rusqlite::Result<_>>()?
-        };
+        let live = self.chunks_in(id)?;
         // Reading (and checking) the live chunks needs no lock: only gc
         // moves chunks, one gc runs at a time, and the container is sealed.
         let mut copies = Vec::with_capacity(live.len());
@@ -320,6 +310,20 @@ impl Store {
         }
         self.commit(true)?;
         self.containers.delete(id)
+    }
+
+    /// The chunk rows of container `id` (row id, BLAKE3, location) in
+    /// offset order: what compaction moves and scrub reads.
+    fn chunks_in(&self, id: u64) -> Result<Vec<(u64, Vec<u8>, ChunkLoc)>> {
+        let g = self.lock();
+        let mut st = g.db.prepare_cached(
+            "SELECT id, hash, container, offset, stored_len, raw_len FROM chunks
+             WHERE container = ?1 ORDER BY offset",
+        )?;
+        let rows = st.query_map([id], |r| {
+            Ok((r.get(0)?, r.get(1)?, crate::meta::loc_of(r, 2)?))
+        })?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
     /// The stored record at `loc`, checked before gc copies it: framing,
@@ -450,18 +454,7 @@ impl Store {
 
     /// Reads and checks every chunk row of container `id`.
     fn scrub_container(&self, id: u64, rep: &mut ScrubReport) -> Result<()> {
-        let chunks: Vec<(u64, Vec<u8>, ChunkLoc)> = {
-            let g = self.lock();
-            let mut st = g.db.prepare_cached(
-                "SELECT id, hash, container, offset, stored_len, raw_len FROM chunks
-                 WHERE container = ?1 ORDER BY offset",
-            )?;
-            let rows = st.query_map([id], |r| {
-                Ok((r.get(0)?, r.get(1)?, crate::meta::loc_of(r, 2)?))
-            })?;
-            rows.collect::<rusqlite::Result<_>>()?
-        };
-        for (id, hash, loc) in chunks {
+        for (id, hash, loc) in self.chunks_in(id)? {
             rep.chunks_checked += 1;
             match self.read_loc(loc) {
                 Ok(raw) if blake3::hash(&raw).as_bytes()[..] == hash[..] => {

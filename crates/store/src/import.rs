@@ -563,9 +563,7 @@ impl Store {
         nlink: u32,
         target: Option<&[u8]>,
     ) -> crate::Result<u64> {
-        if name.len() > 255 {
-            return Err(StoreError::NameTooLong);
-        }
+        crate::ns::check_name(name)?;
         let is_dir = a.kind == Kind::Dir;
         g.db.prepare_cached(
             "INSERT INTO inodes (kind, perm, uid, gid, nlink, size, atime_ns, mtime_ns, ctime_ns,
@@ -586,37 +584,12 @@ impl Store {
         ])?;
         let ino = g.db.last_insert_rowid() as u64;
         if nlink > 0 {
-            self.name_node(g, parent, name, ino, is_dir)?;
-        }
-        Ok(ino)
-    }
-
-    /// Adds the entry `parent/name` for `ino` (no link count change).
-    fn name_node(
-        &self,
-        g: &Inner,
-        parent: u64,
-        name: &[u8],
-        ino: u64,
-        is_dir: bool,
-    ) -> crate::Result<()> {
-        if name.len() > 255 {
-            return Err(StoreError::NameTooLong);
-        }
-        let r =
-            g.db.prepare_cached("INSERT INTO dirents (parent, name, ino) VALUES (?1, ?2, ?3)")?
-                .execute(params![parent, name, ino]);
-        if let Err(rusqlite::Error::SqliteFailure(e, _)) = &r {
-            if e.code == rusqlite::ErrorCode::ConstraintViolation {
-                return Err(StoreError::AlreadyExists);
+            g.add_dirent(parent, name, ino)?;
+            if is_dir {
+                g.add_nlink(parent, 1)?;
             }
         }
-        r?;
-        if is_dir {
-            g.db.prepare_cached("UPDATE inodes SET nlink = nlink + 1 WHERE ino = ?1")?
-                .execute([parent])?;
-        }
-        Ok(())
+        Ok(ino)
     }
 
     /// Stores the xattrs read from the source; one the store refuses (an
@@ -702,7 +675,7 @@ impl Store {
             let xattrs = read_xattrs(XattrSrc::File(&f), shared, src);
             {
                 let g = self.lock();
-                self.name_node(&g, job.parent, &job.name, ino, false)
+                g.add_dirent(job.parent, &job.name, ino)
                     .map_err(store_err(src))?;
                 g.db.prepare_cached("UPDATE inodes SET nlink = 1, size = ?2 WHERE ino = ?1")
                     .and_then(|mut s| s.execute(params![ino, before.size()]))
@@ -933,9 +906,8 @@ impl Store {
         for (k, names) in links {
             let Some(&ino) = linked.get(&k) else { continue };
             for (parent, name) in &names {
-                self.name_node(&g, *parent, name, ino, false)?;
-                g.db.prepare_cached("UPDATE inodes SET nlink = nlink + 1 WHERE ino = ?1")?
-                    .execute([ino])?;
+                g.add_dirent(*parent, name, ino)?;
+                g.add_nlink(ino, 1)?;
                 shared.report().hardlinks += 1;
                 shared.progress().entries.fetch_add(1, Ordering::Relaxed);
             }

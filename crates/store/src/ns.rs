@@ -164,7 +164,7 @@ pub(crate) fn acl_mode(v: &[u8]) -> Option<(u32, bool)> {
     Some((user << 6 | group << 3 | other, minimal && mask.is_none()))
 }
 
-fn check_name(name: &[u8]) -> Result<()> {
+pub(crate) fn check_name(name: &[u8]) -> Result<()> {
     if name.len() > 255 {
         return Err(StoreError::NameTooLong);
     }
@@ -209,18 +209,27 @@ impl Inner {
         Ok(())
     }
 
-    fn add_nlink(&self, ino: u64, delta: i64) -> Result<()> {
+    pub(crate) fn add_nlink(&self, ino: u64, delta: i64) -> Result<()> {
         self.db
             .prepare_cached("UPDATE inodes SET nlink = nlink + ?2 WHERE ino = ?1")?
             .execute(params![ino, delta])?;
         Ok(())
     }
 
-    fn add_dirent(&self, parent: u64, name: &[u8], ino: u64) -> Result<()> {
+    /// Adds the entry `parent/name` for `ino`; a name already there is
+    /// `AlreadyExists` (callers that looked first never meet it).
+    pub(crate) fn add_dirent(&self, parent: u64, name: &[u8], ino: u64) -> Result<()> {
         check_name(name)?;
-        self.db
+        let r = self
+            .db
             .prepare_cached("INSERT INTO dirents (parent, name, ino) VALUES (?1, ?2, ?3)")?
-            .execute(params![parent, name, ino])?;
+            .execute(params![parent, name, ino]);
+        if let Err(rusqlite::Error::SqliteFailure(e, _)) = &r {
+            if e.code == rusqlite::ErrorCode::ConstraintViolation {
+                return Err(StoreError::AlreadyExists);
+            }
+        }
+        r?;
         Ok(())
     }
 

@@ -75,8 +75,15 @@ type Planned = (u64, u64, ChunkLoc);
 /// A buffered page: file offset and bytes.
 type Page = (u64, Arc<Vec<u8>>);
 
-fn is_zero(b: &[u8]) -> bool {
-    b.iter().all(|&x| x == 0)
+/// Whether `b` is all zero bytes (a hole). Word-wise: a byte loop is
+/// several times slower in a debug build.
+pub(crate) fn is_zero(b: &[u8]) -> bool {
+    let words = b.chunks_exact(8);
+    let tail = words.remainder();
+    tail.iter().all(|&x| x == 0)
+        && words
+            .into_iter()
+            .all(|w| u64::from_ne_bytes(w.try_into().expect("8 bytes")) == 0)
 }
 
 /// Copies the part of `src` (at file offset `src_off`) that falls in

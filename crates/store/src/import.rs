@@ -37,6 +37,7 @@ use rusqlite::params;
 use crate::cache::par_map;
 use crate::config::Chunking;
 use crate::container::{self, Encoded, Hash};
+use crate::data::is_zero;
 use crate::error::StoreError;
 use crate::ns::{Kind, NewNode, CAPS};
 use crate::store::{time_now, Inner, Store};
@@ -969,16 +970,6 @@ fn node_kind(src: &Path, ft: std::fs::FileType) -> Result<(Kind, Option<Vec<u8>>
 
 fn lock_linked<'a>(shared: &'a Shared) -> std::sync::MutexGuard<'a, HashMap<(u64, u64), u64>> {
     shared.linked.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn is_zero(b: &[u8]) -> bool {
-    // Word-wise: a byte loop is several times slower in a debug build.
-    let words = b.chunks_exact(8);
-    let tail = words.remainder();
-    tail.iter().all(|&x| x == 0)
-        && words
-            .into_iter()
-            .all(|w| u64::from_ne_bytes(w.try_into().expect("8 bytes")) == 0)
 }
 
 /// Reads until `buf` is full or the end of the file; returns bytes read.

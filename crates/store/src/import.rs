@@ -1026,10 +1026,19 @@ enum XattrSrc<'a> {
 /// The source's extended attributes; one that cannot be read is skipped
 /// with a note.
 fn read_xattrs(from: XattrSrc, shared: &Shared, src: &Path) -> Vec<(Vec<u8>, Vec<u8>)> {
-    let mut list = vec![0u8; XATTR_MAX];
-    let n = match &from {
-        XattrSrc::Path(p) => rustix::fs::llistxattr(*p, &mut list[..]),
-        XattrSrc::File(f) => rustix::fs::flistxattr(f, &mut list[..]),
+    let list_into = |buf: &mut [u8]| match &from {
+        XattrSrc::Path(p) => rustix::fs::llistxattr(*p, buf),
+        XattrSrc::File(f) => rustix::fs::flistxattr(f, buf),
+    };
+    // Most entries have none or a short list: a small buffer first, the
+    // 64 KiB ones only for an entry that needs them.
+    let mut list = vec![0u8; 256];
+    let n = match list_into(&mut list[..]) {
+        Err(rustix::io::Errno::RANGE) => {
+            list = vec![0u8; XATTR_MAX];
+            list_into(&mut list[..])
+        }
+        r => r,
     };
     let n = match n {
         Ok(n) => n,
@@ -1043,6 +1052,9 @@ fn read_xattrs(from: XattrSrc, shared: &Shared, src: &Path) -> Vec<(Vec<u8>, Vec
             return Vec::new();
         }
     };
+    if n == 0 {
+        return Vec::new();
+    }
     let mut out = Vec::new();
     let mut value = vec![0u8; XATTR_MAX];
     for name in list[..n].split(|&b| b == 0).filter(|n| !n.is_empty()) {

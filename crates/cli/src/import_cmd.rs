@@ -31,8 +31,9 @@ pub fn run(dir: &Path, srcs: &[PathBuf], opts: &ImportOptions, json: bool) -> u8
         }
     };
     let progress = Arc::new(ImportProgress::default());
-    let bars = Bars::new(std::io::stderr().is_terminal() && !json);
-    let live = if std::io::stderr().is_terminal() && !json {
+    let draw = std::io::stderr().is_terminal() && !json;
+    let bars = Bars::new(draw);
+    let live = if draw {
         let (entries, total) = onecopy_store::import_measure(srcs);
         let p = progress.clone();
         bars.show(Some(total), TEMPLATE, "importing", move |pb| {

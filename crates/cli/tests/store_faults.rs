@@ -883,6 +883,83 @@ fn store_is_private_locked_and_checks_permissions() {
     fsck_clean(&s.store);
 }
 
+/// The setuid/setgid/capability cases of [`setid_and_caps_after`], each
+/// as `name: result` lines.
+const SETID_CASES: &str = r#"
+nb() { setpriv --reuid=65534 --regid=65534 --clear-groups sh -c "$1" 2>/dev/null; }
+new() { echo p > "$1"; chmod "$2" "$1"; }
+md() { echo "$1: $(stat -c %a "$1")"; }
+cap() { echo "$1: '$(getcap "$1" | cut -d' ' -f2)'"; }
+new w1 6777; nb 'echo x >> w1'; md w1
+new w2 6777; echo x >> w2; md w2
+new w3 2777; nb 'echo x >> w3'; md w3
+new w4 2767; nb 'echo x >> w4'; md w4
+new w5 777; nb 'echo x >> w5'; chmod 6777 w5; nb 'echo y >> w5'; md w5
+new c1 6777; chown 65534 c1; md c1
+new c2 6755; chown 65534:65534 c2; md c2
+new c3 6777; chgrp 65534 c3; md c3
+new t1 6777; nb 'truncate -s 1 t1'; md t1
+new t2 6777; truncate -s 1 t2; md t2
+new t3 6777; nb ': > t3'; md t3
+new f1 6777; nb 'fallocate -l 1M f1'; md f1
+new u1 6777; nb 'touch u1'; md u1
+new k1 644; setcap cap_net_raw+ep k1; echo x >> k1; cap k1
+new k2 644; setcap cap_net_raw+ep k2; chown 65534 k2; cap k2
+new k3 644; setcap cap_net_raw+ep k3; truncate -s 0 k3; cap k3
+new k4 644; echo y >> k4; setcap cap_net_raw+ep k4; cap k4; echo z >> k4; cap k4
+"#;
+
+/// Runs [`SETID_CASES`] in `dir` (made reachable for user nobody).
+fn setid_and_caps_after(dir: &Path) -> String {
+    let mut p = dir.to_path_buf();
+    while p.pop() && p != Path::new("/") {
+        let mode = std::fs::metadata(&p).unwrap().mode();
+        std::fs::set_permissions(&p, PermissionsExt::from_mode(mode | 0o711)).unwrap();
+    }
+    std::fs::set_permissions(dir, PermissionsExt::from_mode(0o777)).unwrap();
+    let out = Command::new("sh")
+        .current_dir(dir)
+        .args(["-c", SETID_CASES])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Writes, truncates, `fallocate`s and `chown`s clear setuid, setgid
+/// and `security.capability` through the mount exactly as the kernel does
+/// on a local filesystem (the mount clears setuid/setgid itself, having
+/// taken that job over with FUSE_HANDLE_KILLPRIV_V2): the same script's
+/// output on the backing filesystem is the oracle.
+#[test]
+fn setid_bits_and_capabilities_clear_as_on_a_local_filesystem() {
+    if !can_fuse() || Command::new("setcap").arg("-v").output().is_err() {
+        eprintln!("skipped: needs FUSE and setcap (libcap2-bin)");
+        return;
+    }
+    let s = scratch(&[]);
+    let native = s.mnt.with_extension("native");
+    std::fs::create_dir(&native).unwrap();
+    let want = setid_and_caps_after(&native);
+    // The cases did something: the local filesystem cleared these.
+    let cleared = [
+        "w1: 777",
+        "w2: 6777",
+        "c1: 777",
+        "t1: 777",
+        "k1: ''",
+        "k4: 'cap_net_raw=ep'\nk4: ''",
+    ];
+    for line in cleared {
+        assert!(want.contains(line), "{line} not in\n{want}");
+    }
+    let m = Mount::new(&s);
+    let got = setid_and_caps_after(&s.mnt);
+    assert_eq!(got, want, "through the mount vs the local filesystem");
+    m.unmount();
+    fsck_clean(&s.store);
+}
+
 // ---------------------------------------------------------------------
 // Hostile input.
 // ---------------------------------------------------------------------

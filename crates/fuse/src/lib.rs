@@ -18,7 +18,7 @@ use fuser::{
     ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
     Request, TimeOrNow, WriteFlags,
 };
-use onecopy_store::{Attr, Kind, NewNode, RenameFlags, SetAttr, Store, StoreError};
+use onecopy_store::{Attr, Kind, NewNode, RenameFlags, SetAttr, SetidKill, Store, StoreError};
 
 /// Kernel mount flags (`ro`, `nosuid`, ...) a caller may add to
 /// [`mount_config`]'s options.
@@ -133,12 +133,46 @@ fn widen_readahead(mountpoint: &Path, kb: u32) {
     }
 }
 
-/// Sets the kernel options every onecopy mount wants.
+/// Which set-id bits a `SETATTR` or a `WRITE` clears. The mount
+/// negotiates FUSE_HANDLE_KILLPRIV_V2, so the kernel no longer sends the
+/// mode change that does it: the filesystem must, at a `chown` (any
+/// caller), and at a write, a truncate, or a change of nothing but that
+/// (`fallocate` extending a file) by a caller without `CAP_FSETID`. The
+/// kernel flags those with FATTR_KILL_SUIDGID, which fuser does not pass
+/// on (a caller other than root stands for it), and writes with
+/// FUSE_WRITE_KILL_SUIDGID (`write` true). Setgid without group execute
+/// goes too when the caller is neither root nor in the file's group, as
+/// the VFS does. `security.capability` the kernel still removes itself.
+fn setid_kill(store: &Store, req: &Request, ino: u64, set: &SetAttr, write: bool) -> SetidKill {
+    let chown = set.uid.is_some() || set.gid.is_some();
+    let nothing = set.perm.is_none()
+        && set.size.is_none()
+        && set.atime_ns.is_none()
+        && set.mtime_ns.is_none()
+        && set.ctime_ns.is_none();
+    let unprivileged = req.uid() != 0;
+    if !(chown || unprivileged && (write || set.size.is_some() || nothing)) {
+        return SetidKill::Keep;
+    }
+    match store.getattr(ino) {
+        Ok(a) if unprivileged && a.perm & 0o2000 != 0 && !in_group(req, a.gid) => SetidKill::All,
+        _ => SetidKill::Exec,
+    }
+}
+
+/// Sets the kernel options every onecopy mount wants. Among them
+/// FUSE_HANDLE_KILLPRIV_V2: the kernel then marks the mount `SB_NOSEC`
+/// and stops asking for `security.capability` (a `GETXATTR` round trip)
+/// before every `write(2)` of a file that has no setuid, setgid or
+/// capability; in exchange the filesystem clears setuid/setgid itself
+/// (see [`kills_setid`]). Measured: fio 1 MiB writes waited 2.1 s of 5 s
+/// for those answers while the mount's threads were busy storing.
 pub(crate) fn tune(config: &mut KernelConfig) {
     let wanted = InitFlags::FUSE_WRITEBACK_CACHE
         | InitFlags::FUSE_PARALLEL_DIROPS
         | InitFlags::FUSE_ASYNC_DIO
-        | InitFlags::FUSE_BIG_WRITES;
+        | InitFlags::FUSE_BIG_WRITES
+        | InitFlags::FUSE_HANDLE_KILLPRIV_V2;
     let _ = config.add_capabilities(wanted & config.capabilities());
     let _ = config
         .set_max_readahead(4 << 20)
@@ -341,6 +375,11 @@ impl Filesystem for StoreFs {
             atime_ns: atime.map(tor),
             mtime_ns: mtime.map(tor),
             ctime_ns: ctime.map(ns),
+            kill_setid: SetidKill::Keep,
+        };
+        let set = SetAttr {
+            kill_setid: setid_kill(&self.store, req, ino.0, &set, false),
+            ..set
         };
         match self.store.setattr(ino.0, set) {
             Ok(a) => reply.attr(&TTL, &fattr(&a)),
@@ -490,16 +529,26 @@ impl Filesystem for StoreFs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
+            let none = SetAttr::default();
+            let kill = SetAttr {
+                kill_setid: setid_kill(&self.store, req, ino.0, &none, true),
+                ..none
+            };
+            if let Err(e) = self.store.setattr(ino.0, kill) {
+                return reply.error(errno(e));
+            }
+        }
         match self.store.write(ino.0, offset, data) {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(errno(e)),

@@ -24,7 +24,7 @@ pub use import::{
 };
 pub use maint::{FsckReport, GcReport, ScrubReport, StatFs, Stats};
 pub use meta::{ChunkIndex, ChunkLoc};
-pub use ns::{Attr, DirEntry, Kind, NewNode, RenameFlags, SetAttr};
+pub use ns::{Attr, DirEntry, Kind, NewNode, RenameFlags, SetAttr, SetidKill};
 pub use store::{Store, WriteCounters};
 
 #[cfg(test)]

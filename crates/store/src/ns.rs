@@ -82,6 +82,36 @@ pub struct SetAttr {
     pub atime_ns: Option<i64>,
     pub mtime_ns: Option<i64>,
     pub ctime_ns: Option<i64>,
+    /// Set-id bits to clear on anything but a directory, after `perm` is
+    /// applied: what the VFS does at a `chown`, and at a truncate or write
+    /// by a caller without `CAP_FSETID`. A mount that hands this job to
+    /// the filesystem (FUSE_HANDLE_KILLPRIV_V2) asks for it here.
+    pub kill_setid: SetidKill,
+}
+
+/// Which set-id bits a change clears (see [`SetAttr::kill_setid`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub enum SetidKill {
+    /// Neither.
+    #[default]
+    Keep,
+    /// Setuid, and setgid when the group may execute (a caller in the
+    /// file's group, or privileged).
+    Exec,
+    /// Setuid and setgid (a caller neither in the file's group nor
+    /// privileged).
+    All,
+}
+
+impl SetidKill {
+    /// `perm` after the kill.
+    fn apply(self, perm: u32) -> u32 {
+        match self {
+            SetidKill::Keep => perm,
+            SetidKill::Exec if perm & 0o010 == 0 => perm & !0o4000,
+            SetidKill::Exec | SetidKill::All => perm & !0o6000,
+        }
+    }
 }
 
 /// Who creates an inode, and how.
@@ -628,8 +658,13 @@ impl Store {
             self.truncate_locked(&mut g, ino, size)?;
         }
         let t = time_now();
+        let perm = set.perm.map_or(a.perm, |p| p & 0o7777);
         let new = Attr {
-            perm: set.perm.map_or(a.perm, |p| p & 0o7777),
+            perm: if a.kind == Kind::Dir {
+                perm
+            } else {
+                set.kill_setid.apply(perm)
+            },
             uid: set.uid.unwrap_or(a.uid),
             gid: set.gid.unwrap_or(a.gid),
             size: set.size.unwrap_or(a.size),

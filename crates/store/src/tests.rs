@@ -512,3 +512,39 @@ fn new_containers_do_not_list_the_container_directory() {
     assert_eq!(read_all(&s, a), data);
     assert!(s.fsck(false).unwrap().problems.is_empty());
 }
+
+/// `kill_setid` clears setuid, setgid only with group execute (`Exec`)
+/// or always (`All`), after a mode in the same change, and never on a
+/// directory.
+#[test]
+fn kill_setid_clears_the_bits_it_names() {
+    let (_d, s) = new_store("fixed:4K", "none");
+    let f = file(&s, "f", b"x");
+    let dir = s
+        .mknod(1, b"d", NewNode::root_owned(Kind::Dir, 0o755))
+        .unwrap()
+        .ino;
+    let set = |perm, kill| SetAttr {
+        perm: Some(perm),
+        kill_setid: kill,
+        ..SetAttr::default()
+    };
+    for (perm, kill, want) in [
+        (0o6777, SetidKill::Keep, 0o6777),
+        (0o6777, SetidKill::Exec, 0o0777),
+        (0o6767, SetidKill::Exec, 0o2767),
+        (0o6767, SetidKill::All, 0o0767),
+        (0o4700, SetidKill::Exec, 0o0700),
+    ] {
+        assert_eq!(
+            s.setattr(f, set(perm, kill)).unwrap().perm,
+            want,
+            "{perm:o} {kill:?}"
+        );
+        assert_eq!(s.getattr(f).unwrap().perm, want);
+    }
+    assert_eq!(
+        s.setattr(dir, set(0o2775, SetidKill::All)).unwrap().perm,
+        0o2775
+    );
+}

@@ -509,8 +509,14 @@ impl Store {
                 "UPDATE containers SET length = ?2, sealed = 1 WHERE id = ?1",
                 params![w.id, w.len],
             )?;
-            let (next, unsynced) = (w.next_id, std::mem::take(&mut w.unsynced));
-            *w = new_container(&g.db, &*self.containers, next, unsynced)?;
+            // The id is spent even if the create fails part-way (a file
+            // may be left): the next attempt takes the one after it. The
+            // containers still to sync move over only once it succeeded.
+            let id = w.next_id;
+            w.next_id += 1;
+            let mut fresh = new_container(&g.db, &*self.containers, id)?;
+            fresh.unsynced.append(&mut w.unsynced);
+            *w = fresh;
         }
         let w = &mut g.writer;
         if let Err(e) = self.containers.append(w.id, &enc.bytes) {
@@ -561,24 +567,18 @@ impl Store {
     }
 }
 
-/// Starts container `id` (see [`Writer::next_id`]).
-fn new_container(
-    db: &Connection,
-    cs: &dyn ContainerStore,
-    id: u64,
-    unsynced: BTreeSet<u64>,
-) -> Result<Writer> {
+/// Starts container `id` (see [`Writer::next_id`]), the only one its
+/// writer has to sync so far.
+fn new_container(db: &Connection, cs: &dyn ContainerStore, id: u64) -> Result<Writer> {
     cs.create(id)?;
     db.execute(
         "INSERT INTO containers (id, length, sealed) VALUES (?1, ?2, 0)",
         params![id, CONTAINER_HEADER],
     )?;
-    let mut unsynced = unsynced;
-    unsynced.insert(id);
     Ok(Writer {
         id,
         len: CONTAINER_HEADER,
-        unsynced,
+        unsynced: BTreeSet::from([id]),
         tainted: false,
         next_id: id + 1,
     })
@@ -618,7 +618,7 @@ fn replay(db: &Connection, cs: &dyn ContainerStore) -> Result<Writer> {
         }
         db.execute("UPDATE containers SET sealed = 1 WHERE id = ?1", [id])?;
     }
-    new_container(db, cs, next_id, BTreeSet::new())
+    new_container(db, cs, next_id)
 }
 
 /// The highest inode number handed out so far (AUTOINCREMENT's counter).

@@ -446,15 +446,37 @@ fn buffers_of_many_open_files_stay_bounded() {
     }
 }
 
-/// Containers in a local directory, counting how often they are listed.
+/// Containers in a local directory, counting how often they are listed
+/// and which are synced; `fail_creates` creates fail (after making the
+/// file, as a full disk can).
 struct CountingDir {
     dir: container::LocalDir,
     lists: std::sync::atomic::AtomicUsize,
+    fail_creates: std::sync::atomic::AtomicUsize,
+    synced: std::sync::Mutex<Vec<u64>>,
+}
+
+impl CountingDir {
+    fn new(dir: &std::path::Path) -> std::sync::Arc<CountingDir> {
+        std::sync::Arc::new(CountingDir {
+            dir: container::LocalDir::new(dir.join("containers")),
+            lists: 0.into(),
+            fail_creates: 0.into(),
+            synced: Default::default(),
+        })
+    }
 }
 
 impl ContainerStore for CountingDir {
     fn create(&self, id: u64) -> Result<()> {
-        self.dir.create(id)
+        self.dir.create(id)?;
+        let fail = &self.fail_creates;
+        if fail.load(std::sync::atomic::Ordering::Relaxed) > 0 {
+            fail.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            let full = std::io::Error::from_raw_os_error(28);
+            return Err(StoreError::io(format!("container {id}"))(full));
+        }
+        Ok(())
     }
     fn append(&self, id: u64, bytes: &[u8]) -> Result<()> {
         self.dir.append(id, bytes)
@@ -463,6 +485,7 @@ impl ContainerStore for CountingDir {
         self.dir.read(id, offset, len)
     }
     fn sync(&self, id: u64) -> Result<()> {
+        self.synced.lock().unwrap().push(id);
         self.dir.sync(id)
     }
     fn len(&self, id: u64) -> Result<Option<u64>> {
@@ -490,10 +513,7 @@ fn new_containers_do_not_list_the_container_directory() {
     // A container file no row names, as a crash can leave behind.
     let orphan = container::LocalDir::new(d.path().join("containers"));
     orphan.create(41).unwrap();
-    let cs = std::sync::Arc::new(CountingDir {
-        dir: container::LocalDir::new(d.path().join("containers")),
-        lists: 0.into(),
-    });
+    let cs = CountingDir::new(d.path());
     let s = Store::open_with(d.path(), cs.clone()).unwrap();
     let data = pseudo(6 << 20, 7);
     let a = file(&s, "a", &data);
@@ -547,4 +567,43 @@ fn kill_setid_clears_the_bits_it_names() {
         s.setattr(dir, set(0o2775, SetidKill::All)).unwrap().perm,
         0o2775
     );
+}
+
+/// A container whose creation fails part-way (its file made, then the
+/// disk full) costs its id, not the store: the containers written since
+/// the last commit are still synced by the next one (they were dropped
+/// from the writer's list before), and the next container takes the
+/// next id (the file left behind would make a retry of the same id fail
+/// for ever).
+#[test]
+fn a_failed_container_create_loses_neither_syncs_nor_the_writer() {
+    let (d, s) = new_store("fixed:4K", "none");
+    drop(s);
+    let cs = CountingDir::new(d.path());
+    let s = Store::open_with(d.path(), cs.clone()).unwrap();
+    let first = s.lock().writer.id;
+    let a_data = pseudo(900 << 10, 1);
+    let a = file(&s, "a", &a_data);
+    cs.fail_creates
+        .store(1, std::sync::atomic::Ordering::Relaxed);
+    let b = s.mknod(1, b"b", node(Kind::File)).unwrap().ino;
+    s.open_file(b).unwrap();
+    s.write(b, 0, &pseudo(600 << 10, 2)).unwrap();
+    assert!(s.release_file(b).is_err(), "the container create fails");
+    s.commit(true).unwrap();
+    assert!(
+        cs.synced.lock().unwrap().contains(&first),
+        "a's container synced"
+    );
+    let c_data = pseudo(600 << 10, 3);
+    let c = file(&s, "c", &c_data);
+    s.commit(true).unwrap();
+    let now = s.lock().writer.id;
+    assert_eq!(now, first + 2, "the failed id is skipped");
+    assert_eq!(read_all(&s, a), a_data);
+    assert_eq!(read_all(&s, c), c_data);
+    drop(s);
+    let s = Store::open(d.path()).unwrap();
+    assert_eq!(read_all(&s, a), a_data);
+    assert_eq!(read_all(&s, c), c_data);
 }

@@ -315,8 +315,24 @@ impl Store {
         self.commit(true)
     }
 
+    /// The pages `data` written at `off` replaces whole, copied (before
+    /// the store's lock is taken: copying a 1 MiB write under it held up
+    /// every other request).
+    fn whole_pages(&self, off: u64, data: &[u8]) -> Vec<Page> {
+        let p = self.page_size();
+        let end = off.saturating_add(data.len() as u64);
+        let first = off.div_ceil(p);
+        (first..end / p)
+            .map(|idx| {
+                let at = (idx * p - off) as usize;
+                (idx, Arc::new(data[at..at + p as usize].to_vec()))
+            })
+            .collect()
+    }
+
     /// Writes `data` at `off`.
     pub fn write(&self, ino: u64, off: u64, data: &[u8]) -> Result<usize> {
+        let mut copies = self.whole_pages(off, data).into_iter();
         let mut g = self.lock();
         let a = g.attr(ino)?;
         match a.kind {
@@ -340,13 +356,9 @@ impl Store {
             if whole {
                 // Replaced outright: no read of the old bytes, no copy of
                 // a page a flush may be holding.
-                let at = (ps - off) as usize;
-                let page = data[at..at + p as usize].to_vec();
-                g.dirty
-                    .entry(ino)
-                    .or_default()
-                    .pages
-                    .insert(idx, Arc::new(page));
+                let (at, page) = copies.next().expect("a copy of every whole page");
+                debug_assert_eq!(at, idx);
+                g.dirty.entry(ino).or_default().pages.insert(idx, page);
                 continue;
             }
             if !g

@@ -30,8 +30,8 @@ pub struct MountArgs {
     /// Stay in the foreground until unmounted (SIGINT/SIGTERM unmount).
     #[arg(short = 'f', long)]
     pub foreground: bool,
-    /// FUSE worker threads.
-    #[arg(long, default_value_t = onecopy_fuse::DEFAULT_THREADS)]
+    /// FUSE worker threads (default: one per CPU, at least 2, at most 16).
+    #[arg(long, default_value_t = onecopy_fuse::default_threads())]
     pub threads: usize,
     /// Mount options, comma-separated: ro, nosuid, nodev, noexec, noatime,
     /// sync, dirsync, threads=N; fstab's defaults, auto, noauto, user,

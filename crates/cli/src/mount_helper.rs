@@ -189,7 +189,7 @@ pub fn run(args: &[OsString]) -> ExitCode {
         dir: h.spec,
         mountpoint: h.dir,
         foreground: false,
-        threads: 4,
+        threads: onecopy_fuse::default_threads(),
         options: Some(h.options),
         sloppy: h.sloppy,
         notify_ready: false,

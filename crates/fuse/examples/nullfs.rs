@@ -10,7 +10,7 @@ fn main() {
         std::process::exit(2);
     };
     let threads = match args.next().map(|t| t.to_string_lossy().parse::<usize>()) {
-        None => onecopy_fuse::DEFAULT_THREADS,
+        None => onecopy_fuse::default_threads(),
         Some(Ok(n)) if n > 0 => n,
         Some(_) => {
             eprintln!("nullfs: THREADS must be a positive number");

@@ -378,7 +378,7 @@ impl Filesystem for StoreFs {
                 _ => m,
             }
         });
-        let set = SetAttr {
+        let mut set = SetAttr {
             perm: mode,
             uid,
             gid,
@@ -388,10 +388,7 @@ impl Filesystem for StoreFs {
             ctime_ns: ctime.map(ns),
             kill_setid: SetidKill::Keep,
         };
-        let set = SetAttr {
-            kill_setid: setid_kill(&self.store, req, ino.0, &set, false),
-            ..set
-        };
+        set.kill_setid = setid_kill(&self.store, req, ino.0, &set, false);
         match self.store.setattr(ino.0, set) {
             Ok(a) => reply.attr(&TTL, &fattr(&a)),
             Err(e) => reply.error(errno(e)),
@@ -551,11 +548,8 @@ impl Filesystem for StoreFs {
         reply: ReplyWrite,
     ) {
         if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
-            let none = SetAttr::default();
-            let kill = SetAttr {
-                kill_setid: setid_kill(&self.store, req, ino.0, &none, true),
-                ..none
-            };
+            let mut kill = SetAttr::default();
+            kill.kill_setid = setid_kill(&self.store, req, ino.0, &kill, true);
             if let Err(e) = self.store.setattr(ino.0, kill) {
                 return reply.error(errno(e));
             }

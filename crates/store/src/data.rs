@@ -332,7 +332,7 @@ impl Store {
 
     /// Writes `data` at `off`.
     pub fn write(&self, ino: u64, off: u64, data: &[u8]) -> Result<usize> {
-        let mut copies = self.whole_pages(off, data).into_iter();
+        let mut copies = self.whole_pages(off, data).into_iter().peekable();
         let mut g = self.lock();
         let a = g.attr(ino)?;
         match a.kind {
@@ -352,12 +352,9 @@ impl Store {
         let p = self.page_size();
         for idx in off / p..=(end - 1) / p {
             let ps = idx * p;
-            let whole = off <= ps && end >= ps + p;
-            if whole {
+            if let Some((_, page)) = copies.next_if(|&(i, _)| i == idx) {
                 // Replaced outright: no read of the old bytes, no copy of
                 // a page a flush may be holding.
-                let (at, page) = copies.next().expect("a copy of every whole page");
-                debug_assert_eq!(at, idx);
                 g.dirty.entry(ino).or_default().pages.insert(idx, page);
                 continue;
             }

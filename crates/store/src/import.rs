@@ -237,9 +237,23 @@ impl Shared<'_> {
         self.progress
     }
 
+    /// Records the error that stops the import: the first, unless it was
+    /// a node gone missing and a full disk follows. A commit that fails
+    /// for want of space rolls back the nodes made since the last one, and
+    /// another worker can meet that (NotFound) before the committing one
+    /// records the cause.
     fn set_fatal(&self, e: ImportError) {
         let mut f = self.fatal.lock().unwrap_or_else(|p| p.into_inner());
-        if f.is_none() {
+        let gone = |old: &ImportError| {
+            matches!(
+                old,
+                ImportError::Store {
+                    source: StoreError::NotFound,
+                    ..
+                }
+            )
+        };
+        if f.as_ref().is_none_or(|old| gone(old) && e.is_no_space()) {
             *f = Some(e);
         }
         self.stop.store(true, Ordering::SeqCst);

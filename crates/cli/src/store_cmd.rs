@@ -45,11 +45,13 @@ pub enum StoreAction {
         /// or `cdc:MIN/AVG/MAX` (FastCDC; for backups and archives).
         #[arg(long, default_value = "fixed:64K")]
         chunking: String,
-        /// Chunk compression: lz4 (default; fastest on incompressible
-        /// data), zstd or zstd:LEVEL (smaller; level 1-19, default 3: higher
-        /// is smaller and slower on new data) or none. Chunks that do not
-        /// shrink are stored raw.
-        #[arg(long, default_value = "lz4")]
+        /// Chunk compression: auto (default: lz4 tests each chunk and the
+        /// ones it shrinks are stored with zstd, so incompressible data
+        /// costs lz4's speed and the rest zstd's size), auto:LEVEL, zstd
+        /// or zstd:LEVEL (zstd for every chunk; level 1-19, default 3:
+        /// higher is smaller and slower on new data), lz4 (fastest) or
+        /// none. Chunks that do not shrink are stored raw.
+        #[arg(long, default_value = "auto")]
         compress: String,
         /// Also compare bytes when a fingerprint is found (as ZFS
         /// dedup=verify); heals a damaged stored copy.

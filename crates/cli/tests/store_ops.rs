@@ -416,6 +416,75 @@ fn index_quota_and_prune_through_the_cli() {
     assert_eq!(bad.status.code(), Some(2), "{bad:?}");
 }
 
+/// A new store compresses with `auto` unless told otherwise, and stores a
+/// tree of text and random bytes as small as zstd does (lz4 tests each
+/// chunk; the text goes on to zstd, the random bytes stay raw) and
+/// smaller than lz4 does; `auto:LEVEL` keeps its level.
+#[test]
+fn auto_compression_is_the_default_and_as_small_as_zstd() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("mixed");
+    std::fs::create_dir(&src).unwrap();
+    for i in 0..10 {
+        let line = format!("row {i}: onecopy keeps every block once, {}\n", i * 13);
+        std::fs::write(src.join(format!("t{i}")), line.repeat(3000 + i * 100)).unwrap();
+    }
+    std::fs::write(src.join("random"), noise(1 << 20)).unwrap();
+    let mut stored = std::collections::HashMap::new();
+    for args in [
+        &[][..],
+        &["--compress", "zstd"],
+        &["--compress", "lz4"],
+        &["--compress", "auto:9"],
+    ] {
+        let dir = t.path().join(format!("s{}", stored.len()));
+        let d = dir.to_str().unwrap();
+        let mut init = vec!["store", "init", d];
+        init.extend_from_slice(args);
+        ok(&onecopy(&init), "init");
+        let cfg: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join("store.json")).unwrap()).unwrap();
+        let name = args.get(1).copied().unwrap_or("default");
+        match name {
+            "default" => assert_eq!(cfg["compress"], "auto", "{cfg}"),
+            "auto:9" => assert_eq!(
+                (cfg["compress"].as_str(), cfg["zstd_level"].as_i64()),
+                (Some("auto"), Some(9)),
+                "{cfg}"
+            ),
+            _ => {}
+        }
+        ok(
+            &onecopy(&["store", "import", d, src.to_str().unwrap()]),
+            "import",
+        );
+        ok(&onecopy(&["store", "fsck", d]), "fsck");
+        let out = onecopy(&["store", "stats", d, "--json"]);
+        let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        stored.insert(name, s["stored_bytes"].as_u64().unwrap());
+    }
+    let (auto, zstd, lz4) = (stored["default"], stored["zstd"], stored["lz4"]);
+    assert!(
+        auto * 100 <= zstd * 101,
+        "auto {auto} > zstd {zstd}: {stored:?}"
+    );
+    assert!(auto < lz4, "auto {auto} >= lz4 {lz4}: {stored:?}");
+    assert!(auto > 1 << 20, "the random MiB was compressed: {stored:?}");
+}
+
+/// `n` incompressible bytes (xorshift64*).
+fn noise(n: usize) -> Vec<u8> {
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    (0..n)
+        .map(|_| {
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 56) as u8
+        })
+        .collect()
+}
+
 /// `--compress zstd:LEVEL` is kept in store.json and used: the same text
 /// imported into a level-1 and a level-19 store is smaller in the latter;
 /// both are clean, and a level out of 1-19 is a usage error.

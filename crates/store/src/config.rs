@@ -106,25 +106,43 @@ impl Chunking {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Compress {
+    /// zstd for every chunk: smallest, but it spends its time on
+    /// incompressible data too.
     Zstd,
-    /// The default: it gives up on incompressible data at memory speed,
-    /// where zstd costs the first write most of its throughput.
-    #[default]
+    /// lz4 for every chunk: fastest; it gives up on incompressible data
+    /// at memory speed.
     Lz4,
+    /// The default: lz4 first, as a test that costs little; a chunk it
+    /// shrinks by at least [`AUTO_WORTH_PERCENT`] is compressed again with
+    /// zstd and the smaller kept. Incompressible data costs what lz4
+    /// costs; compressible data is stored as small as zstd stores it.
+    #[default]
+    Auto,
     None,
 }
+
+/// `auto` recompresses with zstd a chunk that lz4 shrank to at most this
+/// percentage of its size: below that zstd rarely gains enough to pay
+/// its time.
+pub const AUTO_WORTH_PERCENT: usize = 97;
 
 /// zstd's level when a store does not set one (zstd's own default).
 pub const ZSTD_LEVEL: i32 = 3;
 
-/// `--compress` with an optional zstd level: `zstd:N` (1 to 19), `zstd`,
-/// `lz4` or `none`.
+/// `--compress` with an optional zstd level: `auto`, `auto:N`, `zstd`,
+/// `zstd:N` (N 1 to 19), `lz4` or `none`.
 pub fn parse_compress(s: &str) -> Result<(Compress, Option<i32>)> {
-    let Some(level) = s.strip_prefix("zstd:") else {
+    let Some((name, level)) = s.split_once(':') else {
         return Ok((s.parse()?, None));
     };
+    let codec: Compress = name.parse()?;
+    if !matches!(codec, Compress::Zstd | Compress::Auto) {
+        return Err(StoreError::BadOption(format!(
+            "'{s}': only zstd and auto take a level"
+        )));
+    }
     match level.parse::<i32>() {
-        Ok(n) if (1..=19).contains(&n) => Ok((Compress::Zstd, Some(n))),
+        Ok(n) if (1..=19).contains(&n) => Ok((codec, Some(n))),
         _ => Err(StoreError::BadOption(format!(
             "'{s}': a zstd level is 1 to 19"
         ))),
@@ -151,11 +169,12 @@ impl std::str::FromStr for Compress {
     type Err = StoreError;
     fn from_str(s: &str) -> Result<Self> {
         match s {
+            "auto" => Ok(Compress::Auto),
             "zstd" => Ok(Compress::Zstd),
             "lz4" => Ok(Compress::Lz4),
             "none" => Ok(Compress::None),
             _ => Err(StoreError::BadOption(format!(
-                "'{s}': expected zstd, lz4 or none"
+                "'{s}': expected auto, zstd, lz4 or none"
             ))),
         }
     }
@@ -181,7 +200,8 @@ pub struct StoreConfig {
     /// flushes and merges happen often).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub index_memtable: Option<usize>,
-    /// zstd's level (1-19; default [`ZSTD_LEVEL`]); only with zstd.
+    /// zstd's level (1-19; default [`ZSTD_LEVEL`]); only with zstd and
+    /// auto.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zstd_level: Option<i32>,
 }
@@ -236,6 +256,11 @@ mod tests {
         assert!("zip".parse::<Compress>().is_err());
         assert_eq!(parse_compress("zstd:6").unwrap(), (Compress::Zstd, Some(6)));
         assert_eq!(parse_compress("lz4").unwrap(), (Compress::Lz4, None));
+        assert_eq!(parse_compress("auto").unwrap(), (Compress::Auto, None));
+        assert_eq!(parse_compress("auto:6").unwrap(), (Compress::Auto, Some(6)));
+        assert!(parse_compress("lz4:6").is_err());
+        assert!(parse_compress("auto:20").is_err());
+        assert!(parse_compress("brotli:3").is_err());
         assert!(parse_compress("zstd:0").is_err());
         assert!(parse_compress("zstd:20").is_err());
         assert!(parse_compress("lz4:3").is_err());

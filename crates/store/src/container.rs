@@ -8,7 +8,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use crate::config::{Compress, Packing};
+use crate::config::{Compress, Packing, AUTO_WORTH_PERCENT};
 use crate::error::{Result, StoreError};
 
 /// Magic at the start of every container.
@@ -43,6 +43,7 @@ pub fn encode(hash: &Hash, raw: &[u8], packing: impl Into<Packing>) -> Encoded {
             .ok()
             .map(|p| (Codec::Zstd, p)),
         Compress::Lz4 => Some((Codec::Lz4, lz4_flex::block::compress(raw))),
+        Compress::Auto => Some(auto(raw, packing.zstd_level)),
         Compress::None => None,
     };
     let (codec, payload): (Codec, &[u8]) = match &packed {
@@ -62,6 +63,19 @@ pub fn encode(hash: &Hash, raw: &[u8], packing: impl Into<Packing>) -> Encoded {
     Encoded {
         bytes,
         raw_len: raw.len() as u32,
+    }
+}
+
+/// `auto`: lz4, then zstd at `level` only if lz4 found the chunk worth
+/// it; the smaller of the two.
+fn auto(raw: &[u8], level: i32) -> (Codec, Vec<u8>) {
+    let lz4 = lz4_flex::block::compress(raw);
+    if lz4.len() * 100 > raw.len() * AUTO_WORTH_PERCENT {
+        return (Codec::Lz4, lz4);
+    }
+    match zstd::bulk::compress(raw, level) {
+        Ok(z) if z.len() < lz4.len() => (Codec::Zstd, z),
+        _ => (Codec::Lz4, lz4),
     }
 }
 
@@ -358,7 +372,12 @@ mod tests {
 
     #[test]
     fn records_round_trip_and_detect_damage() {
-        for compress in [Compress::Zstd, Compress::Lz4, Compress::None] {
+        for compress in [
+            Compress::Auto,
+            Compress::Zstd,
+            Compress::Lz4,
+            Compress::None,
+        ] {
             for raw in [
                 vec![7u8; 5000],
                 (0..5000u32).map(|i| ((i * 7919) >> 3) as u8).collect(),
@@ -377,11 +396,53 @@ mod tests {
         }
     }
 
+    /// `auto` keeps incompressible chunks raw, leaves the barely
+    /// compressible to lz4 (zstd is not tried) and stores compressible
+    /// ones as zstd does, never larger than lz4 would.
+    #[test]
+    fn auto_picks_by_what_lz4_finds() {
+        let mut rnd = 0x9e37_79b9_7f4a_7c15u64;
+        let mut noise = |n: usize| -> Vec<u8> {
+            (0..n)
+                .map(|_| {
+                    rnd ^= rnd << 13;
+                    rnd ^= rnd >> 7;
+                    rnd ^= rnd << 17;
+                    rnd as u8
+                })
+                .collect()
+        };
+        let random = noise(65536);
+        let mut barely = noise(64512);
+        barely.extend_from_slice(&[0; 1024]);
+        let words = ["chunk ", "store ", "index ", "the ", "of ", "dedupe "];
+        let text: Vec<u8> = (0..20000usize)
+            .flat_map(|i| words[(i * 7 + i / 3) % words.len()].bytes())
+            .take(65536)
+            .collect();
+        let codec = |raw: &[u8], c: Compress| {
+            let e = encode(blake3::hash(raw).as_bytes(), raw, c);
+            assert_eq!(decode(&e.bytes, 1, 0).unwrap().1, raw);
+            (e.bytes[40], e.bytes.len())
+        };
+        assert_eq!(codec(&random, Compress::Auto).0, Codec::Raw as u8);
+        assert_eq!(codec(&barely, Compress::Auto).0, Codec::Lz4 as u8);
+        let (c, auto_len) = codec(&text, Compress::Auto);
+        assert_eq!(c, Codec::Zstd as u8);
+        assert_eq!(auto_len, codec(&text, Compress::Zstd).1);
+        assert!(auto_len < codec(&text, Compress::Lz4).1);
+    }
+
     /// `decode_into` accepts exactly what `decode` accepts, with the same
     /// bytes, and refuses an output of another length.
     #[test]
     fn decode_into_agrees_with_decode() {
-        for compress in [Compress::Zstd, Compress::Lz4, Compress::None] {
+        for compress in [
+            Compress::Auto,
+            Compress::Zstd,
+            Compress::Lz4,
+            Compress::None,
+        ] {
             let raw: Vec<u8> = (0..5000u32).map(|i| ((i * 7919) >> 3) as u8).collect();
             let hash = *blake3::hash(&raw).as_bytes();
             let enc = encode(&hash, &raw, compress);

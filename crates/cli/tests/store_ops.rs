@@ -429,7 +429,7 @@ fn auto_compression_is_the_default_and_as_small_as_zstd() {
         let line = format!("row {i}: onecopy keeps every block once, {}\n", i * 13);
         std::fs::write(src.join(format!("t{i}")), line.repeat(3000 + i * 100)).unwrap();
     }
-    std::fs::write(src.join("random"), noise(1 << 20)).unwrap();
+    write_random(&src.join("random"), 1 << 20, 7).unwrap();
     let mut stored = std::collections::HashMap::new();
     for args in [
         &[][..],
@@ -437,14 +437,8 @@ fn auto_compression_is_the_default_and_as_small_as_zstd() {
         &["--compress", "lz4"],
         &["--compress", "auto:9"],
     ] {
-        let dir = t.path().join(format!("s{}", stored.len()));
-        let d = dir.to_str().unwrap();
-        let mut init = vec!["store", "init", d];
-        init.extend_from_slice(args);
-        ok(&onecopy(&init), "init");
-        let cfg: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(dir.join("store.json")).unwrap()).unwrap();
         let name = args.get(1).copied().unwrap_or("default");
+        let (cfg, bytes) = init_and_import(&t.path().join(name.replace(':', "-")), args, &src);
         match name {
             "default" => assert_eq!(cfg["compress"], "auto", "{cfg}"),
             "auto:9" => assert_eq!(
@@ -454,14 +448,7 @@ fn auto_compression_is_the_default_and_as_small_as_zstd() {
             ),
             _ => {}
         }
-        ok(
-            &onecopy(&["store", "import", d, src.to_str().unwrap()]),
-            "import",
-        );
-        ok(&onecopy(&["store", "fsck", d]), "fsck");
-        let out = onecopy(&["store", "stats", d, "--json"]);
-        let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        stored.insert(name, s["stored_bytes"].as_u64().unwrap());
+        stored.insert(name, bytes);
     }
     let (auto, zstd, lz4) = (stored["default"], stored["zstd"], stored["lz4"]);
     assert!(
@@ -472,17 +459,22 @@ fn auto_compression_is_the_default_and_as_small_as_zstd() {
     assert!(auto > 1 << 20, "the random MiB was compressed: {stored:?}");
 }
 
-/// `n` incompressible bytes (xorshift64*).
-fn noise(n: usize) -> Vec<u8> {
-    let mut x = 0x2545_f491_4f6c_dd1du64;
-    (0..n)
-        .map(|_| {
-            x ^= x >> 12;
-            x ^= x << 25;
-            x ^= x >> 27;
-            (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 56) as u8
-        })
-        .collect()
+/// Creates a store in `dir` with `init_args`, imports `src` into it and
+/// checks it: (its store.json, its stored bytes).
+fn init_and_import(dir: &Path, init_args: &[&str], src: &Path) -> (serde_json::Value, u64) {
+    let d = dir.to_str().unwrap();
+    let mut init = vec!["store", "init", d];
+    init.extend_from_slice(init_args);
+    ok(&onecopy(&init), "init");
+    let cfg = serde_json::from_slice(&std::fs::read(dir.join("store.json")).unwrap()).unwrap();
+    ok(
+        &onecopy(&["store", "import", d, src.to_str().unwrap()]),
+        "import",
+    );
+    ok(&onecopy(&["store", "fsck", d]), "fsck");
+    let out = onecopy(&["store", "stats", d, "--json"]);
+    let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    (cfg, s["stored_bytes"].as_u64().unwrap())
 }
 
 /// `--compress zstd:LEVEL` is kept in store.json and used: the same text
@@ -503,19 +495,9 @@ fn zstd_level_is_kept_and_used() {
     let mut stored = Vec::new();
     for level in ["zstd:1", "zstd:19"] {
         let dir = t.path().join(level.replace(':', "-"));
-        let d = dir.to_str().unwrap();
-        ok(&onecopy(&["store", "init", d, "--compress", level]), "init");
-        let cfg: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(dir.join("store.json")).unwrap()).unwrap();
+        let (cfg, bytes) = init_and_import(&dir, &["--compress", level], &src);
         assert_eq!(cfg["zstd_level"].to_string(), level[5..], "{cfg}");
-        ok(
-            &onecopy(&["store", "import", d, src.to_str().unwrap()]),
-            "import",
-        );
-        ok(&onecopy(&["store", "fsck", d]), "fsck");
-        let out = onecopy(&["store", "stats", d, "--json"]);
-        let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        stored.push(s["stored_bytes"].as_u64().unwrap());
+        stored.push(bytes);
     }
     assert!(
         stored[1] < stored[0],

@@ -91,8 +91,10 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
         .collect();
     let mut report = Report::new(&a);
     let (walked, mut tree) = walk(&a, &roots_abs, &ui, &sig, &mut report);
-    // Every file's digests, known or read.
-    let mut store = DigestStore::new();
+    // Every file's digests, known or read; the lists without sub-digests
+    // in a scratch file next to the catalogs (in RAM if it can not be
+    // made: the same answers).
+    let mut store = DigestStore::spilling_to(&spill_dir(&a)).unwrap_or_default();
     let Runs { mut runs, to_read } = consult(
         &a,
         walked,
@@ -115,6 +117,13 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
     for (&fs, run) in runs.iter_mut() {
         let unsettled = act(&a, fs, run, at, &roots_abs, &ui, &sig, &mut report);
         remember(&a, run, at, &roots_abs, &unsettled, &ui, &sig, &mut report);
+    }
+    if let Some(e) = store.spill_error() {
+        ui.warn(&format!("{e}; matching found less than it could"));
+        report.errors.push(ErrorRecord {
+            path: spill_dir(&a).display().to_string(),
+            error: e,
+        });
     }
     finish(&a, report, started, free_before, &sig, &ui)
 }
@@ -359,7 +368,7 @@ fn remember(
     // every path and digest list.
     let records = run.files.iter().enumerate().filter_map(|(i, f)| {
         let settled = policy::record_update(f, i < known, stopped, unsettled[i], a.dry_run)?;
-        Some(FileRecord::of(key, f, at, settled, this_run))
+        FileRecord::of(key, f, at, settled, this_run)
     });
     let deletes = if stopped {
         Vec::new()

@@ -105,7 +105,7 @@ impl Scene {
             "--hashfile".as_ref(),
             self.h.as_os_str(),
         ];
-        args.extend(extra.iter().map(|a| OsStr::new(a)));
+        args.extend(extra.iter().map(OsStr::new));
         args.extend(roots.iter().map(|p| p.as_os_str()));
         let r = onecopy(args);
         assert_no_panic(ctx, &r);

@@ -315,9 +315,8 @@ struct SpillFile {
     /// Words after `written`, not yet written (all of them, and kept, if
     /// a write failed).
     pending: Vec<u8>,
-    /// Page `p` is in slot `p % SLOTS` if anywhere: (page, bytes valid,
-    /// bytes).
-    pages: Vec<Option<(u64, usize, Box<[u8]>)>>,
+    /// Page `p` is in slot `p % SLOTS` if anywhere.
+    pages: Vec<Option<Page>>,
     error: Option<String>,
 }
 
@@ -398,6 +397,15 @@ impl Spill {
     }
 }
 
+/// A cached page of the scratch file: its number, how many of its bytes
+/// were in the file when it was read, those bytes.
+#[derive(Debug)]
+struct Page {
+    n: u64,
+    valid: usize,
+    bytes: Box<[u8]>,
+}
+
 impl SpillFile {
     /// The word at byte `off`, through the page cache.
     fn word(&mut self, off: u64) -> Option<u64> {
@@ -411,20 +419,19 @@ impl SpillFile {
         if self.pages.is_empty() {
             self.pages.resize_with(Spill::SLOTS, || None);
         }
-        let fresh =
-            matches!(&self.pages[slot], Some((p, valid, _)) if *p == page && within + 8 <= *valid);
+        let fresh = matches!(&self.pages[slot], Some(p) if p.n == page && within + 8 <= p.valid);
         if !fresh {
             self.load(page, slot)?;
         }
-        let (_, valid, bytes) = self.pages[slot].as_ref()?;
-        word(&bytes[within..*valid])
+        let p = self.pages[slot].as_ref()?;
+        word(&p.bytes[within..p.valid])
     }
 
     /// Reads page `page` into `slot`.
     fn load(&mut self, page: u64, slot: usize) -> Option<()> {
         use std::os::unix::fs::FileExt;
         let mut bytes = match self.pages[slot].take() {
-            Some((_, _, b)) => b,
+            Some(p) => p.bytes,
             None => vec![0u8; Spill::PAGE].into_boxed_slice(),
         };
         let start = page * Spill::PAGE as u64;
@@ -434,7 +441,11 @@ impl SpillFile {
                 .get_or_insert_with(|| format!("scratch file of block digests: {e}"));
             return None;
         }
-        self.pages[slot] = Some((page, want, bytes));
+        self.pages[slot] = Some(Page {
+            n: page,
+            valid: want,
+            bytes,
+        });
         Some(())
     }
 }

@@ -72,6 +72,7 @@ impl Signals {
 
 pub fn run(a: DedupeArgs) -> Result<u8> {
     let started = Instant::now();
+    fixed_mmap_threshold();
     // Large groups are opened in batches sized from this limit.
     onecopy_dedupe::fdlimit::raise_nofile_limit();
     // Signals first: a Ctrl-C at any point ends in a report and exit 130.
@@ -126,6 +127,21 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
         });
     }
     finish(&a, report, started, free_before, &sig, &ui)
+}
+
+/// Large allocations (128 KiB and up) get pages of their own, given back
+/// when freed. glibc otherwise raises that threshold up to 32 MiB as
+/// large blocks are freed, after which freed large buffers stay in the
+/// heap, resident, under the planner's peak (measured on `many` 1M,
+/// warm: 4.3-4.6 MiB lower peak at 4 KiB blocks, 4.6-5 MiB at 64 KiB;
+/// 0.3-0.5 s more planning at 4 KiB, within the totals' noise).
+fn fixed_mmap_threshold() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets an allocator parameter, under the
+    // allocator's own lock.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 << 10);
+    }
 }
 
 /// Refuses bad arguments and roots clearly, before scanning: the exit code

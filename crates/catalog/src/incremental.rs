@@ -76,15 +76,18 @@ pub fn consult(
 
 impl FileRecord {
     /// The record of `f` (its path in `tree`, its digests in `store`) on
-    /// filesystem `fs_key`, as run `last_seen` leaves it (`settled`).
+    /// filesystem `fs_key`, as run `last_seen` leaves it (`settled`);
+    /// `None` if `store` could not give all its digests back (its scratch
+    /// file failed): no record is better than one with digests missing,
+    /// the file is then read again by a later run.
     pub fn of(
         fs_key: &str,
         f: &HashedFile,
         (tree, store): (&Tree, &DigestStore),
         settled: bool,
         last_seen: u64,
-    ) -> Self {
-        FileRecord {
+    ) -> Option<Self> {
+        Some(FileRecord {
             fs: fs_key.to_string(),
             subvol: tree.device(f.entry.dev).subvol,
             ino: f.entry.ino,
@@ -95,11 +98,11 @@ impl FileRecord {
             ctime_ns: f.entry.ctime_ns,
             nlink: f.entry.nlink.into(),
             whole: f.whole(),
-            blocks: f.blocks(store).to_vec(),
+            blocks: f.blocks(store).to_vec_checked()?,
             flags: f.inode_flags,
             settled,
             last_seen,
-        }
+        })
     }
 }
 

@@ -39,6 +39,7 @@ per_fs!(
     delete,
     hardlink_added,
     new_copy_of_old_file,
+    block_runs_against_known_files,
     outside_roots,
     damage_foreign,
     damage_truncated,
@@ -92,6 +93,11 @@ impl Scene {
 
     /// `onecopy dedupe --json -v --hashfile H ROOTS...`; never a panic.
     fn run(&self, ctx: &str, roots: &[&Path]) -> Run {
+        self.run_with(ctx, &[], roots)
+    }
+
+    /// [`Scene::run`] with `extra` arguments before the roots.
+    fn run_with(&self, ctx: &str, extra: &[&str], roots: &[&Path]) -> Run {
         let mut args: Vec<&OsStr> = vec![
             "dedupe".as_ref(),
             "--json".as_ref(),
@@ -99,6 +105,7 @@ impl Scene {
             "--hashfile".as_ref(),
             self.h.as_os_str(),
         ];
+        args.extend(extra.iter().map(OsStr::new));
         args.extend(roots.iter().map(|p| p.as_os_str()));
         let r = onecopy(args);
         assert_no_panic(ctx, &r);
@@ -801,6 +808,85 @@ fn new_copy_of_old_file(kind: FsKind) {
 
     let r = s.run_root("warm after new copies");
     assert_warm("warm after new copies", &r, n + 2);
+}
+
+/// Case 7b: new files' blocks are matched against known files' block
+/// digests, which a run keeps out of RAM (a scratch file next to the
+/// catalog) and reads back when planning: a part of a known file inside a
+/// new file, at a shifted offset, is shared with it, at the 4 KiB default
+/// and at `-b 64K`; a renamed known file, whose record is rewritten from
+/// those digests, is matched by the next run's new file too.
+fn block_runs_against_known_files(kind: FsKind) {
+    for block in [None, Some("64K")] {
+        let ctx = |what: &str| format!("{what} (-b {})", block.unwrap_or("default"));
+        let extra: Vec<&str> = block.map(|b| vec!["-b", b]).unwrap_or_default();
+        let s = Scene::new(kind);
+        let run = |what: &str| {
+            settle();
+            let r = s.run_with(&ctx(what), &extra, &[&s.root]);
+            r.assert_ok(&ctx(what));
+            r
+        };
+        let (a, r_old, r_new) = (s.p("old/A.bin"), s.p("old/R.bin"), s.p("old/R2.bin"));
+        mkparent(&a);
+        let a_data = random_bytes((2 * MIB + 77) as usize, 81);
+        let r_data = random_bytes((MIB + 5) as usize, 82);
+        std::fs::write(&a, &a_data).unwrap();
+        std::fs::write(&r_old, &r_data).unwrap();
+        assert_eq!(run("first run").u("files_read"), 2);
+
+        // 12 KiB of its own, A's 64 KiB-aligned [256 KiB, 1.5 MiB), 40 KiB
+        // of its own: no whole-file copy, only block runs find it.
+        let n = s.p("new/N.bin");
+        let part = &a_data[(256 * KIB) as usize..(3 * MIB / 2) as usize];
+        mkparent(&n);
+        let mut data = random_bytes((12 * KIB) as usize, 83);
+        data.extend_from_slice(part);
+        data.extend(random_bytes((40 * KIB) as usize, 84));
+        std::fs::write(&n, &data).unwrap();
+        std::fs::rename(&r_old, &r_new).unwrap();
+        let sums = tree_sums(&s.root);
+        let r = run("after N");
+        assert_read(&ctx("after N"), &r, &[&n]);
+        assert_eq!(r.u("files_renamed"), 1, "{}", ctx("after N: renamed"));
+        assert_eq!(tree_sums(&s.root), sums, "{}", ctx("contents changed"));
+        let shared = shared_bytes_between(&a, &n);
+        assert!(
+            shared >= part.len() as u64 * 9 / 10,
+            "{}: {shared} of {} bytes of A in N shared",
+            ctx("after N"),
+            part.len()
+        );
+
+        // The renamed file's rewritten record still matches: 8 KiB of its
+        // own, R's [64 KiB, 832 KiB), no more.
+        let m = s.p("new/M.bin");
+        let part = &r_data[(64 * KIB) as usize..(832 * KIB) as usize];
+        let mut data = random_bytes((8 * KIB) as usize, 85);
+        data.extend_from_slice(part);
+        std::fs::write(&m, &data).unwrap();
+        let sums = tree_sums(&s.root);
+        let r = run("after M");
+        assert_read(&ctx("after M"), &r, &[&m]);
+        assert_eq!(tree_sums(&s.root), sums, "{}", ctx("contents changed"));
+        let shared = shared_bytes_between(&r_new, &m);
+        assert!(
+            shared >= part.len() as u64 * 9 / 10,
+            "{}: {shared} of {} bytes of R2 in M shared",
+            ctx("after M"),
+            part.len()
+        );
+        // The scratch file had no name: only the catalog is left.
+        for e in std::fs::read_dir(s.h.parent().unwrap()).unwrap() {
+            let name = e.unwrap().file_name();
+            let name = name.to_string_lossy();
+            assert!(
+                name.starts_with("cat.sqlite"),
+                "{}: {name} left",
+                ctx("end")
+            );
+        }
+    }
 }
 
 /// Case 8: files of another run's roots serve as sources (never as

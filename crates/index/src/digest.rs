@@ -82,13 +82,31 @@ fn mix64(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
+/// Digests kept out of RAM (a scratch file), read one 8-byte word at a
+/// time through a small cache: [`Blocks::Paged`].
+pub trait PagedDigests: Sync + std::fmt::Debug {
+    /// The `i`-th 8-byte word (little-endian) of the scratch list; `None`
+    /// if it could not be read (the caller then sees fewer blocks: a match
+    /// is missed, never a wrong digest given).
+    fn word(&self, i: u64) -> Option<u64>;
+}
+
 /// A file's block digests as they are stored: in full (16 B each), or as
 /// the sub-digests of single-sub-block blocks (8 B each, see
-/// [`block_of_sub`]).
+/// [`block_of_sub`]), in RAM or out of it ([`PagedDigests`]).
 #[derive(Debug, Clone, Copy)]
 pub enum Blocks<'a> {
     Full(&'a [BlockDigest]),
     OneSub(&'a [SubDigest]),
+    /// `len` blocks from word `at` of `src`: one word per block when
+    /// `one_sub` (a sub-digest, as [`Blocks::OneSub`]), else two (the
+    /// low then the high half, as [`Blocks::Full`]).
+    Paged {
+        src: &'a dyn PagedDigests,
+        at: u64,
+        len: u32,
+        one_sub: bool,
+    },
 }
 
 impl<'a> Blocks<'a> {
@@ -96,6 +114,7 @@ impl<'a> Blocks<'a> {
         match self {
             Blocks::Full(b) => b.len(),
             Blocks::OneSub(s) => s.len(),
+            Blocks::Paged { len, .. } => *len as usize,
         }
     }
 
@@ -103,27 +122,47 @@ impl<'a> Blocks<'a> {
         self.len() == 0
     }
 
-    /// Block `i`'s digest, `None` past the end.
+    /// Block `i`'s digest, `None` past the end (or, paged, unreadable).
     #[inline]
     pub fn get(&self, i: usize) -> Option<BlockDigest> {
         match self {
             Blocks::Full(b) => b.get(i).copied(),
             Blocks::OneSub(s) => s.get(i).map(|&x| block_of_sub(x)),
+            Blocks::Paged {
+                src,
+                at,
+                len,
+                one_sub,
+            } => {
+                if i >= *len as usize {
+                    return None;
+                }
+                if *one_sub {
+                    return src.word(at + i as u64).map(block_of_sub);
+                }
+                let w = at + 2 * i as u64;
+                let (lo, hi) = (src.word(w)?, src.word(w + 1)?);
+                Some(lo as u128 | (hi as u128) << 64)
+            }
         }
     }
 
+    /// Every block's digest in order; a paged list stops at the first
+    /// unreadable one (compare with [`Blocks::len`], or use
+    /// [`Blocks::to_vec_checked`]).
     pub fn iter(&self) -> impl Iterator<Item = BlockDigest> + 'a {
-        let (full, one): (&'a [BlockDigest], &'a [SubDigest]) = match *self {
-            Blocks::Full(b) => (b, &[]),
-            Blocks::OneSub(s) => (&[], s),
-        };
-        full.iter()
-            .copied()
-            .chain(one.iter().map(|&x| block_of_sub(x)))
+        let b = *self;
+        (0..b.len()).map_while(move |i| b.get(i))
     }
 
     pub fn to_vec(&self) -> Vec<BlockDigest> {
         self.iter().collect()
+    }
+
+    /// Every digest, or `None` if a paged one could not be read.
+    pub fn to_vec_checked(&self) -> Option<Vec<BlockDigest>> {
+        let v = self.to_vec();
+        (v.len() == self.len()).then_some(v)
     }
 }
 
@@ -297,5 +336,41 @@ mod tests {
         assert_eq!(v.to_vec(), blocks);
         assert_eq!((v.len(), v.get(6)), (6, None));
         assert_eq!(Blocks::Full(&blocks).get(2), Some(blocks[2]));
+        // Paged, one word per block or two, as stored in RAM.
+        #[derive(Debug)]
+        struct Words(Vec<u64>);
+        impl PagedDigests for Words {
+            fn word(&self, i: u64) -> Option<u64> {
+                self.0.get(i as usize).copied()
+            }
+        }
+        let mut words = Words(vec![99]);
+        words.0.extend(&subs);
+        for b in &big {
+            words.0.extend([*b as u64, (*b >> 64) as u64]);
+        }
+        let one = Blocks::Paged {
+            src: &words,
+            at: 1,
+            len: 6,
+            one_sub: true,
+        };
+        assert_eq!(one.to_vec_checked(), Some(blocks.clone()));
+        let two = Blocks::Paged {
+            src: &words,
+            at: 7,
+            len: big.len() as u32,
+            one_sub: false,
+        };
+        assert_eq!(two.to_vec_checked(), Some(big.clone()));
+        assert_eq!(two.get(big.len()), None);
+        // Unreadable words end the list early, and are reported as such.
+        let short = Blocks::Paged {
+            src: &words,
+            at: 7,
+            len: big.len() as u32 + 1,
+            one_sub: false,
+        };
+        assert_eq!(short.to_vec_checked(), None);
     }
 }

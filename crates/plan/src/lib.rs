@@ -310,6 +310,10 @@ pub fn plan_input<F: PlanInput + ?Sized>(
         });
     }
 
+    // The sort order (4 B per file) is not needed past pass 1; freed
+    // before the block table is built, it does not add to the peak.
+    drop(order);
+
     // Pass 2: block runs over everything not already a whole-file copy.
     let total_blocks: usize = (0..files.len() as u32)
         .filter(|&i| !covered[i as usize])

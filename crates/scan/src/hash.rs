@@ -14,7 +14,9 @@ use crate::{FileEntry, Marks, Progress, ScanError, SkipReason, Tree};
 // callers of the reader.
 use onecopy_index::digest::sub_of_block;
 use onecopy_index::digest::{digest_block, whole_digest};
-pub use onecopy_index::digest::{window_digest, zero_block_digest, BlockDigest, Blocks, SubDigest};
+pub use onecopy_index::digest::{
+    window_digest, zero_block_digest, BlockDigest, Blocks, PagedDigests, SubDigest,
+};
 
 /// How to read and fingerprint.
 #[derive(Debug, Clone)]
@@ -142,10 +144,24 @@ pub struct Digests {
 /// (a list longer than a chunk gets a chunk of its own): a file's digests
 /// cost their 16 B slots and no allocation of their own, and a chunk's
 /// unused tail is never touched (so never resident).
+///
+/// A store made by [`DigestStore::spilling_to`] keeps the lists that have
+/// no sub-digests (every known file's, and at a block of one filesystem
+/// block every file's) in an unnamed scratch file instead, read back a
+/// word at a time through a 512 KiB cache ([`Blocks::Paged`]): the
+/// planner walks each file's list once in order and a matched source's
+/// from the match on, so the file's pages stay in the page cache, not in
+/// the process. Lists with sub-digests stay in RAM (the planner takes
+/// them as slices).
 #[derive(Debug, Default)]
 pub struct DigestStore {
     chunks: Vec<Vec<u128>>,
+    spill: Option<Spill>,
 }
+
+/// `Digests::chunk` of a list in the scratch file (`at` is then its
+/// first 8-byte word there).
+const SPILLED: u32 = u32::MAX;
 
 impl DigestStore {
     /// Slots per chunk.
@@ -155,6 +171,18 @@ impl DigestStore {
         DigestStore::default()
     }
 
+    /// A store that keeps lists without sub-digests in an unnamed scratch
+    /// file in `dir` (created if absent; the file has no name, so nothing
+    /// is left behind however the process ends). The error if the file
+    /// can not be made: the caller then uses [`DigestStore::new`] (the
+    /// same answers, in RAM).
+    pub fn spilling_to(dir: &std::path::Path) -> std::io::Result<DigestStore> {
+        Ok(DigestStore {
+            chunks: Vec::new(),
+            spill: Some(Spill::create(dir)?),
+        })
+    }
+
     /// Stores `blocks` and `subs` (packed two to a slot in native byte
     /// order); where they are. Blocks of one sub-block each (the matching
     /// block is the filesystem block) are stored as their sub-digests, 8 B
@@ -162,12 +190,28 @@ impl DigestStore {
     /// file with sub-digests has blocks).
     pub fn push(&mut self, blocks: &[BlockDigest], subs: &[SubDigest]) -> Digests {
         let one_sub = subs.is_empty() && blocks.iter().all(|&b| sub_of_block(b).is_some());
+        if subs.is_empty() && !blocks.is_empty() {
+            if let Some(d) = self.spill.as_mut().and_then(|s| s.push(blocks, one_sub)) {
+                return d;
+            }
+        }
         if one_sub && !blocks.is_empty() {
             // Their sub-digests are their low halves.
             let low = |i: usize| blocks[i] as u64;
             return self.push_slots(&[], blocks.len(), low);
         }
         self.push_slots(blocks, subs.len(), |i| subs[i])
+    }
+
+    /// Why the scratch file failed, if it did (lists it could not give
+    /// back were seen as shorter: matches missed, nothing wrong).
+    pub fn spill_error(&self) -> Option<String> {
+        let s = self.spill.as_ref()?;
+        s.file
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .error
+            .clone()
     }
 
     /// Stores `blocks` then `nsubs` sub-digests, `sub(i)` the i-th.
@@ -215,6 +259,16 @@ impl DigestStore {
 
     /// The block digests of `d`.
     pub fn blocks(&self, d: &Digests) -> Blocks<'_> {
+        if d.chunk == SPILLED {
+            if let Some(s) = &self.spill {
+                return Blocks::Paged {
+                    src: s,
+                    at: u64::from(d.at),
+                    len: d.blocks.max(d.subs),
+                    one_sub: d.blocks == 0,
+                };
+            }
+        }
         if d.blocks == 0 {
             return Blocks::OneSub(self.packed(d));
         }
@@ -224,7 +278,7 @@ impl DigestStore {
     /// The sub-block digests of `d` (none where blocks are single
     /// sub-blocks).
     pub fn subs(&self, d: &Digests) -> &[SubDigest] {
-        if d.blocks == 0 {
+        if d.blocks == 0 || d.chunk == SPILLED {
             return &[];
         }
         self.packed(d)
@@ -239,9 +293,167 @@ impl DigestStore {
         &all[..d.subs as usize]
     }
 
-    /// Bytes of the chunks' slots in use.
+    /// Bytes of the chunks' slots in use (the scratch file aside).
     pub fn used_bytes(&self) -> usize {
         self.chunks.iter().map(|c| c.len() * 16).sum()
+    }
+}
+
+/// The scratch file of a spilling [`DigestStore`].
+#[derive(Debug)]
+struct Spill {
+    file: Mutex<SpillFile>,
+    /// A write failed: later lists stay in RAM.
+    broken: bool,
+}
+
+#[derive(Debug)]
+struct SpillFile {
+    file: File,
+    /// Bytes written to the file.
+    written: u64,
+    /// Words after `written`, not yet written (all of them, and kept, if
+    /// a write failed).
+    pending: Vec<u8>,
+    /// Page `p` is in slot `p % SLOTS` if anywhere.
+    pages: Vec<Option<Page>>,
+    error: Option<String>,
+}
+
+impl Spill {
+    /// Bytes per cached page, and pages cached.
+    const PAGE: usize = 8 << 10;
+    const SLOTS: usize = 64;
+    /// Pending bytes written at once.
+    const WRITE: usize = 256 << 10;
+
+    fn create(dir: &std::path::Path) -> std::io::Result<Spill> {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::create_dir_all(dir)?;
+        let mut o = std::fs::OpenOptions::new();
+        o.read(true).write(true).mode(0o600);
+        let file = match o.clone().custom_flags(libc::O_TMPFILE).open(dir) {
+            Ok(f) => f,
+            // No O_TMPFILE here: a name removed as soon as it is open.
+            Err(_) => {
+                let name = dir.join(format!("digests-{}-{}", std::process::id(), now_ns()));
+                let f = o.create_new(true).open(&name)?;
+                std::fs::remove_file(&name)?;
+                f
+            }
+        };
+        Ok(Spill {
+            file: Mutex::new(SpillFile {
+                file,
+                written: 0,
+                pending: Vec::new(),
+                pages: Vec::new(),
+                error: None,
+            }),
+            broken: false,
+        })
+    }
+
+    /// Appends `blocks` (as one word each when `one_sub`, else two); where
+    /// they are, or `None` (the caller keeps them in RAM) when the file
+    /// failed or its word numbers would not fit a `Digests`.
+    fn push(&mut self, blocks: &[BlockDigest], one_sub: bool) -> Option<Digests> {
+        if self.broken {
+            return None;
+        }
+        let f = self.file.get_mut().unwrap_or_else(|e| e.into_inner());
+        let at = (f.written + f.pending.len() as u64) / 8;
+        let words = blocks.len() as u64 * if one_sub { 1 } else { 2 };
+        if at + words > u64::from(SPILLED) || blocks.len() > u32::MAX as usize {
+            return None;
+        }
+        for &b in blocks {
+            f.pending.extend_from_slice(&(b as u64).to_le_bytes());
+            if !one_sub {
+                f.pending
+                    .extend_from_slice(&((b >> 64) as u64).to_le_bytes());
+            }
+        }
+        if f.pending.len() >= Self::WRITE {
+            use std::os::unix::fs::FileExt;
+            match f.file.write_all_at(&f.pending, f.written) {
+                Ok(()) => {
+                    f.written += f.pending.len() as u64;
+                    f.pending.clear();
+                }
+                Err(e) => {
+                    f.error = Some(format!("scratch file of block digests: {e}"));
+                    self.broken = true;
+                }
+            }
+        }
+        let n = blocks.len() as u32;
+        Some(Digests {
+            chunk: SPILLED,
+            at: at as u32,
+            blocks: if one_sub { 0 } else { n },
+            subs: if one_sub { n } else { 0 },
+        })
+    }
+}
+
+/// A cached page of the scratch file: its number, how many of its bytes
+/// were in the file when it was read, those bytes.
+#[derive(Debug)]
+struct Page {
+    n: u64,
+    valid: usize,
+    bytes: Box<[u8]>,
+}
+
+impl SpillFile {
+    /// The word at byte `off`, through the page cache.
+    fn word(&mut self, off: u64) -> Option<u64> {
+        let word = |b: &[u8]| Some(u64::from_le_bytes(b.get(..8)?.try_into().ok()?));
+        if off >= self.written {
+            return word(self.pending.get((off - self.written) as usize..)?);
+        }
+        let page = off / Spill::PAGE as u64;
+        let within = (off % Spill::PAGE as u64) as usize;
+        let slot = (page % Spill::SLOTS as u64) as usize;
+        if self.pages.is_empty() {
+            self.pages.resize_with(Spill::SLOTS, || None);
+        }
+        let fresh = matches!(&self.pages[slot], Some(p) if p.n == page && within + 8 <= p.valid);
+        if !fresh {
+            self.load(page, slot)?;
+        }
+        let p = self.pages[slot].as_ref()?;
+        word(&p.bytes[within..p.valid])
+    }
+
+    /// Reads page `page` into `slot`.
+    fn load(&mut self, page: u64, slot: usize) -> Option<()> {
+        use std::os::unix::fs::FileExt;
+        let mut bytes = match self.pages[slot].take() {
+            Some(p) => p.bytes,
+            None => vec![0u8; Spill::PAGE].into_boxed_slice(),
+        };
+        let start = page * Spill::PAGE as u64;
+        let want = (self.written - start).min(Spill::PAGE as u64) as usize;
+        if let Err(e) = self.file.read_exact_at(&mut bytes[..want], start) {
+            self.error
+                .get_or_insert_with(|| format!("scratch file of block digests: {e}"));
+            return None;
+        }
+        self.pages[slot] = Some(Page {
+            n: page,
+            valid: want,
+            bytes,
+        });
+        Some(())
+    }
+}
+
+impl PagedDigests for Spill {
+    fn word(&self, i: u64) -> Option<u64> {
+        let mut f = self.file.lock().unwrap_or_else(|e| e.into_inner());
+        f.word(i * 8)
     }
 }
 
@@ -302,7 +514,9 @@ pub fn hash_files(
     std::thread::scope(|s| {
         for _ in 0..opts.threads.max(1) {
             s.spawn(|| {
-                let mut buf = vec![0u8; read_size];
+                // Made at the first file: a run with nothing to read (a
+                // warm run) makes no buffer.
+                let mut buf = Vec::new();
                 let mut scratch = Scratch::default();
                 let mut mine = Vec::new();
                 loop {
@@ -312,6 +526,9 @@ pub fn hash_files(
                     let Some(entry) = queue.lock().unwrap().next() else {
                         break;
                     };
+                    if buf.is_empty() {
+                        buf = vec![0u8; read_size];
+                    }
                     let mut outcome = hash_one(entry, tree, bs, &mut buf, &mut scratch, progress);
                     if let Outcome::Done(f, _) = &mut outcome {
                         // Only files read whole get digests in the store.
@@ -651,6 +868,58 @@ mod digests_tests {
         assert!(store.subs(&d).is_empty());
         assert!(store.subs(&Digests::default()).is_empty());
         assert!(DigestStore::new().blocks(&Digests::default()).is_empty());
+    }
+
+    /// A spilling store gives back exactly what a RAM store does: lists
+    /// without sub-digests from its scratch file (written in pieces, read
+    /// through its page cache in any order), lists with them from RAM.
+    #[test]
+    fn spilled_digests_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spill = DigestStore::spilling_to(&dir.path().join("new")).unwrap();
+        let mut ram = DigestStore::new();
+        let mut kept = Vec::new();
+        for n in 0..400u64 {
+            let len = (n * 37 % 900) as usize;
+            let blocks: Vec<u128> = if n % 3 == 0 {
+                (0..len as u64)
+                    .map(|i| onecopy_index::digest::block_of_sub(i ^ n << 20))
+                    .collect()
+            } else {
+                (0..len as u128)
+                    .map(|i| i * (u128::MAX / 1001) + n as u128)
+                    .collect()
+            };
+            let subs: Vec<u64> = if n % 5 == 1 { vec![n; len * 2] } else { vec![] };
+            kept.push((
+                spill.push(&blocks, &subs),
+                ram.push(&blocks, &subs),
+                blocks,
+                subs,
+            ));
+        }
+        // Nothing is left in the directory: the scratch file has no name.
+        assert_eq!(
+            std::fs::read_dir(dir.path().join("new")).unwrap().count(),
+            0
+        );
+        assert!(spill.used_bytes() < ram.used_bytes() / 2);
+        for (s, r, blocks, subs) in kept.iter().rev().chain(kept.iter()) {
+            let b = spill.blocks(s);
+            assert_eq!(b.len(), blocks.len());
+            assert_eq!(b.to_vec_checked().as_ref(), Some(blocks));
+            assert_eq!(ram.blocks(r).to_vec(), *blocks);
+            assert_eq!(spill.subs(s), &subs[..]);
+            if !blocks.is_empty() {
+                assert_eq!(b.get(blocks.len() - 1), blocks.last().copied());
+                assert_eq!(b.get(blocks.len()), None);
+            }
+        }
+        assert_eq!(spill.spill_error(), None);
+        // No usable directory: the caller falls back to RAM.
+        let file = dir.path().join("file");
+        std::fs::write(&file, b"x").unwrap();
+        assert!(DigestStore::spilling_to(&file.join("sub")).is_err());
     }
 
     /// The per-file records stay at the sizes ARCHITECTURE.md ("Memory of

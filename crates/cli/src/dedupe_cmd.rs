@@ -130,18 +130,12 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
 }
 
 /// Large allocations (128 KiB and up) get pages of their own, given back
-/// when freed. glibc otherwise raises that threshold up to 32 MiB as
-/// large blocks are freed, after which freed large buffers stay in the
-/// heap, resident, under the planner's peak (measured on `many` 1M,
-/// warm: 4.3-4.6 MiB lower peak at 4 KiB blocks, 4.6-5 MiB at 64 KiB;
-/// 0.3-0.5 s more planning at 4 KiB, within the totals' noise).
+/// when freed, instead of staying resident under the planner's peak
+/// (measured on `many` 1M, warm: 4.3-4.6 MiB lower peak at 4 KiB blocks,
+/// 4.6-5 MiB at 64 KiB; 0.3-0.5 s more planning at 4 KiB, within the
+/// totals' noise). Only this command: the mount keeps glibc's default.
 fn fixed_mmap_threshold() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only sets an allocator parameter, under the
-    // allocator's own lock.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 << 10);
-    }
+    onecopy_ioctl::process::fix_mmap_threshold(128 << 10);
 }
 
 /// Refuses bad arguments and roots clearly, before scanning: the exit code

@@ -69,6 +69,27 @@ pub fn limit_malloc_arenas(n: u32) -> bool {
     }
 }
 
+/// Fixes the size from which the C allocator gives a block pages of its
+/// own, returned to the kernel when the block is freed (glibc
+/// `mallopt(M_MMAP_THRESHOLD)`). Left alone, glibc raises that threshold
+/// (up to 32 MiB) each time such a block is freed, after which freed
+/// large buffers stay in the heap, resident. Whether it was set (false
+/// where the C library is not glibc).
+pub fn fix_mmap_threshold(bytes: usize) -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        let n = bytes.min(libc::c_int::MAX as usize) as libc::c_int;
+        // SAFETY: mallopt takes two integers and only changes the
+        // allocator's parameters.
+        unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, n) == 1 }
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        let _ = bytes;
+        false
+    }
+}
+
 /// Gives the allocator's free pages (in every arena) back to the kernel
 /// (glibc `malloc_trim(0)`); a no-op elsewhere.
 pub fn release_free_memory() {
@@ -90,5 +111,13 @@ mod tests {
         let v: Vec<Vec<u8>> = (0..64).map(|_| vec![1u8; 1 << 16]).collect();
         drop(v);
         super::release_free_memory();
+    }
+
+    #[test]
+    fn mmap_threshold_can_be_fixed() {
+        assert_eq!(
+            super::fix_mmap_threshold(128 << 10),
+            cfg!(all(target_os = "linux", target_env = "gnu"))
+        );
     }
 }

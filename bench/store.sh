@@ -110,6 +110,17 @@ for k in range(20):
     open(os.path.join(root, f"new-{seed}-{k}"), "wb").write(rnd.randbytes(50000))
 PY
 done
+# COMPRESS_SWEEP (e.g. "lz4 auto auto:6 zstd"): `store import` of the
+# versions into a fresh store per --compress setting: stored MiB, wall and
+# CPU seconds of the four imports (the cache dropped before each setting).
+for c in ${COMPRESS_SWEEP:-}; do
+    $O store init "$work/sw" --chunking cdc:16K/64K/256K --compress "$c" >/dev/null; drop
+    /usr/bin/time -o "$work/sw.time" -f '%e %U %S' bash -c \
+        'for i in 1 2 3 4; do "$0" store import "$1" "$2/v$i" >/dev/null; done' "$O" "$work/sw" "$work/versions"
+    read -r e u y < <(tail -1 "$work/sw.time")
+    echo "| --compress $c | $(du -sm "$work/sw" | cut -f1) MiB | containers $(du -sm "$work/sw/containers" | cut -f1) MiB | wall $e s | CPU $(python3 -c "print(round($u+$y, 2))") s | load $(cut -d' ' -f1 /proc/loadavg) |"
+    rm -rf "$work/sw"
+done
 # STORE_INIT_ARGS (e.g. --compress zstd) apply to both stores below.
 $O store init "$work/s" --chunking cdc:16K/64K/256K ${STORE_INIT_ARGS:-} >/dev/null; $O mount "$work/s" "$work/mnt"
 ts=0; t0=$(date +%s.%N)

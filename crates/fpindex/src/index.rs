@@ -75,6 +75,14 @@ pub struct Config {
     /// Write the log. Without it nothing since the last flush survives a
     /// reopen: only for an index that is never reopened (a scratch one).
     pub log: bool,
+    /// `None`: the two newest runs merge while the older is at most
+    /// [`MERGE_RATIO`] times the newer (few runs; an entry is rewritten
+    /// about 9 times over 120 flushes). `Some(t)`: tiered, the `t` newest
+    /// runs merge once the oldest of them is at most twice the newest
+    /// (about 3.5 rewrites over 120 flushes for t = 4, up to 3(t-1) runs
+    /// per size tier): for an insert-heavy scratch index, with `max_runs`
+    /// raised to match.
+    pub merge_tier: Option<usize>,
 }
 
 impl Default for Config {
@@ -90,6 +98,7 @@ impl Default for Config {
             mode: Mode::Auto,
             partition_keys: crate::filter::PARTITION_KEYS,
             log: true,
+            merge_tier: None,
         }
     }
 }
@@ -940,8 +949,9 @@ impl Index {
 
     /// Size-tiered merging: the two newest runs merge while the older is
     /// at most [`MERGE_RATIO`] times the newer (O(log n) runs, few of
-    /// them: every run costs a filter probe per negative lookup), and all
-    /// merge beyond `max_runs`. Starts a paced merge; does not wait for it.
+    /// them: every run costs a filter probe per negative lookup), or with
+    /// [`Config::merge_tier`] the `t` newest once the oldest of them is at
+    /// most twice the newest; all merge beyond `max_runs`. Starts a paced merge; does not wait for it.
     fn maybe_merge(&mut self) -> Result<()> {
         if self.merge.is_some() {
             return Ok(());
@@ -951,9 +961,14 @@ impl Index {
             return Ok(());
         }
         if n > self.cfg.max_runs {
-            self.start_merge(0, n)
-        } else if self.runs[n - 2].entries <= MERGE_RATIO * self.runs[n - 1].entries {
-            self.start_merge(n - 2, 2)
+            return self.start_merge(0, n);
+        }
+        let (count, ratio) = match self.cfg.merge_tier {
+            Some(t) if t >= 2 => (t, 2),
+            _ => (2, MERGE_RATIO),
+        };
+        if n >= count && self.runs[n - count].entries <= ratio * self.runs[n - 1].entries {
+            self.start_merge(n - count, count)
         } else {
             Ok(())
         }

@@ -88,8 +88,13 @@ fn check_all(ix: &mut Index, oracle: &Oracle) {
 }
 
 fn run_ops(ops: Vec<Op>, quota: Option<u64>, cache: usize) {
+    run_ops_with(ops, cfg(quota, cache));
+}
+
+fn run_ops_with(ops: Vec<Op>, cfg: Config) {
+    let quota = cfg.max_entries;
     let mem = Arc::new(MemIo::default());
-    let open = |m: &Arc<MemIo>| Index::open_with(Box::new(m.clone()), cfg(quota, cache)).unwrap();
+    let open = |m: &Arc<MemIo>| Index::open_with(Box::new(m.clone()), cfg.clone()).unwrap();
     let mut ix = open(&mem);
     let mut oracle = Oracle::new();
     let mut durable = Oracle::new();
@@ -182,6 +187,13 @@ proptest! {
     #[test]
     fn model_without_cache(ops in proptest::collection::vec(op(), 1..200)) {
         run_ops(ops, None, 0);
+    }
+
+    /// Tiered merging (three runs at a time, up to 8 runs) answers as the
+    /// oracle does too, with and without a quota.
+    #[test]
+    fn model_tiered(ops in proptest::collection::vec(op(), 1..300), q in proptest::option::of(1u64..30)) {
+        run_ops_with(ops, Config { merge_tier: Some(3), max_runs: 8, ..cfg(q, 40) });
     }
 }
 

@@ -152,6 +152,11 @@ impl DiskTable {
             mode: Mode::Eager,
             // Never reopened: nothing to replay.
             log: false,
+            // Insert-heavy: tiered merges rewrite an entry about 3.5 times
+            // over 120 flushes, against 9 for the pairwise policy; the
+            // extra runs' filters are small and cached.
+            merge_tier: Some(4),
+            max_runs: 24,
             ..Config::default()
         };
         let bounded_bytes = cfg.memtable_entries as u64 * MEMTABLE_ENTRY_BYTES

@@ -79,9 +79,9 @@ pub struct Config {
     /// [`MERGE_RATIO`] times the newer (few runs; an entry is rewritten
     /// about 9 times over 120 flushes). `Some(t)`: tiered, the `t` newest
     /// runs merge once the oldest of them is at most twice the newest
-    /// (about 3.5 rewrites over 120 flushes for t = 4, up to 3(t-1) runs
-    /// per size tier): for an insert-heavy scratch index, with `max_runs`
-    /// raised to match.
+    /// (about 3.5 rewrites over 120 flushes for t = 4, and up to t - 1
+    /// runs left per size tier, 9 in all there): for an insert-heavy
+    /// scratch index, with `max_runs` raised to match.
     pub merge_tier: Option<usize>,
 }
 
@@ -951,7 +951,8 @@ impl Index {
     /// at most [`MERGE_RATIO`] times the newer (O(log n) runs, few of
     /// them: every run costs a filter probe per negative lookup), or with
     /// [`Config::merge_tier`] the `t` newest once the oldest of them is at
-    /// most twice the newest; all merge beyond `max_runs`. Starts a paced merge; does not wait for it.
+    /// most twice the newest; all merge beyond `max_runs`. Starts a paced
+    /// merge; does not wait for it.
     fn maybe_merge(&mut self) -> Result<()> {
         if self.merge.is_some() {
             return Ok(());

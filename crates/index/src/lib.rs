@@ -16,7 +16,7 @@ use std::collections::HashMap;
 pub mod digest;
 pub mod table;
 
-pub use digest::{window_digest, BlockDigest, Blocks, PagedDigests, SubDigest};
+pub use digest::{window_digest, BlockCursor, BlockDigest, Blocks, PagedDigests, SubDigest};
 pub use table::{BlockTable, TableBudget, TableStats};
 
 use std::hash::{BuildHasherDefault, Hasher};

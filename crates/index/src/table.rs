@@ -113,6 +113,16 @@ impl BlockTable {
         }
     }
 
+    /// Whether every [`BlockTable::insert_first`] that answered `None`
+    /// stored its location (so that [`BlockTable::get`] gives it back):
+    /// true until a disk home fails or declines an entry.
+    pub fn holds_all(&self) -> bool {
+        match self {
+            BlockTable::Ram(_) => true,
+            BlockTable::Disk(t) => t.ix.is_some() && !t.declined,
+        }
+    }
+
     pub fn stats(&self) -> TableStats {
         match self {
             BlockTable::Ram(t) => TableStats {
@@ -135,6 +145,8 @@ pub struct DiskTable {
     /// The memtable and cache bounds, bytes.
     bounded_bytes: u64,
     error: Option<String>,
+    /// An insert was not indexed (a quota): not every new block is held.
+    declined: bool,
 }
 
 impl DiskTable {
@@ -171,6 +183,7 @@ impl DiskTable {
                 entries: 0,
                 bounded_bytes,
                 error: None,
+                declined: false,
             }),
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&dir);
@@ -187,6 +200,7 @@ impl DiskTable {
             entries: 0,
             bounded_bytes: 0,
             error: Some(format!("spilled block table: {error}")),
+            declined: false,
         }
     }
 
@@ -204,7 +218,10 @@ impl DiskTable {
                 None
             }
             Ok(Inserted::Exists(loc)) => Some(unpack(loc)),
-            Ok(Inserted::NotIndexed) => None,
+            Ok(Inserted::NotIndexed) => {
+                self.declined = true;
+                None
+            }
             Err(e) => {
                 self.fail(e);
                 None

@@ -19,9 +19,10 @@
 //! zero block of a filesystem with one extent would be a storm of tiny
 //! dedupes for no gain); a run already under way continues through them.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 
-pub use onecopy_index::{BlockRef, BlockTable, Blocks, FingerprintTable, TableBudget};
+pub use onecopy_index::{BlockCursor, BlockRef, BlockTable, Blocks, FingerprintTable, TableBudget};
 
 /// One file as the planner sees it.
 #[derive(Debug, Clone, Copy)]
@@ -134,12 +135,75 @@ pub struct Plan {
     pub table_error: Option<String>,
 }
 
+/// Which aligned blocks the block table stored as the first occurrence
+/// of their digest: one bit per block of the files planned in pass 2,
+/// file `f`'s first bit at `base[f]` (4 B per file, 1 bit per block).
+/// With it, [`extend`] checks that a run's source block is its digest's
+/// canonical copy by a bit test instead of a table lookup (one per
+/// block of every run, most of the planning time of a spilled table).
+/// The bit of a block equals `table.get(digest) == Some(block)` while
+/// the table holds every block it called new ([`BlockTable::holds_all`]);
+/// after that the table is asked.
+struct FirstBits {
+    base: Vec<u32>,
+    bits: Vec<u64>,
+}
+
+impl FirstBits {
+    /// Bits for every file not `covered`; `None` (ask the table) when a
+    /// pass has 2^32 blocks or more.
+    fn new<F: PlanInput + ?Sized>(files: &F, covered: &[bool]) -> Option<FirstBits> {
+        let mut base = Vec::with_capacity(files.len());
+        let mut n = 0u64;
+        for i in 0..files.len() as u32 {
+            base.push(u32::try_from(n).ok()?);
+            if !covered[i as usize] {
+                n += files.file(i).blocks.len() as u64;
+            }
+        }
+        u32::try_from(n).ok()?;
+        Some(FirstBits {
+            base,
+            bits: vec![0; n.div_ceil(64) as usize],
+        })
+    }
+
+    fn bit(&self, at: BlockRef) -> usize {
+        self.base[at.file as usize] as usize + at.block as usize
+    }
+
+    fn set(&mut self, at: BlockRef) {
+        let b = self.bit(at);
+        self.bits[b / 64] |= 1 << (b % 64);
+    }
+
+    fn get(&self, at: BlockRef) -> bool {
+        let b = self.bit(at);
+        self.bits[b / 64] & (1 << (b % 64)) != 0
+    }
+}
+
+/// Whether the table first saw `d` at `at` (whose digest is `d`).
+fn is_first(table: &mut BlockTable, first: Option<&FirstBits>, d: u128, at: BlockRef) -> bool {
+    match first {
+        Some(bits) if table.holds_all() => {
+            let bit = bits.get(at);
+            debug_assert!(
+                bit == (table.get(d) == Some(at)) || !table.holds_all(),
+                "first-occurrence bit of {at:?} disagrees with the table"
+            );
+            bit
+        }
+        _ => table.get(d) == Some(at),
+    }
+}
+
 /// Extends a match of `f` at block position `i` (in `f`'s blocks, via
 /// `win`) against the canonical block `src`: returns the run length in
 /// blocks. `win(j)` gives `f`'s digest `j` blocks after the start, or None
 /// past the end.
 fn extend(
-    table: &mut BlockTable,
+    (table, first): (&mut BlockTable, Option<&FirstBits>),
     g: &PlanFile<'_>,
     src: BlockRef,
     limit: usize,
@@ -147,17 +211,15 @@ fn extend(
     win: &dyn Fn(usize) -> Option<u128>,
 ) -> usize {
     let k = src.block as usize;
+    let mut source = BlockCursor::new(g.blocks);
     let mut len = 1usize;
     while len < limit && k + len < g.blocks.len() {
         let Some(d) = win(len) else { break };
-        if Some(d) != g.blocks.get(k + len)
-            || (d != zero
-                && table.get(d)
-                    != Some(BlockRef {
-                        file: src.file,
-                        block: (k + len) as u32,
-                    }))
-        {
+        let at = BlockRef {
+            file: src.file,
+            block: (k + len) as u32,
+        };
+        if Some(d) != source.get(k + len) || (d != zero && !is_first(table, first, d, at)) {
             break;
         }
         len += 1;
@@ -179,10 +241,11 @@ fn match_runs<F: PlanInput + ?Sized>(
     fi: u32,
     opts: &PlanOptions,
     step: u64,
-    table: &mut BlockTable,
+    (table, mut first): (&mut BlockTable, Option<&mut FirstBits>),
     emit: &mut dyn FnMut(u32, u64, u32, u64, u64),
 ) {
     let f = files.file(fi);
+    let cursor = RefCell::new(BlockCursor::new(f.blocks));
     let bs = opts.block_size;
     let sub = step;
     let k = (bs / sub) as usize;
@@ -194,7 +257,7 @@ fn match_runs<F: PlanInput + ?Sized>(
             return None;
         }
         if s.is_multiple_of(k) {
-            return f.blocks.get(s / k);
+            return cursor.borrow_mut().get(s / k);
         }
         onecopy_index::digest::window_at(f.subs, s, bs, sub, f.size)
     };
@@ -206,18 +269,20 @@ fn match_runs<F: PlanInput + ?Sized>(
             continue;
         }
         let aligned = s.is_multiple_of(k);
-        let first = if aligned && f.can_be_src {
-            table.insert_first(
-                d,
-                BlockRef {
-                    file: fi,
-                    block: (s / k) as u32,
-                },
-            )
+        let found = if aligned && f.can_be_src {
+            let at = BlockRef {
+                file: fi,
+                block: (s / k) as u32,
+            };
+            let earlier = table.insert_first(d, at);
+            if let (None, Some(bits)) = (earlier, first.as_deref_mut()) {
+                bits.set(at);
+            }
+            earlier
         } else {
             table.get(d)
         };
-        let Some(src) = first else {
+        let Some(src) = found else {
             s += 1;
             continue;
         };
@@ -235,7 +300,14 @@ fn match_runs<F: PlanInput + ?Sized>(
             s += 1;
             continue;
         }
-        let len = extend(table, &g, src, limit, opts.zero_digest, &|j| win(s + j * k));
+        let len = extend(
+            (table, first.as_deref()),
+            &g,
+            src,
+            limit,
+            opts.zero_digest,
+            &|j| win(s + j * k),
+        );
         let bytes = (len as u64 * bs)
             .min(g.size - src_off)
             .min(f.size - dst_off);
@@ -320,6 +392,7 @@ pub fn plan_input<F: PlanInput + ?Sized>(
         .map(|i| files.file(i).blocks.len())
         .sum();
     let mut table = BlockTable::new(total_blocks, budget);
+    let mut first = FirstBits::new(files, &covered);
     // Runs keyed by source range, so equal ranges share one op.
     let mut runs: HashMap<(u32, u64, u64), Vec<Dest>> = HashMap::new();
     // A canonical copy that is itself a block-run destination takes its
@@ -356,7 +429,7 @@ pub fn plan_input<F: PlanInput + ?Sized>(
             fi,
             opts,
             step,
-            &mut table,
+            (&mut table, first.as_mut()),
             &mut |s, so, d, dof, n| emit(s, so, d, dof, n, &mut stats),
         );
     }

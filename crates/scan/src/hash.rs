@@ -455,6 +455,17 @@ impl PagedDigests for Spill {
         let mut f = self.file.lock().unwrap_or_else(|e| e.into_inner());
         f.word(i * 8)
     }
+
+    fn words(&self, i: u64, out: &mut [u64]) -> usize {
+        let mut f = self.file.lock().unwrap_or_else(|e| e.into_inner());
+        for (n, w) in out.iter_mut().enumerate() {
+            match f.word((i + n as u64) * 8) {
+                Some(x) => *w = x,
+                None => return n,
+            }
+        }
+        out.len()
+    }
 }
 
 /// See [`HashedFile::racy`]: covers the kernel's coarse timestamp clock.

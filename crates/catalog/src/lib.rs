@@ -1,7 +1,7 @@
 //! The persistent catalog: what onecopy learned about each file, so that an
 //! unchanged file is never read twice.
 //!
-//! # On-disk format (version 4)
+//! # On-disk format (version 5)
 //!
 //! One SQLite database (WAL journal, `synchronous=NORMAL`) per catalog file.
 //! `PRAGMA user_version` holds [`FORMAT_VERSION`] and the `meta` table holds
@@ -22,7 +22,11 @@
 //!   blocks BLOB,                            -- 16 bytes per block, little-endian
 //!                                           -- (XXH3-128 of the block's XXH3-64
 //!                                           -- filesystem-block digests; version 1
-//!                                           -- hashed the bytes directly)
+//!                                           -- hashed the bytes directly), or,
+//!                                           -- since version 5, packed: byte 0x01
+//!                                           -- then 8 bytes per block, the XXH3-64
+//!                                           -- of a block that is one filesystem
+//!                                           -- block (matching at 4 KiB)
 //!   flags INTEGER,                          -- FS_IOC_GETFLAGS inode flags
 //!   settled INTEGER,                        -- 1: every planned range was shared last run
 //!   last_seen INTEGER,                      -- run number
@@ -55,11 +59,12 @@ pub use incremental::{classify, consult, Classified, Classifier, Consulted};
 
 use std::path::{Path, PathBuf};
 
+use onecopy_index::digest::{block_of_sub, sub_of_block};
 use rusqlite::{params, Connection, OpenFlags};
 use xxhash_rust::xxh3::Xxh3;
 
 /// The catalog format this build reads and writes.
-pub const FORMAT_VERSION: i64 = 4;
+pub const FORMAT_VERSION: i64 = 5;
 const MAGIC: &str = "onecopy-catalog";
 
 /// A catalog, its records, and why it was rebuilt if it was
@@ -104,7 +109,11 @@ impl FileRecord {
         h.update(&self.mtime_ns.to_le_bytes());
         h.update(&self.ctime_ns.to_le_bytes());
         h.update(&self.whole.to_le_bytes());
-        h.update(&digests_to_blob(&self.blocks));
+        // Over the 16-byte digests whatever the blob's packing, so that
+        // format 4 records keep their checksums.
+        for d in &self.blocks {
+            h.update(&d.to_le_bytes());
+        }
         h.update(&self.flags.to_le_bytes());
         h.update(&[self.settled as u8]);
         h.update(&self.last_seen.to_le_bytes());
@@ -310,7 +319,24 @@ fn store_record_count(conn: &Connection) -> rusqlite::Result<u64> {
     Ok(n as u64)
 }
 
-fn digests_to_blob(v: &[u128]) -> Vec<u8> {
+/// First byte of a packed digest blob (format 5): every block digest of
+/// the list is a [`block_of_sub`] digest and is stored as its 8-byte
+/// sub-digest. A packed blob is 1 + 8n bytes, never a multiple of 16,
+/// so it cannot be mistaken for a blob of 16-byte digests.
+const PACKED: u8 = 1;
+
+/// The `blocks` blob of `v`: packed (8 B per block) when every digest is
+/// a single filesystem block's ([`sub_of_block`]; all of them at the
+/// default 4 KiB matching), else 16 B per block.
+pub fn digests_to_blob(v: &[u128]) -> Vec<u8> {
+    if !v.is_empty() && v.iter().all(|&d| sub_of_block(d).is_some()) {
+        let mut b = Vec::with_capacity(1 + v.len() * 8);
+        b.push(PACKED);
+        for &d in v {
+            b.extend_from_slice(&(d as u64).to_le_bytes());
+        }
+        return b;
+    }
     let mut b = Vec::with_capacity(v.len() * 16);
     for d in v {
         b.extend_from_slice(&d.to_le_bytes());
@@ -318,15 +344,23 @@ fn digests_to_blob(v: &[u128]) -> Vec<u8> {
     b
 }
 
-/// Decodes a blob of 16-byte digests; `None` if its length is not a
-/// multiple of 16.
+/// Decodes a `blocks` blob: 16-byte digests, or a packed blob of 8-byte
+/// sub-digests ([`digests_to_blob`]); `None` if it is neither.
 pub fn blob_to_digests(b: &[u8]) -> Option<Vec<u128>> {
-    if !b.len().is_multiple_of(16) {
+    if b.len().is_multiple_of(16) {
+        return Some(
+            b.chunks_exact(16)
+                .map(|c| u128::from_le_bytes(c.try_into().unwrap()))
+                .collect(),
+        );
+    }
+    let subs = b.strip_prefix(&[PACKED])?;
+    if subs.is_empty() || !subs.len().is_multiple_of(8) {
         return None;
     }
     Some(
-        b.chunks_exact(16)
-            .map(|c| u128::from_le_bytes(c.try_into().unwrap()))
+        subs.chunks_exact(8)
+            .map(|c| block_of_sub(u64::from_le_bytes(c.try_into().unwrap())))
             .collect(),
     )
 }
@@ -436,6 +470,11 @@ impl Catalog {
             conn.pragma_update(None, "user_version", FORMAT_VERSION)
                 .map_err(sq)?;
             conn.pragma_update(None, "application_id", APPLICATION_ID)
+                .map_err(sq)?;
+        } else if version == 4 {
+            // Format 5 only adds packed blobs: a format 4 catalog is one
+            // already (older binaries then see 5 and rebuild theirs).
+            conn.pragma_update(None, "user_version", FORMAT_VERSION)
                 .map_err(sq)?;
         } else if version != FORMAT_VERSION {
             return Err(CatalogError::Version {
@@ -1084,5 +1123,76 @@ mod tests {
     fn blob_decoding_rejects_bad_lengths() {
         assert_eq!(blob_to_digests(&[0u8; 32]).unwrap().len(), 2);
         assert!(blob_to_digests(&[0u8; 17]).is_none());
+        assert!(blob_to_digests(&[PACKED]).is_none());
+        assert!(blob_to_digests(&[PACKED, 0, 0]).is_none());
+    }
+
+    /// A format 4 catalog (16-byte blobs only) opens as format 5 with its
+    /// records, checksums included; new records of 4 KiB matching are
+    /// then written packed, next to the old ones.
+    #[test]
+    fn format_4_catalogs_are_read_and_upgraded() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("c.sqlite");
+        let mut old = rec(1);
+        old.blocks = (1..=64u64).map(block_of_sub).collect();
+        let mut c = Catalog::open(&p, 4096).unwrap();
+        c.commit_run(&[], [rec(2)], &[]).unwrap();
+        // What format 4 wrote for a 4 KiB list: 16 bytes per block.
+        let full: Vec<u8> = old.blocks.iter().flat_map(|b| b.to_le_bytes()).collect();
+        c.conn
+            .execute(
+                "INSERT INTO files (fs, subvol, ino, generation, path, size, mtime_ns, ctime_ns,
+                 whole, blocks, flags, settled, last_seen, checksum, nlink)
+                 VALUES (?1, 5, 1, 7, ?2, 100000, 1, 2, ?3, ?4, 0, 0, 1, ?5, 1)",
+                params![
+                    old.fs,
+                    b"/data/f1".as_slice(),
+                    &old.whole.to_le_bytes()[..],
+                    full,
+                    old.checksum()
+                ],
+            )
+            .unwrap();
+        store_record_count(&c.conn).unwrap();
+        c.conn.pragma_update(None, "user_version", 4).unwrap();
+        drop(c);
+        let mut c = Catalog::open(&p, 4096).unwrap();
+        let v: i64 = c
+            .conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(v, FORMAT_VERSION);
+        let mut got = c.load_all().unwrap();
+        got.sort_by_key(|r| r.ino);
+        assert_eq!(got, vec![old.clone(), rec(2)]);
+        let mut new = old.clone();
+        new.ino = 3;
+        c.commit_run(&[], [new.clone()], &[]).unwrap();
+        let len: i64 = c
+            .conn
+            .query_row("SELECT length(blocks) FROM files WHERE ino = 3", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        assert_eq!(len, 1 + 8 * 64);
+        assert_eq!(c.load_all().unwrap().len(), 3);
+    }
+
+    /// Lists of single-filesystem-block digests are stored at 8 bytes per
+    /// block and come back exactly; any other list stays at 16.
+    #[test]
+    fn one_sub_lists_are_packed() {
+        let subs: Vec<u128> = (1..=1000u64).map(|i| block_of_sub(i * 77)).collect();
+        let b = digests_to_blob(&subs);
+        assert_eq!((b.len(), b[0]), (1 + 8 * 1000, PACKED));
+        assert_eq!(blob_to_digests(&b), Some(subs.clone()));
+        let mut mixed = subs;
+        mixed.push(12345u128 << 64 | 6789);
+        let b = digests_to_blob(&mixed);
+        assert_eq!(b.len(), 16 * 1001);
+        assert_eq!(blob_to_digests(&b), Some(mixed));
+        assert!(digests_to_blob(&[]).is_empty());
+        assert_eq!(blob_to_digests(&[]), Some(vec![]));
     }
 }

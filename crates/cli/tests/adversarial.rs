@@ -1793,7 +1793,7 @@ fn damaged_catalogs(kind: FsKind) {
 /// decode or are refused, never panic.
 #[test]
 fn catalog_decoding_fuzz() {
-    use onecopy_catalog::{blob_to_digests, Catalog};
+    use onecopy_catalog::{blob_to_digests, digests_to_blob, Catalog};
     let seed = seed("catalog_decoding_fuzz");
     let mut rng = Prng::new(seed);
     let fs = new_fs(FsKind::Btrfs, 256 * MIB);
@@ -1864,14 +1864,22 @@ fn catalog_decoding_fuzz() {
         let n = rng.below(200) as usize;
         let mut b = vec![0u8; n];
         rng.fill(&mut b);
+        if rng.below(2) == 0 && n > 1 {
+            b[0] = 1; // the packed form's tag
+        }
+        let packed = n % 16 != 0 && n % 8 == 1 && n > 1 && b[0] == 1;
         match blob_to_digests(&b) {
             Some(v) => {
-                assert!(n.is_multiple_of(16));
-                assert_eq!(v.len(), n / 16);
-                let back: Vec<u8> = v.iter().flat_map(|d| d.to_le_bytes()).collect();
-                assert_eq!(back, b);
+                assert!(n.is_multiple_of(16) || packed, "{n} bytes decoded");
+                assert_eq!(v.len(), if packed { n / 8 } else { n / 16 });
+                if packed {
+                    assert_eq!(digests_to_blob(&v), b, "a packed blob round-trips");
+                } else {
+                    let back: Vec<u8> = v.iter().flat_map(|d| d.to_le_bytes()).collect();
+                    assert_eq!(back, b);
+                }
             }
-            None => assert!(!n.is_multiple_of(16)),
+            None => assert!(!n.is_multiple_of(16) && !packed, "{n} bytes refused"),
         }
     }
 }

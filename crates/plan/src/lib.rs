@@ -136,66 +136,85 @@ pub struct Plan {
 }
 
 /// Which aligned blocks the block table stored as the first occurrence
-/// of their digest: one bit per block of the files planned in pass 2,
-/// file `f`'s first bit at `base[f]` (4 B per file, 1 bit per block).
-/// With it, [`extend`] checks that a run's source block is its digest's
-/// canonical copy by a bit test instead of a table lookup (one per
-/// block of every run, most of the planning time of a spilled table).
-/// The bit of a block equals `table.get(digest) == Some(block)` while
-/// the table holds every block it called new ([`BlockTable::holds_all`]);
-/// after that the table is asked.
-struct FirstBits {
-    base: Vec<u32>,
+/// of their digest: one bit per block of the files planned in pass 2, in
+/// file order, and where every 16th file's bits start (0.5 B per file;
+/// another file's start is summed from the lengths before it in its
+/// group). With it, [`extend`] checks that a run's source block is its
+/// digest's canonical copy by a bit test instead of a table lookup (one
+/// per block of every run). The bit of a block equals
+/// `table.get(digest) == Some(block)` while the table holds every block it
+/// called new ([`BlockTable::holds_all`]); after that the table is asked.
+struct FirstBits<'c> {
+    covered: &'c [bool],
+    group: Vec<u64>,
     bits: Vec<u64>,
 }
 
-impl FirstBits {
-    /// Bits for every file not `covered`; `None` (ask the table) when a
-    /// pass has 2^32 blocks or more.
-    fn new<F: PlanInput + ?Sized>(files: &F, covered: &[bool]) -> Option<FirstBits> {
-        let mut base = Vec::with_capacity(files.len());
+/// Files per entry of [`FirstBits::group`].
+const GROUP: usize = 16;
+
+impl<'c> FirstBits<'c> {
+    /// Bits for the blocks of every file not `covered`; also returns
+    /// their number.
+    fn new<F: PlanInput + ?Sized>(files: &F, covered: &'c [bool]) -> (FirstBits<'c>, u64) {
+        let mut bits = FirstBits {
+            covered,
+            group: Vec::with_capacity(files.len().div_ceil(GROUP)),
+            bits: Vec::new(),
+        };
         let mut n = 0u64;
         for i in 0..files.len() as u32 {
-            base.push(u32::try_from(n).ok()?);
-            if !covered[i as usize] {
-                n += files.file(i).blocks.len() as u64;
+            if (i as usize).is_multiple_of(GROUP) {
+                bits.group.push(n);
             }
+            n += bits.len(files, i);
         }
-        u32::try_from(n).ok()?;
-        Some(FirstBits {
-            base,
-            bits: vec![0; n.div_ceil(64) as usize],
-        })
+        bits.bits = vec![0; n.div_ceil(64) as usize];
+        (bits, n)
     }
 
-    fn bit(&self, at: BlockRef) -> usize {
-        self.base[at.file as usize] as usize + at.block as usize
+    /// Blocks of file `i` that have bits.
+    fn len<F: PlanInput + ?Sized>(&self, files: &F, i: u32) -> u64 {
+        if self.covered[i as usize] {
+            return 0;
+        }
+        files.file(i).blocks.len() as u64
     }
 
-    fn set(&mut self, at: BlockRef) {
-        let b = self.bit(at);
-        self.bits[b / 64] |= 1 << (b % 64);
+    /// The bit of file `f`'s block 0.
+    fn base<F: PlanInput + ?Sized>(&self, files: &F, f: u32) -> u64 {
+        let g = f as usize / GROUP;
+        let before = (g * GROUP) as u32..f;
+        self.group[g] + before.map(|i| self.len(files, i)).sum::<u64>()
     }
 
-    fn get(&self, at: BlockRef) -> bool {
-        let b = self.bit(at);
-        self.bits[b / 64] & (1 << (b % 64)) != 0
+    fn set(&mut self, bit: u64) {
+        self.bits[(bit / 64) as usize] |= 1 << (bit % 64);
+    }
+
+    fn get(&self, bit: u64) -> bool {
+        self.bits[(bit / 64) as usize] & (1 << (bit % 64)) != 0
     }
 }
 
-/// Whether the table first saw `d` at `at` (whose digest is `d`).
-fn is_first(table: &mut BlockTable, first: Option<&FirstBits>, d: u128, at: BlockRef) -> bool {
-    match first {
-        Some(bits) if table.holds_all() => {
-            let bit = bits.get(at);
-            debug_assert!(
-                bit == (table.get(d) == Some(at)) || !table.holds_all(),
-                "first-occurrence bit of {at:?} disagrees with the table"
-            );
-            bit
-        }
-        _ => table.get(d) == Some(at),
+/// Whether the table first saw `d` at `at` (whose digest is `d`); `bit`
+/// is `at`'s in `first`.
+fn is_first(
+    table: &mut BlockTable,
+    first: &FirstBits<'_>,
+    bit: u64,
+    d: u128,
+    at: BlockRef,
+) -> bool {
+    if !table.holds_all() {
+        return table.get(d) == Some(at);
     }
+    let set = first.get(bit);
+    debug_assert!(
+        set == (table.get(d) == Some(at)) || !table.holds_all(),
+        "first-occurrence bit of {at:?} disagrees with the table"
+    );
+    set
 }
 
 /// Extends a match of `f` at block position `i` (in `f`'s blocks, via
@@ -203,7 +222,7 @@ fn is_first(table: &mut BlockTable, first: Option<&FirstBits>, d: u128, at: Bloc
 /// blocks. `win(j)` gives `f`'s digest `j` blocks after the start, or None
 /// past the end.
 fn extend(
-    (table, first): (&mut BlockTable, Option<&FirstBits>),
+    (table, first, base): (&mut BlockTable, &FirstBits<'_>, u64),
     g: &PlanFile<'_>,
     src: BlockRef,
     limit: usize,
@@ -219,7 +238,8 @@ fn extend(
             file: src.file,
             block: (k + len) as u32,
         };
-        if Some(d) != source.get(k + len) || (d != zero && !is_first(table, first, d, at)) {
+        let bit = base + (k + len) as u64;
+        if Some(d) != source.get(k + len) || (d != zero && !is_first(table, first, bit, d, at)) {
             break;
         }
         len += 1;
@@ -241,10 +261,11 @@ fn match_runs<F: PlanInput + ?Sized>(
     fi: u32,
     opts: &PlanOptions,
     step: u64,
-    (table, mut first): (&mut BlockTable, Option<&mut FirstBits>),
+    (table, first): (&mut BlockTable, &mut FirstBits<'_>),
     emit: &mut dyn FnMut(u32, u64, u32, u64, u64),
 ) {
     let f = files.file(fi);
+    let base = first.base(files, fi);
     let cursor = RefCell::new(BlockCursor::new(f.blocks));
     let bs = opts.block_size;
     let sub = step;
@@ -275,8 +296,8 @@ fn match_runs<F: PlanInput + ?Sized>(
                 block: (s / k) as u32,
             };
             let earlier = table.insert_first(d, at);
-            if let (None, Some(bits)) = (earlier, first.as_deref_mut()) {
-                bits.set(at);
+            if earlier.is_none() {
+                first.set(base + at.block as u64);
             }
             earlier
         } else {
@@ -300,8 +321,9 @@ fn match_runs<F: PlanInput + ?Sized>(
             s += 1;
             continue;
         }
+        let src_base = first.base(files, src.file);
         let len = extend(
-            (table, first.as_deref()),
+            (table, first, src_base),
             &g,
             src,
             limit,
@@ -387,12 +409,8 @@ pub fn plan_input<F: PlanInput + ?Sized>(
     drop(order);
 
     // Pass 2: block runs over everything not already a whole-file copy.
-    let total_blocks: usize = (0..files.len() as u32)
-        .filter(|&i| !covered[i as usize])
-        .map(|i| files.file(i).blocks.len())
-        .sum();
-    let mut table = BlockTable::new(total_blocks, budget);
-    let mut first = FirstBits::new(files, &covered);
+    let (mut first, total_blocks) = FirstBits::new(files, &covered);
+    let mut table = BlockTable::new(total_blocks as usize, budget);
     // Runs keyed by source range, so equal ranges share one op.
     let mut runs: HashMap<(u32, u64, u64), Vec<Dest>> = HashMap::new();
     // A canonical copy that is itself a block-run destination takes its
@@ -429,7 +447,7 @@ pub fn plan_input<F: PlanInput + ?Sized>(
             fi,
             opts,
             step,
-            (&mut table, first.as_mut()),
+            (&mut table, &mut first),
             &mut |s, so, d, dof, n| emit(s, so, d, dof, n, &mut stats),
         );
     }

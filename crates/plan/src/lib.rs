@@ -261,11 +261,10 @@ fn match_runs<F: PlanInput + ?Sized>(
     fi: u32,
     opts: &PlanOptions,
     step: u64,
-    (table, first): (&mut BlockTable, &mut FirstBits<'_>),
+    (table, first, base): (&mut BlockTable, &mut FirstBits<'_>, u64),
     emit: &mut dyn FnMut(u32, u64, u32, u64, u64),
 ) {
     let f = files.file(fi);
-    let base = first.base(files, fi);
     let cursor = RefCell::new(BlockCursor::new(f.blocks));
     let bs = opts.block_size;
     let sub = step;
@@ -435,11 +434,14 @@ pub fn plan_input<F: PlanInput + ?Sized>(
                 }
             }
         };
+    // File `fi`'s first bit ([`FirstBits::base`], kept as the files go).
+    let mut base = 0u64;
     for fi in 0..files.len() as u32 {
         if covered[fi as usize] {
             continue;
         }
         let f = files.file(fi);
+        debug_assert_eq!(base, first.base(files, fi));
         let shifted = !f.subs.is_empty() && opts.sub_size > 0 && opts.sub_size < bs;
         let step = if shifted { opts.sub_size } else { bs };
         match_runs(
@@ -447,9 +449,10 @@ pub fn plan_input<F: PlanInput + ?Sized>(
             fi,
             opts,
             step,
-            (&mut table, &mut first),
+            (&mut table, &mut first, base),
             &mut |s, so, d, dof, n| emit(s, so, d, dof, n, &mut stats),
         );
+        base += f.blocks.len() as u64;
     }
     let ts = table.stats();
     drop(table);

@@ -209,7 +209,8 @@ fn read_paged(
     out: &mut Vec<BlockDigest>,
 ) -> usize {
     let per = if one_sub { 1 } else { 2 };
-    let mut buf = [0u64; 512];
+    // Sized to the request: most lists are a file's one or two blocks.
+    let mut buf = vec![0u64; (n * per).min(512)];
     let mut done = 0;
     while done < n {
         let want = ((n - done) * per).min(buf.len());

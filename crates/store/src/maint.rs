@@ -283,6 +283,12 @@ impl Store {
             }
         }
         rep.containers_deleted += self.delete_stray_containers()?;
+        // The rows dropped by gc and by the unlinks before it leave free
+        // pages in meta.sqlite: give them back.
+        let mut g = self.lock();
+        if crate::meta::release_free_pages(&g.db)? > 0 {
+            self.commit_locked(&mut g, false)?;
+        }
         Ok(rep)
     }
 

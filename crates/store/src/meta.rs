@@ -48,6 +48,11 @@ pub fn open_db(path: &std::path::Path, create: bool) -> Result<Connection> {
         });
     }
     let conn = Connection::open(path)?;
+    if create {
+        // Before anything is written (WAL mode writes the header): gc
+        // can then give freed pages back ([`release_free_pages`]).
+        conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")?;
+    }
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     conn.pragma_update(None, "cache_size", -65536)?;
@@ -115,9 +120,9 @@ fn migrate_v1(conn: &Connection) -> Result<()> {
 /// ROWID table keyed by `(parent, cookie)` (each name stored once instead
 /// of in the table and in the index of `UNIQUE (parent, name)`; the
 /// `dirents_ino` and `dirents_order` indexes go with the old table),
-/// directories get `inodes.parent`, and `extents_chunk` is dropped. The
-/// pages freed are given back to the file system afterwards
-/// ([`release_free_pages`]).
+/// directories get `inodes.parent`, and `extents_chunk` is dropped. Then
+/// the file is rewritten once (`VACUUM`) without the pages this freed and
+/// with `auto_vacuum = INCREMENTAL`, as a new store has.
 fn migrate_v2(conn: &Connection) -> Result<()> {
     conn.execute_batch("BEGIN")?;
     let r = migrate_v2_body(conn).and_then(|()| Ok(conn.execute_batch("COMMIT")?));
@@ -125,7 +130,13 @@ fn migrate_v2(conn: &Connection) -> Result<()> {
         let _ = conn.execute_batch("ROLLBACK");
     }
     r?;
-    release_free_pages(conn);
+    let r = conn.execute_batch(
+        "PRAGMA auto_vacuum = INCREMENTAL; VACUUM; PRAGMA wal_checkpoint(TRUNCATE);",
+    );
+    if let Err(e) = r {
+        // Still correct, only larger.
+        eprintln!("onecopy: could not compact the metadata database: {e}");
+    }
     Ok(())
 }
 
@@ -156,16 +167,28 @@ fn migrate_v2_body(conn: &Connection) -> Result<()> {
     Ok(())
 }
 
-/// Checkpoints the WAL into the database, truncating it, then shrinks the
-/// file by its free pages (`VACUUM`). Best effort: a failure (a full
-/// disk) leaves a correct, larger database.
-pub(crate) fn release_free_pages(conn: &Connection) {
-    let r = conn
-        .execute_batch("PRAGMA wal_checkpoint(TRUNCATE); VACUUM; PRAGMA wal_checkpoint(TRUNCATE);");
-    if let Err(e) = r {
-        eprintln!("onecopy: could not compact the metadata database: {e}");
+/// Gives the database's free pages back to the file system (gc calls it
+/// after dropping rows): `PRAGMA incremental_vacuum` moves pages from the
+/// end of the file into the free ones, at a cost in the pages freed, not
+/// in the database's size; the file shrinks at the next commit. Only when
+/// at least [`RELEASE_MIN_PAGES`] are free: fewer are soon reused. A
+/// database without `auto_vacuum = INCREMENTAL` (none the code makes) is
+/// left alone. Returns the pages released.
+pub(crate) fn release_free_pages(conn: &Connection) -> Result<u64> {
+    let mode: u64 = conn.pragma_query_value(None, "auto_vacuum", |r| r.get(0))?;
+    let free: u64 = conn.pragma_query_value(None, "freelist_count", |r| r.get(0))?;
+    if mode != 2 || free < RELEASE_MIN_PAGES {
+        return Ok(0);
     }
+    // Each step frees one page: step to the end.
+    let mut st = conn.prepare("PRAGMA incremental_vacuum")?;
+    let mut rows = st.query([])?;
+    while rows.next()?.is_some() {}
+    Ok(free)
 }
+
+/// Free pages (4 KiB each) below which [`release_free_pages`] keeps them.
+pub(crate) const RELEASE_MIN_PAGES: u64 = 256;
 
 /// Where a chunk's record sits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -412,6 +435,10 @@ mod plan_tests {
             .pragma_query_value(None, "freelist_count", |r| r.get(0))
             .unwrap();
         assert_eq!(free, 0, "the migration's freed pages were given back");
+        let mode: u64 = conn
+            .pragma_query_value(None, "auto_vacuum", |r| r.get(0))
+            .unwrap();
+        assert_eq!(mode, 2, "auto_vacuum = INCREMENTAL, as in a new store");
     }
 
     /// fsck's checks count references and links with one grouped pass,

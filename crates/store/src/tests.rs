@@ -767,3 +767,43 @@ fn format_2_store_is_migrated_and_reads_back() {
     );
     assert_eq!(s.fsck(false).unwrap().problems, Vec::<String>::new());
 }
+
+/// gc gives the pages freed by unlinks and dropped chunks back: the
+/// database file shrinks (auto_vacuum = INCREMENTAL, a new store's).
+#[test]
+fn gc_shrinks_the_metadata_database() {
+    let (d, s) = new_store("fixed:4K", "none");
+    let db = d.path().join("meta.sqlite");
+    let pages = |s: &Store| -> (u64, u64) {
+        let g = s.lock();
+        let n = g.db.pragma_query_value(None, "page_count", |r| r.get(0));
+        let f =
+            g.db.pragma_query_value(None, "freelist_count", |r| r.get(0));
+        (n.unwrap(), f.unwrap())
+    };
+    // Long names: many pages of dirents for few small files.
+    let name = |i: u64| format!("{i}-{}", "n".repeat(200));
+    for i in 0..6000u64 {
+        file(&s, &name(i), &pseudo(100, i));
+    }
+    s.flush_all(true).unwrap();
+    let (full, _) = pages(&s);
+    for i in 0..6000u64 {
+        s.unlink(1, name(i).as_bytes()).unwrap();
+    }
+    s.flush_all(true).unwrap();
+    let (before, free) = pages(&s);
+    assert!(
+        free >= crate::meta::RELEASE_MIN_PAGES,
+        "{free} of {before} free"
+    );
+    s.gc().unwrap();
+    let (after, free) = pages(&s);
+    assert!(
+        free < 10 && after < full / 4,
+        "{full} -> {after} pages, {free} free"
+    );
+    assert!(s.fsck(false).unwrap().problems.is_empty());
+    drop(s);
+    assert!(std::fs::metadata(&db).unwrap().len() <= after * 4096);
+}

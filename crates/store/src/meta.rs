@@ -146,6 +146,7 @@ fn migrate_v2_body(conn: &Connection) -> Result<()> {
         "CREATE TABLE dirents_v3 (parent INTEGER NOT NULL, cookie INTEGER NOT NULL,
             name BLOB NOT NULL, ino INTEGER NOT NULL, PRIMARY KEY (parent, cookie)) WITHOUT ROWID;
          ALTER TABLE inodes ADD COLUMN parent INTEGER;
+         CREATE INDEX IF NOT EXISTS dirents_ino ON dirents (ino);
          UPDATE inodes SET parent = (SELECT d.parent FROM dirents d WHERE d.ino = inodes.ino
             LIMIT 1) WHERE kind = 2 AND ino != 1;",
     )?;

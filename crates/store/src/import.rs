@@ -582,7 +582,7 @@ impl Store {
         let is_dir = a.kind == Kind::Dir;
         g.db.prepare_cached(
             "INSERT INTO inodes (kind, perm, uid, gid, nlink, size, atime_ns, mtime_ns, ctime_ns,
-             rdev, target) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+             rdev, target, parent) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
         )?
         .execute(params![
             a.kind as i64,
@@ -595,7 +595,8 @@ impl Store {
             a.mtime_ns,
             time_now(),
             a.rdev,
-            target
+            target,
+            is_dir.then_some(parent)
         ])?;
         let ino = g.db.last_insert_rowid() as u64;
         if nlink > 0 {

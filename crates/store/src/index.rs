@@ -1049,6 +1049,7 @@ mod tests {
         // Turn it into what the format-1 code wrote.
         {
             let db = rusqlite::Connection::open(dir.path().join("meta.sqlite")).unwrap();
+            crate::meta::downgrade_to_v2(&db);
             db.execute_batch(
                 "CREATE TABLE c1 (id INTEGER PRIMARY KEY AUTOINCREMENT, hash BLOB NOT NULL UNIQUE,
                    container INTEGER NOT NULL, offset INTEGER NOT NULL, stored_len INTEGER NOT NULL,

@@ -1,6 +1,8 @@
 //! Maintenance: statistics, statfs, garbage collection and compaction,
 //! consistency check (fsck) and scrub.
 
+use std::collections::HashMap;
+
 use rusqlite::params;
 use serde::Serialize;
 
@@ -281,6 +283,12 @@ impl Store {
             }
         }
         rep.containers_deleted += self.delete_stray_containers()?;
+        // The rows dropped by gc and by the unlinks before it leave free
+        // pages in meta.sqlite: give them back.
+        let mut g = self.lock();
+        if crate::meta::release_free_pages(&g.db)? > 0 {
+            self.commit_locked(&mut g, false)?;
+        }
         Ok(rep)
     }
 
@@ -399,24 +407,23 @@ impl Store {
     /// problem it cannot repair (nothing is invented); the rest of each
     /// file stays readable.
     fn report_damaged_extents(&self, rep: &mut FsckReport) -> Result<()> {
-        let bad = self.scrub_chunks()?.damaged_ids;
+        let bad: HashMap<u64, String> = self.scrub_chunks()?.damaged_ids.into_iter().collect();
+        if bad.is_empty() {
+            return Ok(());
+        }
+        // One pass over the file maps (`extents` has no index on chunk).
         let g = self.lock();
         let mut st =
-            g.db.prepare("SELECT ino, off, len FROM extents WHERE chunk = ?1 ORDER BY ino, off")?;
-        for (id, why) in bad {
-            let rows = st.query_map([id], |r| {
-                Ok((
-                    r.get::<_, u64>(0)?,
-                    r.get::<_, u64>(1)?,
-                    r.get::<_, u64>(2)?,
-                ))
-            })?;
-            for row in rows {
-                let (ino, off, len) = row?;
-                rep.problems.push(format!(
-                    "inode {ino} offset {off} length {len}: {why}; cannot be salvaged (reads give EIO)"
-                ));
-            }
+            g.db.prepare("SELECT ino, off, len, chunk FROM extents ORDER BY ino, off")?;
+        let mut rows = st.query([])?;
+        while let Some(r) = rows.next()? {
+            let Some(why) = bad.get(&r.get::<_, u64>(3)?) else {
+                continue;
+            };
+            let (ino, off, len): (u64, u64, u64) = (r.get(0)?, r.get(1)?, r.get(2)?);
+            rep.problems.push(format!(
+                "inode {ino} offset {off} length {len}: {why}; cannot be salvaged (reads give EIO)"
+            ));
         }
         Ok(())
     }
@@ -484,9 +491,14 @@ impl Store {
         let checks: &[(&str, &str, Option<&str>)] = &[
             (
                 "reference count differs from the file maps",
-                "SELECT c.id, c.refs, (SELECT COUNT(*) FROM extents e WHERE e.chunk = c.id) n
-                 FROM chunks c WHERE c.refs != n",
-                Some("UPDATE chunks SET refs = (SELECT COUNT(*) FROM extents e WHERE e.chunk = chunks.id)"),
+                "SELECT c.id, c.refs, COALESCE(n.n, 0) FROM chunks c LEFT JOIN (SELECT chunk,
+                 COUNT(*) n FROM extents GROUP BY chunk) n ON n.chunk = c.id
+                 WHERE c.refs != COALESCE(n.n, 0)",
+                Some(
+                    "UPDATE chunks SET refs = 0;
+                      UPDATE chunks SET refs = n.n FROM (SELECT chunk, COUNT(*) n FROM extents
+                      GROUP BY chunk) n WHERE n.chunk = chunks.id;",
+                ),
             ),
             (
                 "extent points at a missing chunk",
@@ -508,10 +520,23 @@ impl Store {
             ),
             (
                 "link count differs from the directory entries",
-                "SELECT i.ino, i.nlink, (SELECT COUNT(*) FROM dirents d WHERE d.ino = i.ino) n
-                 FROM inodes i WHERE i.kind != 2 AND i.nlink != n",
-                Some("UPDATE inodes SET nlink = (SELECT COUNT(*) FROM dirents d WHERE d.ino = inodes.ino)
-                      WHERE kind != 2"),
+                "SELECT i.ino, i.nlink, COALESCE(n.n, 0) FROM inodes i LEFT JOIN (SELECT ino,
+                 COUNT(*) n FROM dirents GROUP BY ino) n ON n.ino = i.ino
+                 WHERE i.kind != 2 AND i.nlink != COALESCE(n.n, 0)",
+                Some(
+                    "UPDATE inodes SET nlink = 0 WHERE kind != 2;
+                      UPDATE inodes SET nlink = n.n FROM (SELECT ino, COUNT(*) n FROM dirents
+                      GROUP BY ino) n WHERE n.ino = inodes.ino AND inodes.kind != 2;",
+                ),
+            ),
+            (
+                "directory's parent differs from its entry",
+                "SELECT i.ino, COALESCE(i.parent, 0), d.parent FROM dirents d
+                 JOIN inodes i ON i.ino = d.ino WHERE i.kind = 2 AND i.parent IS NOT d.parent",
+                Some(
+                    "UPDATE inodes SET parent = d.parent FROM dirents d
+                      WHERE d.ino = inodes.ino AND inodes.kind = 2",
+                ),
             ),
             (
                 "extent past the end of its file",
@@ -530,7 +555,7 @@ impl Store {
                 rep.problems.push(format!("{what} ({a}, {b}, {c})"));
             }
             if let (true, Some(fix), false) = (repair, fix, found.is_empty()) {
-                g.db.execute(fix, [])?;
+                g.db.execute_batch(fix)?;
                 rep.repaired += found.len() as u64;
             }
         }

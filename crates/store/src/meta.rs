@@ -10,14 +10,11 @@ use crate::error::{Result, StoreError};
 /// no longer unique nor indexed (the fingerprint index in `DIR/index`
 /// answers lookups), `chunks.indexed` says whether the fingerprint index
 /// holds the chunk, and `index_drops` journals deletions from it.
-pub const META_VERSION: u64 = 2;
-
-/// Indexes added after format 1 was released; created at open when
-/// missing (an index changes no data, so older binaries still open the
-/// store). `dirents_order` serves `readdir`'s `parent = ? AND id > ?
-/// ORDER BY id`: without it each batch of entries sorted the whole
-/// directory, quadratic in its size.
-const LATER_INDEXES: &str = "CREATE INDEX IF NOT EXISTS dirents_order ON dirents (parent, id);";
+/// Version 3: `dirents` is a WITHOUT ROWID table keyed by `(parent,
+/// cookie)` holding each name once (see [`crate::ns::name_cookie`]), a
+/// directory's parent is `inodes.parent`, and `extents` has no index on
+/// `chunk` (only fsck wanted it, and it now scans once).
+pub const META_VERSION: u64 = 3;
 
 const SCHEMA: &str = "
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -25,17 +22,13 @@ CREATE TABLE inodes (
     ino INTEGER PRIMARY KEY AUTOINCREMENT, kind INTEGER NOT NULL, perm INTEGER NOT NULL,
     uid INTEGER NOT NULL, gid INTEGER NOT NULL, nlink INTEGER NOT NULL, size INTEGER NOT NULL,
     atime_ns INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, ctime_ns INTEGER NOT NULL,
-    rdev INTEGER NOT NULL, target BLOB);
-CREATE TABLE dirents (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, parent INTEGER NOT NULL, name BLOB NOT NULL,
-    ino INTEGER NOT NULL, UNIQUE (parent, name));
-CREATE INDEX dirents_ino ON dirents (ino);
-CREATE INDEX dirents_order ON dirents (parent, id);
+    rdev INTEGER NOT NULL, target BLOB, parent INTEGER);
+CREATE TABLE dirents (parent INTEGER NOT NULL, cookie INTEGER NOT NULL, name BLOB NOT NULL,
+    ino INTEGER NOT NULL, PRIMARY KEY (parent, cookie)) WITHOUT ROWID;
 CREATE TABLE xattrs (ino INTEGER NOT NULL, name BLOB NOT NULL, value BLOB NOT NULL,
     PRIMARY KEY (ino, name)) WITHOUT ROWID;
 CREATE TABLE extents (ino INTEGER NOT NULL, off INTEGER NOT NULL, len INTEGER NOT NULL,
     chunk INTEGER NOT NULL, PRIMARY KEY (ino, off)) WITHOUT ROWID;
-CREATE INDEX extents_chunk ON extents (chunk);
 CREATE TABLE chunks (
     id INTEGER PRIMARY KEY AUTOINCREMENT, hash BLOB NOT NULL, container INTEGER NOT NULL,
     offset INTEGER NOT NULL, stored_len INTEGER NOT NULL, raw_len INTEGER NOT NULL,
@@ -45,7 +38,14 @@ CREATE TABLE index_drops (id INTEGER PRIMARY KEY, key BLOB NOT NULL);
 CREATE TABLE containers (id INTEGER PRIMARY KEY, length INTEGER NOT NULL, sealed INTEGER NOT NULL);
 ";
 
-/// Opens (or, with `create`, creates) the metadata database.
+/// Prepared statements kept per connection. The store's hot paths use
+/// about 55 distinct ones (`prepare_cached`); with rusqlite's default of
+/// 16 a `cp -a` into the mount re-parsed SQL for every file (profile:
+/// the parser and malloc at 6% of the mount's CPU).
+const STATEMENT_CACHE: usize = 128;
+
+/// Opens (or, with `create`, creates) the metadata database. An older
+/// version (1 or 2) is migrated, one step per transaction.
 pub fn open_db(path: &std::path::Path, create: bool) -> Result<Connection> {
     if !create && !path.exists() {
         return Err(StoreError::NotAStore {
@@ -54,10 +54,16 @@ pub fn open_db(path: &std::path::Path, create: bool) -> Result<Connection> {
         });
     }
     let conn = Connection::open(path)?;
+    if create {
+        // Before anything is written (WAL mode writes the header): gc
+        // can then give freed pages back ([`release_free_pages`]).
+        conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")?;
+    }
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     conn.pragma_update(None, "cache_size", -65536)?;
     conn.pragma_update(None, "foreign_keys", "OFF")?;
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     if create {
         conn.execute_batch(SCHEMA)?;
         conn.execute(
@@ -69,7 +75,11 @@ pub fn open_db(path: &std::path::Path, create: bool) -> Result<Connection> {
         let mut v: u64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
         if v == 1 {
             migrate_v1(&conn)?;
-            v = META_VERSION;
+            v = 2;
+        }
+        if v == 2 {
+            migrate_v2(&conn)?;
+            v = 3;
         }
         if v != META_VERSION {
             return Err(StoreError::Version {
@@ -78,7 +88,6 @@ pub fn open_db(path: &std::path::Path, create: bool) -> Result<Connection> {
                 supported: META_VERSION,
             });
         }
-        add_later_indexes(&conn);
     }
     Ok(conn)
 }
@@ -114,14 +123,80 @@ fn migrate_v1(conn: &Connection) -> Result<()> {
     Ok(())
 }
 
-/// Creates the [`LATER_INDEXES`] a store made by an older binary lacks.
-/// A failure (a full disk, a read-only store) is not fatal: every query
-/// is still correct without them, only slower.
-fn add_later_indexes(conn: &Connection) {
-    if let Err(e) = conn.execute_batch(LATER_INDEXES) {
-        eprintln!("onecopy: could not add indexes to the metadata database: {e}");
+/// Format 2 to 3, in one transaction: `dirents` is rebuilt as a WITHOUT
+/// ROWID table keyed by `(parent, cookie)` (each name stored once instead
+/// of in the table and in the index of `UNIQUE (parent, name)`; the
+/// `dirents_ino` and `dirents_order` indexes go with the old table),
+/// directories get `inodes.parent`, and `extents_chunk` is dropped. Then
+/// the file is rewritten once (`VACUUM`) without the pages this freed and
+/// with `auto_vacuum = INCREMENTAL`, as a new store has.
+fn migrate_v2(conn: &Connection) -> Result<()> {
+    conn.execute_batch("BEGIN")?;
+    let r = migrate_v2_body(conn).and_then(|()| Ok(conn.execute_batch("COMMIT")?));
+    if r.is_err() {
+        let _ = conn.execute_batch("ROLLBACK");
     }
+    r?;
+    let r = conn.execute_batch(
+        "PRAGMA auto_vacuum = INCREMENTAL; VACUUM; PRAGMA wal_checkpoint(TRUNCATE);",
+    );
+    if let Err(e) = r {
+        // Still correct, only larger.
+        eprintln!("onecopy: could not compact the metadata database: {e}");
+    }
+    Ok(())
 }
+
+/// [`migrate_v2`]'s statements, inside its transaction.
+fn migrate_v2_body(conn: &Connection) -> Result<()> {
+    conn.execute_batch(
+        "CREATE TABLE dirents_v3 (parent INTEGER NOT NULL, cookie INTEGER NOT NULL,
+            name BLOB NOT NULL, ino INTEGER NOT NULL, PRIMARY KEY (parent, cookie)) WITHOUT ROWID;
+         ALTER TABLE inodes ADD COLUMN parent INTEGER;
+         CREATE INDEX IF NOT EXISTS dirents_ino ON dirents (ino);
+         UPDATE inodes SET parent = (SELECT d.parent FROM dirents d WHERE d.ino = inodes.ino
+            LIMIT 1) WHERE kind = 2 AND ino != 1;",
+    )?;
+    {
+        let mut st = conn.prepare("SELECT parent, name, ino FROM dirents ORDER BY parent, id")?;
+        let mut rows = st.query([])?;
+        while let Some(r) = rows.next()? {
+            let (parent, name, ino): (u64, Vec<u8>, u64) = (r.get(0)?, r.get(1)?, r.get(2)?);
+            crate::ns::insert_dirent(conn, "dirents_v3", parent, &name, ino)?;
+        }
+    }
+    conn.execute_batch(
+        "DROP TABLE dirents;
+         ALTER TABLE dirents_v3 RENAME TO dirents;
+         DROP INDEX IF EXISTS extents_chunk;
+         UPDATE meta SET value = '3' WHERE key = 'format';
+         PRAGMA user_version = 3;",
+    )?;
+    Ok(())
+}
+
+/// Gives the database's free pages back to the file system (gc calls it
+/// after dropping rows): `PRAGMA incremental_vacuum` moves pages from the
+/// end of the file into the free ones, at a cost in the pages freed, not
+/// in the database's size; the file shrinks at the next commit. Only when
+/// at least [`RELEASE_MIN_PAGES`] are free: fewer are soon reused. A
+/// database without `auto_vacuum = INCREMENTAL` (none the code makes) is
+/// left alone. Returns the pages released.
+pub(crate) fn release_free_pages(conn: &Connection) -> Result<u64> {
+    let mode: u64 = conn.pragma_query_value(None, "auto_vacuum", |r| r.get(0))?;
+    let free: u64 = conn.pragma_query_value(None, "freelist_count", |r| r.get(0))?;
+    if mode != 2 || free < RELEASE_MIN_PAGES {
+        return Ok(0);
+    }
+    // Each step frees one page: step to the end.
+    let mut st = conn.prepare("PRAGMA incremental_vacuum")?;
+    let mut rows = st.query([])?;
+    while rows.next()?.is_some() {}
+    Ok(free)
+}
+
+/// Free pages (4 KiB each) below which [`release_free_pages`] keeps them.
+pub(crate) const RELEASE_MIN_PAGES: u64 = 256;
 
 /// Where a chunk's record sits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -254,39 +329,159 @@ mod tests {
     }
 }
 
+/// Turns a current database back into what format-2 code wrote (its
+/// `dirents` DDL verbatim, `extents_chunk`, no `inodes.parent`), with the
+/// entries' ids in an order unrelated to their cookies.
 #[cfg(test)]
-mod index_tests {
+pub(crate) fn downgrade_to_v2(conn: &Connection) {
+    conn.execute_batch(
+        "CREATE TABLE dirents_v2 (
+            id INTEGER PRIMARY KEY AUTOINCREMENT, parent INTEGER NOT NULL, name BLOB NOT NULL,
+            ino INTEGER NOT NULL, UNIQUE (parent, name));
+         INSERT INTO dirents_v2 (parent, name, ino)
+            SELECT parent, name, ino FROM dirents ORDER BY name DESC;
+         DROP TABLE dirents;
+         ALTER TABLE dirents_v2 RENAME TO dirents;
+         CREATE INDEX dirents_ino ON dirents (ino);
+         CREATE INDEX dirents_order ON dirents (parent, id);
+         ALTER TABLE inodes DROP COLUMN parent;
+         CREATE INDEX extents_chunk ON extents (chunk);
+         UPDATE meta SET value = '2' WHERE key = 'format';
+         PRAGMA user_version = 2;",
+    )
+    .unwrap();
+}
+
+#[cfg(test)]
+mod plan_tests {
     use super::*;
 
-    fn readdir_plan(conn: &Connection) -> String {
-        let sql = format!("EXPLAIN QUERY PLAN {}", crate::ns::READDIR_SQL);
-        let mut st = conn.prepare(&sql).unwrap();
+    /// The query plan of `sql` (parameters bound to small numbers).
+    fn plan(conn: &Connection, sql: &str) -> String {
+        let mut st = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+        let n = st.parameter_count();
+        let args: Vec<i64> = (0..n as i64).map(|i| i + 5).collect();
         let rows = st
-            .query_map(rusqlite::params![5, 100, 256], |r| r.get::<_, String>(3))
+            .query_map(rusqlite::params_from_iter(args), |r| r.get::<_, String>(3))
             .unwrap();
         rows.map(|r| r.unwrap()).collect::<Vec<_>>().join("; ")
     }
 
-    /// readdir walks `dirents_order` and never sorts the whole directory,
-    /// also in a store made before the index existed.
+    /// readdir walks the primary key from the cookie on and never sorts
+    /// the directory; a lookup by name seeks its hash's cookie range.
     #[test]
-    fn readdir_uses_an_index_in_new_and_old_stores() {
+    fn readdir_and_lookup_seek_the_primary_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = open_db(&dir.path().join("meta.sqlite"), true).unwrap();
+        let p = plan(&conn, crate::ns::READDIR_SQL);
+        assert!(
+            p.contains("SEARCH d USING PRIMARY KEY (parent=? AND cookie>?)")
+                && !p.contains("TEMP B-TREE"),
+            "{p}"
+        );
+        let p = plan(
+            &conn,
+            "SELECT ino FROM dirents WHERE parent = ?1 AND cookie BETWEEN ?2 AND ?2 + 65535
+             AND name = ?3",
+        );
+        assert!(
+            p.contains("USING PRIMARY KEY (parent=? AND cookie>? AND cookie<?)"),
+            "{p}"
+        );
+    }
+
+    /// A format-2 database (as its code wrote it) becomes format 3 at
+    /// open: one table per name, no dropped index left, parents set.
+    #[test]
+    fn format_2_database_is_migrated_in_place() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("meta.sqlite");
         let conn = open_db(&path, true).unwrap();
-        let plan = readdir_plan(&conn);
-        assert!(
-            plan.contains("dirents_order") && !plan.contains("TEMP B-TREE"),
-            "{plan}"
-        );
-        conn.execute_batch("DROP INDEX dirents_order").unwrap();
-        assert!(readdir_plan(&conn).contains("TEMP B-TREE"));
+        conn.execute_batch(
+            "INSERT INTO inodes VALUES (1, 2, 493, 0, 0, 3, 0, 0, 0, 0, 0, NULL, NULL),
+                (2, 2, 493, 0, 0, 2, 0, 0, 0, 0, 0, NULL, 1), (3, 1, 420, 0, 0, 2, 0, 0, 0, 0, 0, NULL, NULL);",
+        )
+        .unwrap();
+        for (parent, name, ino) in [(1, &b"d"[..], 2), (2, b"f", 3), (1, b"g", 3)] {
+            crate::ns::insert_dirent(&conn, "dirents", parent, name, ino).unwrap();
+        }
+        downgrade_to_v2(&conn);
         drop(conn);
         let conn = open_db(&path, false).unwrap();
-        let plan = readdir_plan(&conn);
-        assert!(
-            plan.contains("dirents_order") && !plan.contains("TEMP B-TREE"),
-            "{plan}"
-        );
+        let v: u64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap();
+        assert_eq!(v, META_VERSION);
+        let names: Vec<String> = conn
+            .prepare("SELECT name FROM sqlite_schema WHERE type = 'index' ORDER BY name")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .map(|r| r.unwrap())
+            .collect();
+        assert_eq!(names, ["chunks_container", "sqlite_autoindex_meta_1"]);
+        let rows: Vec<(u64, Vec<u8>, u64, i64)> = conn
+            .prepare("SELECT parent, name, ino, cookie FROM dirents ORDER BY parent, name")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+            .unwrap()
+            .map(|r| r.unwrap())
+            .collect();
+        let want = [(1, &b"d"[..], 2), (1, b"g", 3), (2, b"f", 3)];
+        assert_eq!(rows.len(), want.len());
+        for ((p, n, i, c), (wp, wn, wi)) in rows.iter().zip(want) {
+            assert_eq!(
+                (*p, n.as_slice(), *i, *c),
+                (wp, wn, wi, crate::ns::name_cookie(wn))
+            );
+        }
+        let parent: Option<u64> = conn
+            .query_row("SELECT parent FROM inodes WHERE ino = 2", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(parent, Some(1));
+        let free: u64 = conn
+            .pragma_query_value(None, "freelist_count", |r| r.get(0))
+            .unwrap();
+        assert_eq!(free, 0, "the migration's freed pages were given back");
+        let mode: u64 = conn
+            .pragma_query_value(None, "auto_vacuum", |r| r.get(0))
+            .unwrap();
+        assert_eq!(mode, 2, "auto_vacuum = INCREMENTAL, as in a new store");
+    }
+
+    /// fsck's checks count references and links with one grouped pass,
+    /// never a scan of a table per row of another.
+    #[test]
+    fn fsck_counts_are_not_correlated_scans() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = open_db(&dir.path().join("meta.sqlite"), true).unwrap();
+        for sql in [
+            "SELECT c.id, c.refs, COALESCE(n.n, 0) FROM chunks c LEFT JOIN (SELECT chunk,
+             COUNT(*) n FROM extents GROUP BY chunk) n ON n.chunk = c.id
+             WHERE c.refs != COALESCE(n.n, 0)",
+            "SELECT i.ino, i.nlink, COALESCE(n.n, 0) FROM inodes i LEFT JOIN (SELECT ino,
+             COUNT(*) n FROM dirents GROUP BY ino) n ON n.ino = i.ino
+             WHERE i.kind != 2 AND i.nlink != COALESCE(n.n, 0)",
+            "SELECT i.ino, COALESCE(i.parent, 0), d.parent FROM dirents d
+             JOIN inodes i ON i.ino = d.ino WHERE i.kind = 2 AND i.parent IS NOT d.parent",
+            "UPDATE chunks SET refs = n.n FROM (SELECT chunk, COUNT(*) n FROM extents
+             GROUP BY chunk) n WHERE n.chunk = chunks.id",
+            "UPDATE inodes SET nlink = n.n FROM (SELECT ino, COUNT(*) n FROM dirents
+             GROUP BY ino) n WHERE n.ino = inodes.ino AND inodes.kind != 2",
+            "UPDATE inodes SET parent = d.parent FROM dirents d
+             WHERE d.ino = inodes.ino AND inodes.kind = 2",
+        ] {
+            let p = plan(&conn, sql);
+            // At most one pass over each of the two tables, and the inner
+            // side found by key.
+            assert!(
+                !p.contains("CORRELATED") && p.matches("SCAN").count() <= 2,
+                "{p}"
+            );
+            assert!(
+                p.contains("PRIMARY KEY") || p.contains("COVERING INDEX"),
+                "{p}"
+            );
+        }
     }
 }

@@ -9,11 +9,72 @@ use crate::error::{Result, StoreError};
 
 use crate::store::{time_now, Inner, Store};
 
-/// One batch of a directory's entries after offset `?2`, in `dirents.id`
-/// order (index `dirents_order`: each batch costs O(batch + log n)).
+/// One batch of a directory's entries after cookie `?2`, in cookie order
+/// (the primary key: each batch costs O(batch + log n), never a sort).
 pub(crate) const READDIR_SQL: &str =
-    "SELECT d.id, d.ino, i.kind, d.name FROM dirents d JOIN inodes i ON i.ino = d.ino
-     WHERE d.parent = ?1 AND d.id > ?2 ORDER BY d.id LIMIT ?3";
+    "SELECT d.cookie, d.ino, i.kind, d.name FROM dirents d JOIN inodes i ON i.ino = d.ino
+     WHERE d.parent = ?1 AND d.cookie > ?2 ORDER BY d.cookie LIMIT ?3";
+
+/// Cookies per name hash: a name's cookie is `name_cookie(name) + k`,
+/// `k` the lowest in `0..COOKIE_SPAN` free in its directory.
+const COOKIE_SPAN: i64 = 1 << 16;
+
+/// The rows of `?1`'s cookie range that may hold name `?3` (`?2` is
+/// [`name_cookie`]); the range holds one row but for hash collisions.
+const NAME_RANGE: &str = "parent = ?1 AND cookie BETWEEN ?2 AND ?2 + 65535 AND name = ?3";
+
+/// The first cookie of `name`: 31 bits of its BLAKE3 shifted left by 16,
+/// so below 2^47 (6 bytes in an SQLite record, not 8). Entries are keyed
+/// by `(parent, cookie)`: the name is stored once, a lookup seeks its
+/// hash's range (one row unless names of a directory share 31 hash bits:
+/// a few pairs in a directory of 100,000 names, and harmless), and
+/// `readdir` resumes after a cookie that stays the entry's own while it
+/// exists (a rename gives a new one), so an entry present throughout a
+/// listing is returned exactly once.
+pub(crate) fn name_cookie(name: &[u8]) -> i64 {
+    let h = blake3::hash(name);
+    let v = u32::from_le_bytes(h.as_bytes()[..4].try_into().expect("4 bytes"));
+    (i64::from(v >> 1)) << 16
+}
+
+/// Inserts the entry `parent/name -> ino` into `table` (`dirents`, or the
+/// new table during a migration) with the lowest free cookie of its
+/// hash's range. A name already there is `AlreadyExists`; a range with
+/// no cookie left (65,536 names of one 31-bit hash: crafted names, at
+/// about 2^31 hashes each) is `NoSpace`.
+pub(crate) fn insert_dirent(
+    db: &rusqlite::Connection,
+    table: &str,
+    parent: u64,
+    name: &[u8],
+    ino: u64,
+) -> Result<()> {
+    let base = name_cookie(name);
+    let mut cookie = base;
+    {
+        let mut st = db.prepare_cached(&format!(
+            "SELECT cookie, name = ?3 FROM {table}
+             WHERE parent = ?1 AND cookie BETWEEN ?2 AND ?2 + 65535 ORDER BY cookie"
+        ))?;
+        let mut rows = st.query(params![parent, base, name])?;
+        while let Some(r) = rows.next()? {
+            if r.get::<_, bool>(1)? {
+                return Err(StoreError::AlreadyExists);
+            }
+            if r.get::<_, i64>(0)? == cookie {
+                cookie += 1;
+            }
+        }
+    }
+    if cookie >= base + COOKIE_SPAN {
+        return Err(StoreError::NoSpace);
+    }
+    db.prepare_cached(&format!(
+        "INSERT INTO {table} (parent, cookie, name, ino) VALUES (?1, ?2, ?3, ?4)"
+    ))?
+    .execute(params![parent, cookie, name, ino])?;
+    Ok(())
+}
 
 /// Kinds of inodes, with their numbers in the `inodes` table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,7 +214,7 @@ const ATTR_COLS: &str =
 /// parent).
 const LOOKUP_SQL: &str = "SELECT i.ino, i.kind, i.perm, i.uid, i.gid, i.nlink, i.size, i.atime_ns,
      i.mtime_ns, i.ctime_ns, i.rdev FROM dirents d JOIN inodes i ON i.ino = d.ino
-     WHERE d.parent = ?1 AND d.name = ?2";
+     WHERE d.parent = ?1 AND d.cookie BETWEEN ?2 AND ?2 + 65535 AND d.name = ?3";
 
 fn attr_of(r: &Row) -> rusqlite::Result<Attr> {
     Ok(Attr {
@@ -214,9 +275,9 @@ impl Inner {
     pub(crate) fn child(&self, parent: u64, name: &[u8]) -> Result<Option<u64>> {
         let mut st = self
             .db
-            .prepare_cached("SELECT ino FROM dirents WHERE parent = ?1 AND name = ?2")?;
+            .prepare_cached(&format!("SELECT ino FROM dirents WHERE {NAME_RANGE}"))?;
         Ok(st
-            .query_row(params![parent, name], |r| r.get(0))
+            .query_row(params![parent, name_cookie(name), name], |r| r.get(0))
             .optional()?)
     }
 
@@ -250,23 +311,33 @@ impl Inner {
     /// `AlreadyExists` (callers that looked first never meet it).
     pub(crate) fn add_dirent(&self, parent: u64, name: &[u8], ino: u64) -> Result<()> {
         check_name(name)?;
-        let r = self
-            .db
-            .prepare_cached("INSERT INTO dirents (parent, name, ino) VALUES (?1, ?2, ?3)")?
-            .execute(params![parent, name, ino]);
-        if let Err(rusqlite::Error::SqliteFailure(e, _)) = &r {
-            if e.code == rusqlite::ErrorCode::ConstraintViolation {
-                return Err(StoreError::AlreadyExists);
-            }
-        }
-        r?;
-        Ok(())
+        insert_dirent(&self.db, "dirents", parent, name, ino)
     }
 
     fn del_dirent(&self, parent: u64, name: &[u8]) -> Result<()> {
         self.db
-            .prepare_cached("DELETE FROM dirents WHERE parent = ?1 AND name = ?2")?
-            .execute(params![parent, name])?;
+            .prepare_cached(&format!("DELETE FROM dirents WHERE {NAME_RANGE}"))?
+            .execute(params![parent, name_cookie(name), name])?;
+        Ok(())
+    }
+
+    /// Removes the entry `parent/name` if it names `ino` (a rename within
+    /// one directory has just added the new name beside it).
+    fn del_dirent_of(&self, parent: u64, name: &[u8], ino: u64) -> Result<()> {
+        self.db
+            .prepare_cached(&format!(
+                "DELETE FROM dirents WHERE {NAME_RANGE} AND ino = ?4"
+            ))?
+            .execute(params![parent, name_cookie(name), name, ino])?;
+        Ok(())
+    }
+
+    /// Records that directory `dir`'s entry is now in `parent` (a no-op
+    /// for other kinds: only directories keep their parent).
+    fn set_parent(&self, dir: u64, parent: u64) -> Result<()> {
+        self.db
+            .prepare_cached("UPDATE inodes SET parent = ?2 WHERE ino = ?1 AND kind = 2")?
+            .execute(params![dir, parent])?;
         Ok(())
     }
 
@@ -283,8 +354,9 @@ impl Inner {
         }
         let mut st = self
             .db
-            .prepare_cached("SELECT parent FROM dirents WHERE ino = ?1 LIMIT 1")?;
-        Ok(st.query_row([dir], |r| r.get(0)).optional()?.unwrap_or(1))
+            .prepare_cached("SELECT parent FROM inodes WHERE ino = ?1")?;
+        let parent: Option<Option<u64>> = st.query_row([dir], |r| r.get(0)).optional()?;
+        Ok(parent.flatten().unwrap_or(1))
     }
 }
 
@@ -293,7 +365,8 @@ impl Store {
     pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr> {
         let g = self.lock();
         let mut st = g.db.prepare_cached(LOOKUP_SQL)?;
-        if let Some(a) = st.query_row(params![parent, name], attr_of).optional()? {
+        let key = params![parent, name_cookie(name), name];
+        if let Some(a) = st.query_row(key, attr_of).optional()? {
             return Ok(a);
         }
         // Not found: the parent decides between ENOENT and ENOTDIR.
@@ -373,7 +446,7 @@ impl Store {
         let nlink = if is_dir { 2 } else { 1 };
         g.db.prepare_cached(
             "INSERT INTO inodes (kind, perm, uid, gid, nlink, size, atime_ns, mtime_ns, ctime_ns,
-             rdev, target) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, ?7, ?8, ?9)",
+             rdev, target, parent) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, ?7, ?8, ?9, ?10)",
         )?
         .execute(params![
             node.kind as i64,
@@ -384,7 +457,8 @@ impl Store {
             size,
             t,
             node.rdev,
-            target
+            target,
+            is_dir.then_some(parent)
         ])?;
         let ino = g.db.last_insert_rowid() as u64;
         g.add_dirent(parent, name, ino)?;
@@ -546,10 +620,12 @@ impl Store {
             if da.kind == Kind::Dir && self.is_ancestor(&g, dst, parent)? {
                 return Err(StoreError::Invalid);
             }
-            let set = "UPDATE dirents SET ino = ?3 WHERE parent = ?1 AND name = ?2";
-            g.db.execute(set, params![parent, name, dst])?;
-            g.db.execute(set, params![newparent, newname, src])?;
+            let set = format!("UPDATE dirents SET ino = ?4 WHERE {NAME_RANGE}");
+            g.db.execute(&set, params![parent, name_cookie(name), name, dst])?;
+            g.db.execute(&set, params![newparent, name_cookie(newname), newname, src])?;
             if parent != newparent {
+                g.set_parent(src, newparent)?;
+                g.set_parent(dst, parent)?;
                 let d = (sa.kind == Kind::Dir) as i64 - (da.kind == Kind::Dir) as i64;
                 g.add_nlink(parent, -d)?;
                 g.add_nlink(newparent, d)?;
@@ -584,11 +660,12 @@ impl Store {
                 self.drop_link(&mut g, dst)?;
             }
         }
-        g.db.execute(
-            "UPDATE dirents SET parent = ?3, name = ?4 WHERE parent = ?1 AND name = ?2",
-            params![parent, name, newparent, newname],
-        )?;
+        // The new entry first: if it fails (no cookie left), the old
+        // one is still there.
+        g.add_dirent(newparent, newname, src)?;
+        g.del_dirent_of(parent, name, src)?;
         if sa.kind == Kind::Dir && parent != newparent {
+            g.set_parent(src, newparent)?;
             g.add_nlink(parent, -1)?;
             g.add_nlink(newparent, 1)?;
         }
@@ -611,7 +688,8 @@ impl Store {
         }
     }
 
-    /// Entries of a directory after cookie `offset` ("." and ".." first).
+    /// Entries of a directory after cookie `offset` ("." and ".." first,
+    /// cookies 1 and 2; an entry's is its `dirents.cookie` + 3).
     pub fn readdir(&self, ino: u64, offset: i64, max: usize) -> Result<Vec<DirEntry>> {
         let g = self.lock();
         g.dir_attr(ino)?;
@@ -633,9 +711,9 @@ impl Store {
             });
         }
         let mut st = g.db.prepare_cached(READDIR_SQL)?;
-        let rows = st.query_map(params![ino, (offset - 2).max(0), max as i64], |r| {
+        let rows = st.query_map(params![ino, (offset - 3).max(-1), max as i64], |r| {
             Ok(DirEntry {
-                next: r.get::<_, i64>(0)? + 2,
+                next: r.get::<_, i64>(0)? + 3,
                 ino: r.get(1)?,
                 kind: Kind::from_i64(r.get(2)?),
                 name: r.get(3)?,

@@ -82,27 +82,27 @@ fn mix64(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
-/// Digests kept out of RAM (a scratch file), read one 8-byte word at a
-/// time through a small cache: [`Blocks::Paged`].
+/// Digests kept out of RAM (a scratch file), read in batches of 8-byte
+/// words through a small cache: [`Blocks::Paged`].
 pub trait PagedDigests: Sync + std::fmt::Debug {
-    /// The `i`-th 8-byte word (little-endian) of the scratch list; `None`
-    /// if it could not be read (the caller then sees fewer blocks: a match
-    /// is missed, never a wrong digest given).
-    fn word(&self, i: u64) -> Option<u64>;
+    /// Words `i..i + out.len()` (little-endian) of the scratch list into
+    /// `out`; how many were read, fewer when one could not be, which ends
+    /// the batch (the caller then sees fewer blocks: a match is missed,
+    /// never a wrong digest given). One call for many words: an
+    /// implementation takes its lock and finds its page once per batch.
+    fn words(&self, i: u64, out: &mut [u64]) -> usize;
+}
 
-    /// Words `i..i + out.len()` into `out`; how many were read (fewer
-    /// when one could not be, which ends the batch). One call for many
-    /// words: an implementation takes its lock and finds its page once
-    /// per batch, not per word.
-    fn words(&self, i: u64, out: &mut [u64]) -> usize {
-        for (n, w) in out.iter_mut().enumerate() {
-            match self.word(i + n as u64) {
-                Some(x) => *w = x,
-                None => return n,
-            }
+/// Fills `out[n]` with `word(n)` until the first `None`; how many were
+/// filled: [`PagedDigests::words`] from a word-at-a-time source.
+pub fn fill_words(out: &mut [u64], mut word: impl FnMut(u64) -> Option<u64>) -> usize {
+    for (n, w) in out.iter_mut().enumerate() {
+        match word(n as u64) {
+            Some(x) => *w = x,
+            None => return n,
         }
-        out.len()
     }
+    out.len()
 }
 
 /// A file's block digests as they are stored: in full (16 B each), or as
@@ -142,21 +142,9 @@ impl<'a> Blocks<'a> {
         match self {
             Blocks::Full(b) => b.get(i).copied(),
             Blocks::OneSub(s) => s.get(i).map(|&x| block_of_sub(x)),
-            Blocks::Paged {
-                src,
-                at,
-                len,
-                one_sub,
-            } => {
-                if i >= *len as usize {
-                    return None;
-                }
-                if *one_sub {
-                    return src.word(at + i as u64).map(block_of_sub);
-                }
-                let w = at + 2 * i as u64;
-                let (lo, hi) = (src.word(w)?, src.word(w + 1)?);
-                Some(lo as u128 | (hi as u128) << 64)
+            Blocks::Paged { .. } => {
+                let mut one = Vec::with_capacity(1);
+                (self.read(i, &mut one, 1) == 1).then(|| one[0])
             }
         }
     }
@@ -171,7 +159,7 @@ impl<'a> Blocks<'a> {
 
     pub fn to_vec(&self) -> Vec<BlockDigest> {
         let mut v = Vec::with_capacity(self.len());
-        while v.len() < self.len() && self.read(v.len(), &mut v, usize::MAX) > 0 {}
+        self.read(0, &mut v, usize::MAX);
         v
     }
 
@@ -449,8 +437,8 @@ mod tests {
         #[derive(Debug)]
         struct Words(Vec<u64>);
         impl PagedDigests for Words {
-            fn word(&self, i: u64) -> Option<u64> {
-                self.0.get(i as usize).copied()
+            fn words(&self, i: u64, out: &mut [u64]) -> usize {
+                fill_words(out, |n| self.0.get((i + n) as usize).copied())
             }
         }
         let mut words = Words(vec![99]);
@@ -490,8 +478,10 @@ mod tests {
         #[derive(Debug)]
         struct Words(Vec<u64>, u64);
         impl PagedDigests for Words {
-            fn word(&self, i: u64) -> Option<u64> {
-                (i != self.1).then(|| self.0.get(i as usize).copied())?
+            fn words(&self, i: u64, out: &mut [u64]) -> usize {
+                fill_words(out, |n| {
+                    (i + n != self.1).then(|| self.0.get((i + n) as usize).copied())?
+                })
             }
         }
         let words = Words((0..5000u64).map(|i| i * 0x9e37_79b9).collect(), u64::MAX);

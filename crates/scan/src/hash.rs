@@ -147,8 +147,8 @@ pub struct Digests {
 ///
 /// A store made by [`DigestStore::spilling_to`] keeps the lists that have
 /// no sub-digests (every known file's, and at a block of one filesystem
-/// block every file's) in an unnamed scratch file instead, read back a
-/// word at a time through a 512 KiB cache ([`Blocks::Paged`]): the
+/// block every file's) in an unnamed scratch file instead, read back in
+/// batches of words through a 512 KiB cache ([`Blocks::Paged`]): the
 /// planner walks each file's list once in order and a matched source's
 /// from the match on, so the file's pages stay in the page cache, not in
 /// the process. Lists with sub-digests stay in RAM (the planner takes
@@ -451,20 +451,9 @@ impl SpillFile {
 }
 
 impl PagedDigests for Spill {
-    fn word(&self, i: u64) -> Option<u64> {
-        let mut f = self.file.lock().unwrap_or_else(|e| e.into_inner());
-        f.word(i * 8)
-    }
-
     fn words(&self, i: u64, out: &mut [u64]) -> usize {
         let mut f = self.file.lock().unwrap_or_else(|e| e.into_inner());
-        for (n, w) in out.iter_mut().enumerate() {
-            match f.word((i + n as u64) * 8) {
-                Some(x) => *w = x,
-                None => return n,
-            }
-        }
-        out.len()
+        onecopy_index::digest::fill_words(out, |n| f.word((i + n) * 8))
     }
 }
 

@@ -827,6 +827,16 @@ fn block_runs_against_known_files(kind: FsKind) {
             r.assert_ok(&ctx(what));
             r
         };
+        // At least 90% of `part` (copied from `src` into `dst`) is shared.
+        let mostly_shared = |what: &str, src: &Path, dst: &Path, part: &[u8]| {
+            let shared = shared_bytes_between(src, dst);
+            assert!(
+                shared >= part.len() as u64 * 9 / 10,
+                "{}: {shared} of {} bytes shared",
+                ctx(what),
+                part.len()
+            );
+        };
         let (a, r_old, r_new) = (s.p("old/A.bin"), s.p("old/R.bin"), s.p("old/R2.bin"));
         mkparent(&a);
         let a_data = random_bytes((2 * MIB + 77) as usize, 81);
@@ -850,13 +860,7 @@ fn block_runs_against_known_files(kind: FsKind) {
         assert_read(&ctx("after N"), &r, &[&n]);
         assert_eq!(r.u("files_renamed"), 1, "{}", ctx("after N: renamed"));
         assert_eq!(tree_sums(&s.root), sums, "{}", ctx("contents changed"));
-        let shared = shared_bytes_between(&a, &n);
-        assert!(
-            shared >= part.len() as u64 * 9 / 10,
-            "{}: {shared} of {} bytes of A in N shared",
-            ctx("after N"),
-            part.len()
-        );
+        mostly_shared("after N: A in N", &a, &n, part);
 
         // The renamed file's rewritten record still matches: 8 KiB of its
         // own, R's [64 KiB, 832 KiB), no more.
@@ -869,13 +873,7 @@ fn block_runs_against_known_files(kind: FsKind) {
         let r = run("after M");
         assert_read(&ctx("after M"), &r, &[&m]);
         assert_eq!(tree_sums(&s.root), sums, "{}", ctx("contents changed"));
-        let shared = shared_bytes_between(&r_new, &m);
-        assert!(
-            shared >= part.len() as u64 * 9 / 10,
-            "{}: {shared} of {} bytes of R2 in M shared",
-            ctx("after M"),
-            part.len()
-        );
+        mostly_shared("after M: R2 in M", &r_new, &m, part);
         // The scratch file had no name: only the catalog is left.
         for e in std::fs::read_dir(s.h.parent().unwrap()).unwrap() {
             let name = e.unwrap().file_name();

@@ -41,30 +41,16 @@ pub fn insert(bloom: &mut [u8], h: u64) {
 
 /// Whether `h` may have been inserted in `bloom` (a whole number of
 /// blocks, at least one). Branch-free over the 8 words of the block, so
-/// that independent probes overlap in the CPU.
+/// that independent probes overlap in the CPU (with AVX2 where the CPU has
+/// it: [`onecopy_ioctl::bloom_block`]).
 #[inline]
 pub fn contains(bloom: &[u8], h: u64) -> bool {
     let blocks = bloom.len() / BLOCK;
     let at = block_of(h, blocks) * BLOCK;
-    let Some(b) = bloom.get(at..at + BLOCK) else {
-        return true;
-    };
-    let b: &[u8; BLOCK] = b.try_into().unwrap_or(&[0xff; BLOCK]);
-    let mut ok = 1u64;
-    for j in 0..8 {
-        let w = u64::from_le_bytes([
-            b[8 * j],
-            b[8 * j + 1],
-            b[8 * j + 2],
-            b[8 * j + 3],
-            b[8 * j + 4],
-            b[8 * j + 5],
-            b[8 * j + 6],
-            b[8 * j + 7],
-        ]);
-        ok &= w >> ((h >> (6 * j)) & 63);
+    match bloom.get(at..at + BLOCK).and_then(|b| b.try_into().ok()) {
+        Some(b) => onecopy_ioctl::bloom_block::block_has(b, h),
+        None => true,
     }
-    ok & 1 == 1
 }
 
 /// Distance, in keys, at which batched probes prefetch a key's block:

@@ -18,7 +18,10 @@
 //!   file handle.
 //! * [`prefetch`]: a software prefetch hint (no memory access, only timing),
 //!   for the fingerprint index's batched filter probes.
+//! * [`bloom_block`]: the fingerprint index's Bloom block probe, with AVX2
+//!   chosen at run time where the CPU has it.
 
+pub mod bloom_block;
 pub mod btrfs;
 pub mod changed;
 pub mod dedupe;

@@ -2,6 +2,7 @@
 //! the [`ContainerStore`] trait so that another backend (an object store)
 //! can hold them. The record format is in ARCHITECTURE.md.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -39,7 +40,7 @@ pub struct Encoded {
 pub fn encode(hash: &Hash, raw: &[u8], packing: impl Into<Packing>) -> Encoded {
     let packing = packing.into();
     let packed = match packing.compress {
-        Compress::Zstd => zstd::bulk::compress(raw, packing.zstd_level)
+        Compress::Zstd => zstd_compress(raw, packing.zstd_level)
             .ok()
             .map(|p| (Codec::Zstd, p)),
         Compress::Lz4 => Some((Codec::Lz4, lz4_flex::block::compress(raw))),
@@ -66,6 +67,48 @@ pub fn encode(hash: &Hash, raw: &[u8], packing: impl Into<Packing>) -> Encoded {
     }
 }
 
+thread_local! {
+    /// This thread's zstd compression context and its level, reused from
+    /// chunk to chunk: a new context per chunk cost 14 of a 64 KiB chunk's
+    /// 72 us and 8 of a 4 KiB chunk's 21 (level 3, text).
+    static ZSTD: RefCell<Option<(zstd::bulk::Compressor<'static>, i32)>> =
+        const { RefCell::new(None) };
+    /// This thread's zstd decompression context (a new one per chunk cost
+    /// 8 of 26 us at 64 KiB, 7 of 12 us at 4 KiB).
+    static UNZSTD: RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+        const { RefCell::new(None) };
+}
+
+/// zstd at `level` with this thread's context. A context that failed is
+/// dropped, not reused.
+fn zstd_compress(raw: &[u8], level: i32) -> std::io::Result<Vec<u8>> {
+    ZSTD.with(|cell| {
+        let mut c = match cell.borrow_mut().take() {
+            Some((c, l)) if l == level => c,
+            _ => zstd::bulk::Compressor::new(level)?,
+        };
+        let out = c.compress(raw)?;
+        *cell.borrow_mut() = Some((c, level));
+        Ok(out)
+    })
+}
+
+/// Runs `f` with this thread's zstd decompression context. A context that
+/// failed (a damaged payload) is dropped, not reused.
+fn with_unzstd<T>(
+    f: impl FnOnce(&mut zstd::bulk::Decompressor<'static>) -> std::io::Result<T>,
+) -> std::io::Result<T> {
+    UNZSTD.with(|cell| {
+        let mut d = match cell.borrow_mut().take() {
+            Some(d) => d,
+            None => zstd::bulk::Decompressor::new()?,
+        };
+        let out = f(&mut d)?;
+        *cell.borrow_mut() = Some(d);
+        Ok(out)
+    })
+}
+
 /// `auto`: lz4, then zstd at `level` only if lz4 found the chunk worth
 /// it; the smaller of the two.
 fn auto(raw: &[u8], level: i32) -> (Codec, Vec<u8>) {
@@ -73,7 +116,7 @@ fn auto(raw: &[u8], level: i32) -> (Codec, Vec<u8>) {
     if lz4.len() * 100 > raw.len() * AUTO_WORTH_PERCENT {
         return (Codec::Lz4, lz4);
     }
-    match zstd::bulk::compress(raw, level) {
+    match zstd_compress(raw, level) {
         Ok(z) if z.len() < lz4.len() => (Codec::Zstd, z),
         _ => (Codec::Lz4, lz4),
     }
@@ -115,7 +158,7 @@ pub fn decode(rec: &[u8], container: u64, offset: u64) -> Result<(Hash, Vec<u8>)
     let bad = |why| damaged(container, offset, why);
     let raw = match codec {
         0 => payload.to_vec(),
-        1 => zstd::bulk::decompress(payload, raw_len).map_err(|_| bad("zstd"))?,
+        1 => with_unzstd(|d| d.decompress(payload, raw_len)).map_err(|_| bad("zstd"))?,
         2 => lz4_flex::block::decompress(payload, raw_len).map_err(|_| bad("lz4"))?,
         _ => return Err(bad("unknown codec")),
     };
@@ -165,7 +208,9 @@ pub fn decode_into(rec: &[u8], container: u64, offset: u64, out: &mut [u8]) -> R
             raw_len
         }
         0 => return Err(bad("decoded length")),
-        1 => zstd::bulk::decompress_to_buffer(payload, out).map_err(|_| bad("zstd"))?,
+        1 => {
+            with_unzstd(|d| d.decompress_to_buffer(payload, &mut *out)).map_err(|_| bad("zstd"))?
+        }
         2 => lz4_flex::block::decompress_into(payload, out).map_err(|_| bad("lz4"))?,
         _ => return Err(bad("unknown codec")),
     };
@@ -463,6 +508,40 @@ mod tests {
                 assert!(got.is_err(), "flip at {i} undetected");
             }
         }
+    }
+
+    /// The thread's reused zstd contexts: a payload zstd refuses (its CRC
+    /// made valid, as a bug rather than the disk would) is an error, and
+    /// the same thread then still decodes good records and compresses at
+    /// another level and back.
+    #[test]
+    fn zstd_contexts_survive_a_refused_payload_and_a_level_change() {
+        let text: Vec<u8> = (0..30000u32)
+            .map(|i| b"onecopy "[(i % 8) as usize])
+            .collect();
+        let hash = *blake3::hash(&text).as_bytes();
+        let at = |level| Packing {
+            compress: Compress::Zstd,
+            zstd_level: level,
+        };
+        let good = encode(&hash, &text, at(3));
+        assert_eq!(good.bytes[40], Codec::Zstd as u8);
+        let mut bad = good.bytes.clone();
+        bad[RECORD_HEADER] ^= 0xff; // the zstd frame's magic number
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(&bad[..44]);
+        crc.update(&bad[RECORD_HEADER..]);
+        bad[44..48].copy_from_slice(&crc.finalize().to_le_bytes());
+        assert!(decode(&bad, 1, 16).is_err());
+        let mut out = vec![0u8; text.len()];
+        assert!(decode_into(&bad, 1, 16, &mut out).is_err());
+        for level in [3, 19, 1, 3] {
+            let e = encode(&hash, &text, at(level));
+            assert_eq!(decode(&e.bytes, 1, 16).unwrap().1, text, "level {level}");
+            decode_into(&e.bytes, 1, 16, &mut out).unwrap();
+            assert_eq!(out, text);
+        }
+        assert_eq!(encode(&hash, &text, at(3)).bytes, good.bytes);
     }
 
     #[test]

@@ -23,6 +23,11 @@ const COOKIE_SPAN: i64 = 1 << 16;
 /// [`name_cookie`]); the range holds one row but for hash collisions.
 const NAME_RANGE: &str = "parent = ?1 AND cookie BETWEEN ?2 AND ?2 + 65535 AND name = ?3";
 
+/// The rows of a name's cookie range in `{table}` (`?2` is
+/// [`name_cookie`]), and whether each is name `?3`.
+const SLOTS_SQL: &str = "SELECT cookie, name = ?3 FROM {table}
+     WHERE parent = ?1 AND cookie BETWEEN ?2 AND ?2 + 65535 ORDER BY cookie";
+
 /// The first cookie of `name`: 31 bits of its BLAKE3 shifted left by 16,
 /// so below 2^47 (6 bytes in an SQLite record, not 8). Entries are keyed
 /// by `(parent, cookie)`: the name is stored once, a lookup seeks its
@@ -52,10 +57,7 @@ pub(crate) fn insert_dirent(
     let base = name_cookie(name);
     let mut cookie = base;
     {
-        let mut st = db.prepare_cached(&format!(
-            "SELECT cookie, name = ?3 FROM {table}
-             WHERE parent = ?1 AND cookie BETWEEN ?2 AND ?2 + 65535 ORDER BY cookie"
-        ))?;
+        let mut st = db.prepare_cached(&SLOTS_SQL.replace("{table}", table))?;
         let mut rows = st.query(params![parent, base, name])?;
         while let Some(r) = rows.next()? {
             if r.get::<_, bool>(1)? {
@@ -851,5 +853,20 @@ impl Store {
             return Err(StoreError::NoAttr);
         }
         g.touch(ino, false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The statements spell a name's cookie range out as SQL text: each
+    /// must end where [`COOKIE_SPAN`] ends it.
+    #[test]
+    fn sql_cookie_ranges_match_the_span() {
+        let last = format!("?2 + {} ", COOKIE_SPAN - 1);
+        for sql in [NAME_RANGE, SLOTS_SQL, LOOKUP_SQL] {
+            assert_eq!(sql.matches(&last).count(), 1, "{sql}");
+        }
     }
 }

@@ -20,8 +20,15 @@ pub(crate) const READDIR_SQL: &str =
 const COOKIE_SPAN: i64 = 1 << 16;
 
 /// The rows of `?1`'s cookie range that may hold name `?3` (`?2` is
-/// [`name_cookie`]); the range holds one row but for hash collisions.
-const NAME_RANGE: &str = "parent = ?1 AND cookie BETWEEN ?2 AND ?2 + 65535 AND name = ?3";
+/// [`name_cookie`]); the range holds one row but for hash collisions. A
+/// macro, so that statements are built from it at compile time (a
+/// statement formatted per call cost an allocation and a hash of a new
+/// string on every lookup).
+macro_rules! name_range {
+    () => {
+        "parent = ?1 AND cookie BETWEEN ?2 AND ?2 + 65535 AND name = ?3"
+    };
+}
 
 /// The rows of a name's cookie range in `{table}` (`?2` is
 /// [`name_cookie`]), and whether each is name `?3`.
@@ -208,8 +215,12 @@ pub struct RenameFlags {
 /// every write to a file (to drop it).
 pub(crate) const CAPS: &[u8] = b"security.capability";
 
-const ATTR_COLS: &str =
-    "ino, kind, perm, uid, gid, nlink, size, atime_ns, mtime_ns, ctime_ns, rdev";
+/// The attribute columns, in [`attr_of`]'s order.
+macro_rules! attr_cols {
+    () => {
+        "ino, kind, perm, uid, gid, nlink, size, atime_ns, mtime_ns, ctime_ns, rdev"
+    };
+}
 
 /// The attributes of the inode a name points to, in one statement (a
 /// name only ever sits in a directory, so a hit needs no check of the
@@ -266,9 +277,11 @@ pub(crate) fn check_name(name: &[u8]) -> Result<()> {
 
 impl Inner {
     pub(crate) fn attr(&self, ino: u64) -> Result<Attr> {
-        let mut st = self
-            .db
-            .prepare_cached(&format!("SELECT {ATTR_COLS} FROM inodes WHERE ino = ?1"))?;
+        let mut st = self.db.prepare_cached(concat!(
+            "SELECT ",
+            attr_cols!(),
+            " FROM inodes WHERE ino = ?1"
+        ))?;
         st.query_row([ino], attr_of)
             .optional()?
             .ok_or(StoreError::NotFound)
@@ -277,7 +290,7 @@ impl Inner {
     pub(crate) fn child(&self, parent: u64, name: &[u8]) -> Result<Option<u64>> {
         let mut st = self
             .db
-            .prepare_cached(&format!("SELECT ino FROM dirents WHERE {NAME_RANGE}"))?;
+            .prepare_cached(concat!("SELECT ino FROM dirents WHERE ", name_range!()))?;
         Ok(st
             .query_row(params![parent, name_cookie(name), name], |r| r.get(0))
             .optional()?)
@@ -318,7 +331,7 @@ impl Inner {
 
     fn del_dirent(&self, parent: u64, name: &[u8]) -> Result<()> {
         self.db
-            .prepare_cached(&format!("DELETE FROM dirents WHERE {NAME_RANGE}"))?
+            .prepare_cached(concat!("DELETE FROM dirents WHERE ", name_range!()))?
             .execute(params![parent, name_cookie(name), name])?;
         Ok(())
     }
@@ -327,8 +340,10 @@ impl Inner {
     /// one directory has just added the new name beside it).
     fn del_dirent_of(&self, parent: u64, name: &[u8], ino: u64) -> Result<()> {
         self.db
-            .prepare_cached(&format!(
-                "DELETE FROM dirents WHERE {NAME_RANGE} AND ino = ?4"
+            .prepare_cached(concat!(
+                "DELETE FROM dirents WHERE ",
+                name_range!(),
+                " AND ino = ?4"
             ))?
             .execute(params![parent, name_cookie(name), name, ino])?;
         Ok(())
@@ -622,9 +637,9 @@ impl Store {
             if da.kind == Kind::Dir && self.is_ancestor(&g, dst, parent)? {
                 return Err(StoreError::Invalid);
             }
-            let set = format!("UPDATE dirents SET ino = ?4 WHERE {NAME_RANGE}");
-            g.db.execute(&set, params![parent, name_cookie(name), name, dst])?;
-            g.db.execute(&set, params![newparent, name_cookie(newname), newname, src])?;
+            let set = concat!("UPDATE dirents SET ino = ?4 WHERE ", name_range!());
+            g.db.execute(set, params![parent, name_cookie(name), name, dst])?;
+            g.db.execute(set, params![newparent, name_cookie(newname), newname, src])?;
             if parent != newparent {
                 g.set_parent(src, newparent)?;
                 g.set_parent(dst, parent)?;
@@ -865,7 +880,7 @@ mod tests {
     #[test]
     fn sql_cookie_ranges_match_the_span() {
         let last = format!("?2 + {} ", COOKIE_SPAN - 1);
-        for sql in [NAME_RANGE, SLOTS_SQL, LOOKUP_SQL] {
+        for sql in [name_range!(), SLOTS_SQL, LOOKUP_SQL] {
             assert_eq!(sql.matches(&last).count(), 1, "{sql}");
         }
     }

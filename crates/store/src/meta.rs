@@ -379,13 +379,15 @@ mod plan_tests {
                 && !p.contains("TEMP B-TREE"),
             "{p}"
         );
-        let p = plan(
-            &conn,
-            "SELECT ino FROM dirents WHERE parent = ?1 AND cookie BETWEEN ?2 AND ?2 + 65535
-             AND name = ?3",
-        );
+        let p = plan(&conn, crate::ns::CHILD_SQL);
         assert!(
             p.contains("USING PRIMARY KEY (parent=? AND cookie>? AND cookie<?)"),
+            "{p}"
+        );
+        let p = plan(&conn, crate::ns::LOOKUP_SQL);
+        assert!(
+            p.contains("USING PRIMARY KEY (parent=? AND cookie>? AND cookie<?)")
+                && p.contains("SEARCH inodes USING INTEGER PRIMARY KEY (rowid=?)"),
             "{p}"
         );
     }

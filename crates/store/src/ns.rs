@@ -225,9 +225,16 @@ macro_rules! attr_cols {
 /// The attributes of the inode a name points to, in one statement (a
 /// name only ever sits in a directory, so a hit needs no check of the
 /// parent).
-const LOOKUP_SQL: &str = "SELECT i.ino, i.kind, i.perm, i.uid, i.gid, i.nlink, i.size, i.atime_ns,
-     i.mtime_ns, i.ctime_ns, i.rdev FROM dirents d JOIN inodes i ON i.ino = d.ino
-     WHERE d.parent = ?1 AND d.cookie BETWEEN ?2 AND ?2 + 65535 AND d.name = ?3";
+pub(crate) const LOOKUP_SQL: &str = concat!(
+    "SELECT ",
+    attr_cols!(),
+    " FROM inodes WHERE ino = (SELECT ino FROM dirents WHERE ",
+    name_range!(),
+    ")"
+);
+
+/// The inode `?1/?3` names (`?2` is [`name_cookie`]).
+pub(crate) const CHILD_SQL: &str = concat!("SELECT ino FROM dirents WHERE ", name_range!());
 
 fn attr_of(r: &Row) -> rusqlite::Result<Attr> {
     Ok(Attr {
@@ -288,9 +295,7 @@ impl Inner {
     }
 
     pub(crate) fn child(&self, parent: u64, name: &[u8]) -> Result<Option<u64>> {
-        let mut st = self
-            .db
-            .prepare_cached(concat!("SELECT ino FROM dirents WHERE ", name_range!()))?;
+        let mut st = self.db.prepare_cached(CHILD_SQL)?;
         Ok(st
             .query_row(params![parent, name_cookie(name), name], |r| r.get(0))
             .optional()?)

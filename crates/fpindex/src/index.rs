@@ -370,10 +370,16 @@ impl Index {
     /// keys it admits.
     #[inline]
     pub(crate) fn mem_get(&self, key: u128) -> Option<Entry> {
-        if self.mem.is_empty() || !self.mem_filter.contains(probe(key)) {
+        if !self.mem_admits(key) {
             return None;
         }
         self.mem.get(&key).copied()
+    }
+
+    /// Whether the memtable may hold `key` (its filter admits it).
+    #[inline]
+    fn mem_admits(&self, key: u128) -> bool {
+        !self.mem.is_empty() && self.mem_filter.contains(probe(key))
     }
 
     /// Logs and applies one entry state.
@@ -532,20 +538,17 @@ impl Index {
     /// instructions it takes the more of them the CPU overlaps.
     #[inline]
     pub fn lookup(&mut self, key: u128) -> Result<Option<u64>> {
-        if self.window.cache_first || self.cfg.timing || self.may_hold(key) {
+        if self.window.cache_first || self.cfg.timing {
             return self.lookup_probed(key, None);
+        }
+        let in_runs = self.runs.iter().any(|r| r.filter.contains(key));
+        if in_runs || self.mem_admits(key) {
+            return self.lookup_probed(key, Some(in_runs));
         }
         self.stats.lookups += 1;
         self.stats.filter_negatives += 1;
         self.window.note(false);
         Ok(None)
-    }
-
-    /// Whether a run's filter or the memtable's admits `key`.
-    #[inline]
-    fn may_hold(&self, key: u128) -> bool {
-        self.runs.iter().any(|r| r.filter.contains(key))
-            || (!self.mem.is_empty() && self.mem_filter.contains(probe(key)))
     }
 
     /// Eager lookups of many keys, answering exactly as [`Index::lookup`]

@@ -143,6 +143,7 @@ fn query(dir: &Path, n: u64) {
         s.filter_false_positives,
         s.filter_false_positives as f64 / m as f64
     );
+    print_smaps(&["AnonHugePages"]);
     // Cache-missing positives: random inserted keys, cold cache.
     ix.reset_stats();
     ix.clear_cache();
@@ -403,10 +404,17 @@ fn rss(dir: &Path, n: u64) {
         ix.len(),
         ix.ram_bytes() as f64 / n as f64
     );
+    print_smaps(&["AnonHugePages", "Rss"]);
+}
+
+/// Prints this process's `smaps_rollup` lines that start with one of
+/// `keys`: whether the filters got huge pages explains much of the spread
+/// between sittings (a probe that misses the TLB too costs a page walk).
+fn print_smaps(keys: &[&str]) {
     let smaps = std::fs::read_to_string("/proc/self/smaps_rollup").unwrap_or_default();
     for l in smaps
         .lines()
-        .filter(|l| l.starts_with("AnonHugePages") || l.starts_with("Rss"))
+        .filter(|l| keys.iter().any(|k| l.starts_with(k)))
     {
         println!("  {l}");
     }

@@ -47,9 +47,16 @@ pub fn insert(bloom: &mut [u8], h: u64) {
 pub fn contains(bloom: &[u8], h: u64) -> bool {
     let blocks = bloom.len() / BLOCK;
     let at = block_of(h, blocks) * BLOCK;
-    match bloom.get(at..at + BLOCK).and_then(|b| b.try_into().ok()) {
-        Some(b) => onecopy_ioctl::bloom_block::block_has(b, h),
-        None => true,
+    bloom.get(at..at + BLOCK).is_none_or(|b| block_has(b, h))
+}
+
+/// Whether every bit of `h` is set in `block` ([`BLOCK`] bytes; any other
+/// length answers true, which costs a false positive, never a wrong answer).
+#[inline]
+pub fn block_has(block: &[u8], h: u64) -> bool {
+    match block.try_into() {
+        Ok(b) => onecopy_ioctl::bloom_block::block_has(b, h),
+        Err(_) => true,
     }
 }
 

@@ -8,11 +8,14 @@
 # vs restic and borg; fio 4 KiB sync write
 # p99.9 latency idle vs during gc (gc runs while mounted only if the mount
 # supports it, else the row says so).
+#
+# HALT_POLL_NS=N sets the guest's halt polling for the run (bench/haltpoll.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/haltpoll.sh
 SIZE=${1:-2G}
-# Sections to run (default all): fio small versions gc
-SECTIONS=${SECTIONS:-fio small versions gc}
+# Sections to run (default all): fio small tree versions gc
+SECTIONS=${SECTIONS:-fio small tree versions gc}
 want() { [[ " $SECTIONS " == *" $1 "* ]]; }
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
 cargo build -q --release -p onecopy -p onecopy-workload
@@ -24,6 +27,7 @@ N=$CARGO_TARGET_DIR/release/examples/nullfs
 for t in fio restic borg rsync; do command -v $t >/dev/null || { apt-get install -y -qq fio restic borgbackup rsync >/dev/null; break; }; done
 work=$(mktemp -d /var/tmp/onecopy-storebench.XXXXXX)
 cleanup() {
+    haltpoll_restore
     for m in "$work"/mnt "$work"/null; do fusermount3 -u "$m" 2>/dev/null || true; done
     sleep 1; rm -rf "$work"
 }
@@ -72,13 +76,66 @@ echo "## cp -a of small files (s)"
 $W small --dir "$work/tree" --files 100000 >/dev/null 2>&1 || $W small --dir "$work/tree" >/dev/null
 nfiles=$(find "$work/tree" -type f | wc -l)
 drop; t0=$(date +%s.%N); cp -a "$work/tree" "$work/native/tree"; sync; t1=$(date +%s.%N)
-# The null filesystem keeps names and attributes only: the FUSE ceiling.
-$N "$work/null" & sleep 1
+# The null filesystem keeps names and attributes only: the FUSE ceiling,
+# with one thread reading requests as the store's mount (for many small
+# files one beats two: ARCHITECTURE.md, "One reading thread and a pool").
+$N "$work/null" 1 & sleep 1
 drop; t4=$(date +%s.%N); cp -a "$work/tree" "$work/null/tree"; t5=$(date +%s.%N)
 fusermount3 -u "$work/null"; wait || true
 mount_store; drop; t2=$(date +%s.%N); cp -a "$work/tree" "$work/mnt/tree"; sync -f "$work/mnt"; t3=$(date +%s.%N)
 umount_store; rm -rf "$work/s" "$work/native/tree" "$work/tree"
 python3 -c "import sys; a,b,c,d,e,f=map(float,sys.argv[1:7]); print(f'| {sys.argv[7]} files | native {b-a:.1f} | null FUSE {f-e:.1f} ({(f-e)/(b-a):.2f}x) | store {d-c:.1f} | ratio {(d-c)/(b-a):.2f} |')" $t0 $t1 $t2 $t3 $t4 $t5 $nfiles
+fi
+
+if want tree; then
+echo "## cp -a of a real tree (s)"
+# The Linux 6.1 source as Debian ships it (package linux-source-6.1: about
+# 78,600 files, 1.2 GB, from a few bytes to a few MB): a real tree of the
+# size the goal names, where the synthetic `small` tree is its worst case
+# (every file 1 KiB). TREE=DIR copies another tree instead; the download
+# is kept in /var/tmp/onecopy-bench-linux for later runs.
+tree=${TREE:-}
+if [[ -z $tree ]]; then
+    tree=/var/tmp/onecopy-bench-linux/linux-source-6.1
+    if [[ ! -d $tree ]]; then
+        mkdir -p /var/tmp/onecopy-bench-linux && (cd /var/tmp/onecopy-bench-linux &&
+            apt-get download -qq linux-source-6.1 && dpkg-deb -x linux-source-6.1_*.deb deb &&
+            tar xf deb/usr/src/linux-source-6.1.tar.xz && rm -rf deb linux-source-6.1_*.deb)
+    fi
+fi
+nfiles=$(find "$tree" -type f | wc -l); mib=$(du -sm --apparent-size "$tree" | cut -f1)
+# Each copy from a dropped cache and ending with a sync of its target; the
+# three configurations rotate over ROUNDS rounds (default 2).
+cpy() { # native|null|store ROUND
+    local dst pid=
+    case $1 in
+        native) dst=$work/native/t ;;
+        null) $N "$work/null" 1 & pid=$!; sleep 1; dst=$work/null/t ;;
+        store) mount_store; dst=$work/mnt/t ;;
+    esac
+    drop; local t0 t1; t0=$(date +%s.%N); cp -a "$tree" "$dst"; sync -f "$(dirname "$dst")"; t1=$(date +%s.%N)
+    case $1 in
+        native) rm -rf "$dst" ;;
+        null) fusermount3 -u "$work/null"; wait $pid || true ;;
+        store) $O store stats "$work/s" | grep -E 'stored|ratio' | tr '\n' ' ' > "$work/tree-stats"; umount_store; rm -rf "$work/s" ;;
+    esac
+    python3 -c "import sys; print(f'{sys.argv[1]} {float(sys.argv[3])-float(sys.argv[2]):.2f}')" "$1" "$t0" "$t1" >> "$work/tree-times"
+}
+: > "$work/tree-times"
+for r in $(seq 1 "${ROUNDS:-2}"); do
+    for c in native null store; do cpy $c "$r"; done
+done
+python3 - "$work/tree-times" "$nfiles" "$mib" <<'PY'
+import sys, statistics
+t = {}
+for line in open(sys.argv[1]):
+    k, v = line.split(); t.setdefault(k, []).append(float(v))
+n = statistics.median(t["native"])
+print(f"{sys.argv[2]} files, {sys.argv[3]} MiB: native {' / '.join(map(str, t['native']))} s; "
+      f"null FUSE {' / '.join(map(str, t['null']))} s ({statistics.median(t['null'])/n:.2f}x); "
+      f"store {' / '.join(map(str, t['store']))} s ({statistics.median(t['store'])/n:.2f}x native by medians)")
+PY
+echo "  store: $(cat "$work/tree-stats")"
 fi
 
 if want versions; then

@@ -7,8 +7,11 @@
 # Build first (README.md, "FUSE over io_uring"). Usage:
 #   bench/ffuse-null/bench.sh FILES ROUNDS  (CONFIGS="native fuser ffuse" default;
 #   env NULLFS, FFUSE, W, ONECOPY override the binaries)
+#   HALT_POLL_NS=N: the guest's halt polling for the run (bench/haltpoll.sh)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. bench/haltpoll.sh
+trap haltpoll_restore EXIT
 T=${CARGO_TARGET_DIR:-target}
 W=${W:-$T/release/onecopy-workload}
 NULLFS=${NULLFS:-$T/release/examples/nullfs}
@@ -28,12 +31,16 @@ run() { # CONFIG ROUND
     case $1 in
         native) dst=$work/native/t ;;
         fuser) "$NULLFS" "$work/null" & pid=$!; dst=$work/null/t ;;
+        fuser1) "$NULLFS" "$work/null" 1 & pid=$!; dst=$work/null/t ;;
         ffuse) "$FFUSE" "$work/null" ${FFUSE_ARGS:-} 2>/dev/null & pid=$!; dst=$work/null/t ;;
         ffuse-nowb) NULL_WRITEBACK=0 "$FFUSE" "$work/null" 2>/dev/null & pid=$!; dst=$work/null/t ;;
         ffuse-1w) "$FFUSE" "$work/null" 1 2>/dev/null & pid=$!; dst=$work/null/t ;;
         ffuse-q256) "$FFUSE" "$work/null" 2 256 2>/dev/null & pid=$!; dst=$work/null/t ;;
         store) # the onecopy store itself (fuser), as bench/store.sh mounts it
             "$O" store init "$work/s" >/dev/null; "$O" mount "$work/s" "$work/null"
+            pid=$(cat "$work/s/mount.pid"); dst=$work/null/t ;;
+        store1) # the same with one FUSE worker thread
+            "$O" store init "$work/s" >/dev/null; "$O" mount "$work/s" "$work/null" -o threads=1
             pid=$(cat "$work/s/mount.pid"); dst=$work/null/t ;;
     esac
     sleep 1; drop
@@ -46,8 +53,9 @@ run() { # CONFIG ROUND
     python3 -c "import sys; a,b,c=map(float,sys.argv[1:4]); print(f'{sys.argv[4]} round {sys.argv[5]} files {sys.argv[6]} wall {c-a:.2f} cp {b-a:.2f} daemon_cpu {sys.argv[7]} load {sys.argv[8]}')" \
         "$t0" "$t1" "$t2" "$1" "$2" "$FILES" "$c" "$(cut -d' ' -f1 /proc/loadavg)"
 }
-# CONFIGS: also ffuse-nowb (no writeback cache), ffuse-1w (one worker),
-# ffuse-q256 (fractal-fuse's default queue depth; 32 otherwise), store.
+# CONFIGS: also fuser1 (one worker thread), ffuse-nowb (no writeback
+# cache), ffuse-1w (one worker), ffuse-q256 (fractal-fuse's default queue
+# depth; 32 otherwise), store, store1 (one worker thread).
 read -ra configs <<< "${CONFIGS:-native fuser ffuse}"
 n=${#configs[@]}
 for r in $(seq 1 "$ROUNDS"); do

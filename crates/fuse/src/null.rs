@@ -1,12 +1,13 @@
 //! A filesystem on the same FUSE crate and settings whose files discard
 //! what is written: the ceiling a FUSE store can reach on this machine.
-//! It keeps a tree of names and attributes in memory (so `cp -a` of a
-//! tree runs on it) and nothing else: reads return zeros, xattrs are
-//! accepted and forgotten.
+//! It keeps a tree of names, attributes and symlink targets in memory (so
+//! `cp -a` of a real tree runs on it) and nothing else: reads return
+//! zeros, xattrs are accepted and forgotten.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
 use std::sync::Mutex;
 use std::time::SystemTime;
 
@@ -24,6 +25,7 @@ pub struct NullFs {
 struct Tree {
     names: HashMap<(u64, Vec<u8>), u64>,
     attrs: HashMap<u64, FileAttr>,
+    links: HashMap<u64, Vec<u8>>,
     next: u64,
 }
 
@@ -35,6 +37,7 @@ impl Default for NullFs {
             inner: Mutex::new(Tree {
                 names: HashMap::new(),
                 attrs,
+                links: HashMap::new(),
                 next: 2,
             }),
         }
@@ -163,6 +166,34 @@ impl Filesystem for NullFs {
         match self.add(req, parent.0, name, FileType::Directory, mode & !umask) {
             Ok(a) => reply.entry(&crate::TTL, &a, Generation(0)),
             Err(e) => reply.error(e),
+        }
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        match self.add(req, parent.0, name, FileType::Symlink, 0o777) {
+            Ok(mut a) => {
+                let t = target.as_os_str().as_bytes().to_vec();
+                let mut tree = self.tree();
+                a.size = t.len() as u64;
+                tree.attrs.insert(a.ino.0, a);
+                tree.links.insert(a.ino.0, t);
+                reply.entry(&crate::TTL, &a, Generation(0))
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.tree().links.get(&ino.0) {
+            Some(t) => reply.data(t),
+            None => reply.error(Errno::EINVAL),
         }
     }
 

@@ -541,6 +541,12 @@ impl Index {
         if self.window.cache_first || self.cfg.timing {
             return self.lookup_probed(key, None);
         }
+        if self.runs.len() > 1 {
+            // Between merges: every run's block loads at once, so that
+            // the probes below wait for about one memory latency, not
+            // one per run.
+            self.runs.iter().for_each(|r| r.filter.prefetch_block(key));
+        }
         let in_runs = self.runs.iter().any(|r| r.filter.contains(key));
         if in_runs || self.mem_admits(key) {
             return self.lookup_probed(key, Some(in_runs));
@@ -721,6 +727,7 @@ impl Index {
             .read_at(SEGMENTS, start * PAGE as u64, &mut buf)
             .ctx(SEGMENTS)?;
         self.stats.prefetch_reads += 1;
+        self.cache.note_read();
         for (i, page) in buf.chunks_exact(PAGE).enumerate() {
             let g = start + i as u64;
             if g != group && self.cache.has_group(g) {

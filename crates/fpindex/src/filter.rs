@@ -185,21 +185,6 @@ impl RunFilter {
             .unwrap_or(&[])
     }
 
-    /// Hints the CPU to load the Bloom block [`RunFilter::contains`]
-    /// tests `key` in, found through the same slot (only timing changes).
-    #[inline]
-    pub fn prefetch_block(&self, key: u128) {
-        let Some(&Slot { off, blocks }) = self.slots.get(Self::part_of(self.shift, key)) else {
-            return;
-        };
-        if blocks != EMPTY && blocks != NO_FILTER {
-            let at = off + bloom::block_of(probe(key), blocks) * bloom::BLOCK;
-            if let Some(b) = self.bloom.get(at) {
-                onecopy_ioctl::prefetch::prefetch_read(b);
-            }
-        }
-    }
-
     /// Hints the CPU to load the Bloom block `key` will be tested in.
     #[inline]
     pub fn prefetch(&self, key: u128) {

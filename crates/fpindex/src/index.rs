@@ -541,12 +541,6 @@ impl Index {
         if self.window.cache_first || self.cfg.timing {
             return self.lookup_probed(key, None);
         }
-        if self.runs.len() > 1 {
-            // Between merges: every run's block loads at once, so that
-            // the probes below wait for about one memory latency, not
-            // one per run.
-            self.runs.iter().for_each(|r| r.filter.prefetch_block(key));
-        }
         let in_runs = self.runs.iter().any(|r| r.filter.contains(key));
         if in_runs || self.mem_admits(key) {
             return self.lookup_probed(key, Some(in_runs));

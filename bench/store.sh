@@ -77,8 +77,9 @@ $W small --dir "$work/tree" --files 100000 >/dev/null 2>&1 || $W small --dir "$w
 nfiles=$(find "$work/tree" -type f | wc -l)
 drop; t0=$(date +%s.%N); cp -a "$work/tree" "$work/native/tree"; sync; t1=$(date +%s.%N)
 # The null filesystem keeps names and attributes only: the FUSE ceiling,
-# with one thread reading requests as the store's mount (for many small
-# files one beats two: ARCHITECTURE.md, "One reading thread and a pool").
+# with one thread reading requests, which for many small files beats two
+# (the stricter ceiling; ARCHITECTURE.md, "Halt polling, reading threads
+# and a real tree").
 $N "$work/null" 1 & sleep 1
 drop; t4=$(date +%s.%N); cp -a "$work/tree" "$work/null/tree"; t5=$(date +%s.%N)
 fusermount3 -u "$work/null"; wait || true

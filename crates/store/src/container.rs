@@ -244,6 +244,12 @@ pub trait ContainerStore: Send + Sync {
     }
     /// Makes everything appended to `id` durable.
     fn sync(&self, id: u64) -> Result<()>;
+    /// Starts writing what was appended to `id` to the device without
+    /// waiting for it: a hint (errors are left to [`ContainerStore::sync`],
+    /// which still makes the bytes durable). The store gives it when it
+    /// seals a container and before a commit's syncs, so that the device
+    /// works while writes go on and the syncs find their bytes written.
+    fn start_sync(&self, _id: u64) {}
     /// Current length of container `id` (None if it does not exist).
     fn len(&self, id: u64) -> Result<Option<u64>>;
     /// Deletes a whole container.
@@ -253,9 +259,17 @@ pub trait ContainerStore: Send + Sync {
 }
 
 /// Containers as files under a local directory.
+///
+/// Invariant: a container is durable, name included, once [`ContainerStore::sync`]
+/// returned: its directory is synced then, not at `create` (ext4 would make
+/// a directory sync at every `create` wait for the writeback of every
+/// container written since; after the container's own `fdatasync` it has
+/// nothing left to wait for).
 pub struct LocalDir {
     root: PathBuf,
     open: Mutex<HashMap<u64, Arc<File>>>,
+    /// Containers created whose directory entry is not yet synced.
+    unnamed: Mutex<std::collections::HashSet<u64>>,
 }
 
 impl LocalDir {
@@ -263,6 +277,7 @@ impl LocalDir {
         LocalDir {
             root: root.into(),
             open: Mutex::new(HashMap::new()),
+            unnamed: Mutex::new(std::collections::HashSet::new()),
         }
     }
 
@@ -302,7 +317,10 @@ impl ContainerStore for LocalDir {
     fn create(&self, id: u64) -> Result<()> {
         let path = self.path(id);
         let dir = path.parent().unwrap();
-        std::fs::create_dir_all(dir).map_err(StoreError::io(dir))?;
+        if !dir.is_dir() {
+            std::fs::create_dir_all(dir).map_err(StoreError::io(dir))?;
+            sync_dir(&self.root)?;
+        }
         let mut f = OpenOptions::new()
             .read(true)
             .append(true)
@@ -312,7 +330,7 @@ impl ContainerStore for LocalDir {
         let mut header = CONTAINER_MAGIC.to_vec();
         header.extend_from_slice(&id.to_le_bytes());
         f.write_all(&header).map_err(StoreError::io(&path))?;
-        sync_dir(dir)?;
+        self.unnamed.lock().unwrap().insert(id);
         self.open.lock().unwrap().insert(id, Arc::new(f));
         Ok(())
     }
@@ -367,10 +385,25 @@ impl ContainerStore for LocalDir {
         Ok(())
     }
 
+    /// `fdatasync`, then the directory's `fsync` if the container is new.
     fn sync(&self, id: u64) -> Result<()> {
         self.file(id)?
             .sync_data()
-            .map_err(StoreError::io(self.path(id)))
+            .map_err(StoreError::io(self.path(id)))?;
+        if self.unnamed.lock().unwrap().remove(&id) {
+            let path = self.path(id);
+            sync_dir(path.parent().unwrap()).inspect_err(|_| {
+                self.unnamed.lock().unwrap().insert(id);
+            })?;
+        }
+        Ok(())
+    }
+
+    /// `sync_file_range(SYNC_FILE_RANGE_WRITE)` over the whole file.
+    fn start_sync(&self, id: u64) {
+        if let Ok(f) = self.file(id) {
+            let _ = onecopy_ioctl::fs::start_writeback(std::os::fd::AsFd::as_fd(&*f));
+        }
     }
 
     fn len(&self, id: u64) -> Result<Option<u64>> {
@@ -383,6 +416,7 @@ impl ContainerStore for LocalDir {
 
     fn delete(&self, id: u64) -> Result<()> {
         self.open.lock().unwrap().remove(&id);
+        self.unnamed.lock().unwrap().remove(&id);
         let path = self.path(id);
         match std::fs::remove_file(&path) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(StoreError::io(path)(e)),
@@ -567,5 +601,22 @@ mod tests {
         assert_eq!(store.list().unwrap(), vec![5]);
         store.delete(5).unwrap();
         assert_eq!(store.list().unwrap(), Vec::<u64>::new());
+    }
+
+    /// A new container's directory entry is synced by its first sync (the
+    /// commit's), not at `create`; a deleted one is forgotten.
+    #[test]
+    fn local_dir_names_a_container_durably_at_its_first_sync() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalDir::new(dir.path());
+        store.create(7).unwrap();
+        store.create(8).unwrap();
+        assert_eq!(store.unnamed.lock().unwrap().len(), 2);
+        store.start_sync(7);
+        store.sync(7).unwrap();
+        assert!(!store.unnamed.lock().unwrap().contains(&7));
+        store.delete(8).unwrap();
+        assert!(store.unnamed.lock().unwrap().is_empty());
+        store.sync(7).unwrap();
     }
 }

@@ -392,6 +392,10 @@ impl Store {
         // A failed sync (ENOSPC, EIO) poisons the store: the bytes it
         // should have made durable may be gone even if a later sync of
         // the same container succeeds, so nothing is committed again.
+        // All writebacks are started first, so the syncs overlap.
+        for &id in &g.writer.unsynced {
+            self.containers.start_sync(id);
+        }
         while let Some(&id) = g.writer.unsynced.first() {
             self.sync_container(id)?;
             g.writer.unsynced.remove(&id);
@@ -512,6 +516,9 @@ impl Store {
             // The id is spent even if the create fails part-way (a file
             // may be left): the next attempt takes the one after it. The
             // containers still to sync move over only once it succeeded.
+            // The sealed container's bytes go to the device now rather
+            // than all at the next commit, under its lock.
+            self.containers.start_sync(w.id);
             let id = w.next_id;
             w.next_id += 1;
             let mut fresh = new_container(&g.db, &*self.containers, id)?;

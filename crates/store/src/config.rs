@@ -112,10 +112,11 @@ pub enum Compress {
     /// lz4 for every chunk: fastest; it gives up on incompressible data
     /// at memory speed.
     Lz4,
-    /// The default: lz4 first, as a test that costs little; a chunk it
-    /// shrinks by at least [`AUTO_WORTH_PERCENT`] is compressed again with
-    /// zstd and the smaller kept. Incompressible data costs what lz4
-    /// costs; compressible data is stored as small as zstd stores it.
+    /// The default: lz4 on an 8 KiB sample of the chunk, as a test that
+    /// costs little, chooses: raw if the sample does not shrink, lz4 if it
+    /// shrinks by less than [`AUTO_WORTH_PERCENT`] says, zstd otherwise.
+    /// Incompressible data costs the test; compressible data is stored as
+    /// small as zstd stores it, at zstd's cost alone.
     #[default]
     Auto,
     None,

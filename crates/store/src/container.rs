@@ -44,7 +44,7 @@ pub fn encode(hash: &Hash, raw: &[u8], packing: impl Into<Packing>) -> Encoded {
             .ok()
             .map(|p| (Codec::Zstd, p)),
         Compress::Lz4 => Some((Codec::Lz4, lz4_flex::block::compress(raw))),
-        Compress::Auto => Some(auto(raw, packing.zstd_level)),
+        Compress::Auto => auto(raw, packing.zstd_level),
         Compress::None => None,
     };
     let (codec, payload): (Codec, &[u8]) = match &packed {
@@ -109,16 +109,45 @@ fn with_unzstd<T>(
     })
 }
 
-/// `auto`: lz4, then zstd at `level` only if lz4 found the chunk worth
-/// it; the smaller of the two.
-fn auto(raw: &[u8], level: i32) -> (Codec, Vec<u8>) {
-    let lz4 = lz4_flex::block::compress(raw);
-    if lz4.len() * 100 > raw.len() * AUTO_WORTH_PERCENT {
-        return (Codec::Lz4, lz4);
+/// Bytes of a chunk `auto` tests with lz4: four slices of a quarter of
+/// this, spread over the chunk (the whole chunk when it is no larger).
+const AUTO_SAMPLE: usize = 8192;
+
+/// What `auto` tests: the chunk itself when it is at most
+/// [`AUTO_SAMPLE`] bytes, else slices at 0, 1/4, 1/2 and 3/4 of it.
+fn auto_sample(raw: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    if raw.len() <= AUTO_SAMPLE {
+        return raw.into();
     }
+    let slice = AUTO_SAMPLE / 4;
+    (0..4)
+        .flat_map(|i| &raw[i * raw.len() / 4..][..slice])
+        .copied()
+        .collect::<Vec<u8>>()
+        .into()
+}
+
+/// `auto`: lz4 on a sample of the chunk decides. A sample lz4 cannot
+/// shrink leaves the chunk raw (`None`) and one it barely shrinks (to more
+/// than [`AUTO_WORTH_PERCENT`]) has the chunk compressed by lz4; otherwise
+/// the chunk is compressed by zstd at `level` (a chunk tested whole keeps
+/// the smaller of the two). Neither codec runs over a chunk that will
+/// be stored raw or by the other.
+fn auto(raw: &[u8], level: i32) -> Option<(Codec, Vec<u8>)> {
+    let sample = auto_sample(raw);
+    let whole = sample.len() == raw.len();
+    let test = lz4_flex::block::compress(&sample);
+    if test.len() >= sample.len() {
+        return None;
+    }
+    let lz4 = || (Codec::Lz4, lz4_flex::block::compress(raw));
+    if test.len() * 100 > sample.len() * AUTO_WORTH_PERCENT {
+        return Some(if whole { (Codec::Lz4, test) } else { lz4() });
+    }
+    let fallback = whole.then_some((Codec::Lz4, test));
     match zstd_compress(raw, level) {
-        Ok(z) if z.len() < lz4.len() => (Codec::Zstd, z),
-        _ => (Codec::Lz4, lz4),
+        Ok(z) if fallback.as_ref().is_none_or(|(_, l)| z.len() < l.len()) => Some((Codec::Zstd, z)),
+        _ => fallback,
     }
 }
 
@@ -492,8 +521,14 @@ mod tests {
                 .collect()
         };
         let random = noise(65536);
-        let mut barely = noise(64512);
-        barely.extend_from_slice(&[0; 1024]);
+        // 24 zero bytes in every KiB: lz4 saves about 2% anywhere.
+        let barely: Vec<u8> = (0..64)
+            .flat_map(|_| {
+                let mut k = noise(1000);
+                k.extend_from_slice(&[0; 24]);
+                k
+            })
+            .collect();
         let words = ["chunk ", "store ", "index ", "the ", "of ", "dedupe "];
         let text: Vec<u8> = (0..20000usize)
             .flat_map(|i| words[(i * 7 + i / 3) % words.len()].bytes())
@@ -510,6 +545,37 @@ mod tests {
         assert_eq!(c, Codec::Zstd as u8);
         assert_eq!(auto_len, codec(&text, Compress::Zstd).1);
         assert!(auto_len < codec(&text, Compress::Lz4).1);
+        // Chunks of at most 8 KiB are tested whole, the same way.
+        assert_eq!(codec(&random[..8192], Compress::Auto).0, Codec::Raw as u8);
+        assert_eq!(codec(&barely[..8192], Compress::Auto).0, Codec::Lz4 as u8);
+        assert_eq!(codec(&text[..4096], Compress::Auto).0, Codec::Zstd as u8);
+    }
+
+    /// The sample reaches into every quarter of a chunk: text in any one
+    /// quarter of noise is found and the chunk compressed; what the
+    /// sample misses (a few compressible bytes between its slices) is not.
+    #[test]
+    fn auto_samples_every_quarter() {
+        let mut rnd = 0x2545_f491_4f6c_dd1du64;
+        let noise: Vec<u8> = (0..65536)
+            .map(|_| {
+                rnd ^= rnd << 13;
+                rnd ^= rnd >> 7;
+                rnd ^= rnd << 17;
+                rnd as u8
+            })
+            .collect();
+        for q in 0..4 {
+            let mut raw = noise.clone();
+            raw[q * 16384..][..16384].fill(b'a');
+            let e = encode(blake3::hash(&raw).as_bytes(), &raw, Compress::Auto);
+            assert_eq!(e.bytes[40], Codec::Zstd as u8, "quarter {q}");
+            assert!(e.bytes.len() < 50_000);
+        }
+        let mut raw = noise.clone();
+        raw[4096..8192].fill(0);
+        let e = encode(blake3::hash(&raw).as_bytes(), &raw, Compress::Auto);
+        assert_eq!(e.bytes[40], Codec::Raw as u8);
     }
 
     /// `decode_into` accepts exactly what `decode` accepts, with the same

@@ -45,9 +45,9 @@ pub enum StoreAction {
         /// or `cdc:MIN/AVG/MAX` (FastCDC; for backups and archives).
         #[arg(long, default_value = "fixed:64K")]
         chunking: String,
-        /// Chunk compression: auto (default: lz4 tests each chunk and the
-        /// ones it shrinks are stored with zstd, so incompressible data
-        /// costs lz4's speed and the rest zstd's size), auto:LEVEL, zstd
+        /// Chunk compression: auto (default: lz4 tests a sample of each
+        /// chunk and the ones it shrinks are stored with zstd, so
+        /// incompressible data costs a test and the rest zstd's size), auto:LEVEL, zstd
         /// or zstd:LEVEL (zstd for every chunk; level 1-19, default 3:
         /// higher is smaller and slower on new data), lz4 (fastest) or
         /// none. Chunks that do not shrink are stored raw.

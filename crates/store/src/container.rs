@@ -120,11 +120,11 @@ fn auto_sample(raw: &[u8]) -> std::borrow::Cow<'_, [u8]> {
         return raw.into();
     }
     let slice = AUTO_SAMPLE / 4;
-    (0..4)
-        .flat_map(|i| &raw[i * raw.len() / 4..][..slice])
-        .copied()
-        .collect::<Vec<u8>>()
-        .into()
+    let mut sample = Vec::with_capacity(AUTO_SAMPLE);
+    for i in 0..4 {
+        sample.extend_from_slice(&raw[i * raw.len() / 4..][..slice]);
+    }
+    sample.into()
 }
 
 /// `auto`: lz4 on a sample of the chunk decides. A sample lz4 cannot
@@ -279,6 +279,12 @@ pub trait ContainerStore: Send + Sync {
     /// seals a container and before a commit's syncs, so that the device
     /// works while writes go on and the syncs find their bytes written.
     fn start_sync(&self, _id: u64) {}
+    /// Lets the page cache drop container `id`'s pages once they are
+    /// written: a hint, given for sealed containers after their sync. The
+    /// bytes a program reads back are cached by the kernel on the mount's
+    /// side already; a second copy of them here costs fresh memory at
+    /// every write.
+    fn drop_cache(&self, _id: u64) {}
     /// Current length of container `id` (None if it does not exist).
     fn len(&self, id: u64) -> Result<Option<u64>>;
     /// Deletes a whole container.
@@ -432,6 +438,16 @@ impl ContainerStore for LocalDir {
     fn start_sync(&self, id: u64) {
         if let Ok(f) = self.file(id) {
             let _ = onecopy_ioctl::fs::start_writeback(std::os::fd::AsFd::as_fd(&*f));
+        }
+    }
+
+    /// `posix_fadvise(POSIX_FADV_DONTNEED)` over the whole file.
+    fn drop_cache(&self, id: u64) {
+        if let Ok(f) = self.file(id) {
+            let _ = onecopy_ioctl::fs::fadvise(
+                std::os::fd::AsFd::as_fd(&*f),
+                onecopy_ioctl::fs::Advice::DontNeed,
+            );
         }
     }
 
@@ -661,6 +677,8 @@ mod tests {
         assert!(store.create(5).is_err(), "a container is never recreated");
         store.append(5, b"hello").unwrap();
         store.sync(5).unwrap();
+        assert_eq!(store.read(5, CONTAINER_HEADER, 5).unwrap(), b"hello");
+        store.drop_cache(5);
         assert_eq!(store.read(5, CONTAINER_HEADER, 5).unwrap(), b"hello");
         assert_eq!(store.len(5).unwrap(), Some(CONTAINER_HEADER + 5));
         assert!(store.read(5, CONTAINER_HEADER, 6).is_err());

@@ -399,6 +399,11 @@ impl Store {
         while let Some(&id) = g.writer.unsynced.first() {
             self.sync_container(id)?;
             g.writer.unsynced.remove(&id);
+            // Not the open container: a dropped partial page would be
+            // read back from the disk at its next append.
+            if id != g.writer.id {
+                self.containers.drop_cache(id);
+            }
         }
         // Also when nothing was left to sync: another thread's sync (of
         // these very bytes) may have failed; this waits for it.

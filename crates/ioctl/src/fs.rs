@@ -163,12 +163,17 @@ pub enum Advice {
 
 /// `posix_fadvise(fd, 0, 0, advice)` over the whole file.
 pub fn fadvise(fd: BorrowedFd<'_>, advice: Advice) -> io::Result<()> {
+    fadvise_range(fd, 0, 0, advice)
+}
+
+/// `posix_fadvise(fd, offset, len, advice)` (`len` 0: to the end).
+pub fn fadvise_range(fd: BorrowedFd<'_>, offset: u64, len: u64, advice: Advice) -> io::Result<()> {
     let a = match advice {
         Advice::Sequential => libc::POSIX_FADV_SEQUENTIAL,
         Advice::DontNeed => libc::POSIX_FADV_DONTNEED,
     };
     // SAFETY: plain syscall on an open descriptor; no memory is passed.
-    let r = unsafe { libc::posix_fadvise(fd.as_raw_fd(), 0, 0, a) };
+    let r = unsafe { libc::posix_fadvise(fd.as_raw_fd(), offset as i64, len as i64, a) };
     if r != 0 {
         return Err(io::Error::from_raw_os_error(r));
     }

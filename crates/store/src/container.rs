@@ -293,6 +293,10 @@ pub trait ContainerStore: Send + Sync {
     fn list(&self) -> Result<Vec<u64>>;
 }
 
+/// Reads of at least this many bytes are let go from the page cache once
+/// read (see [`LocalDir::read_into`]).
+const STREAM_READ: u64 = 256 << 10;
+
 /// Containers as files under a local directory.
 ///
 /// Invariant: a container is durable, name included, once [`ContainerStore::sync`]
@@ -416,6 +420,17 @@ impl ContainerStore for LocalDir {
                 Err(rustix::io::Errno::INTR) => {}
                 Err(e) => return Err(StoreError::io(self.path(id))(e.into())),
             }
+        }
+        // A long read is a file read in order: the kernel caches its
+        // bytes on the mount's side, and the container's copy would only
+        // cost fresh memory (see `drop_cache`). Short reads stay cached.
+        if at - offset >= STREAM_READ {
+            let _ = onecopy_ioctl::fs::fadvise_range(
+                std::os::fd::AsFd::as_fd(&*f),
+                offset,
+                at - offset,
+                onecopy_ioctl::fs::Advice::DontNeed,
+            );
         }
         Ok(())
     }

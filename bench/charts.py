@@ -138,7 +138,9 @@ def bar_chart(title, unit_fmt, groups, tools, notes):
 
 def store_series(path):
     """[(row, {column: MB/s})] and column order, from the fio table that
-    bench/store.sh prints (`| row | native | null FUSE | onecopy store |`)."""
+    bench/store.sh prints (`| row | native | null FUSE | onecopy store |`).
+    A cell "A / B" (the disk before and after the store) counts as their
+    mean; a column's "(...)" note is dropped; percentages are skipped."""
     cols, groups = [], []
     with open(path) as f:
         lines = [l.strip() for l in f]
@@ -152,17 +154,18 @@ def store_series(path):
             continue
         cells = [c.strip() for c in l.strip("|").split("|")]
         if not cols:
-            cols = cells[1:]
+            cols = [c.split(" (")[0] for c in cells[1:]]
             continue
         vals = {}
         for c, v in zip(cols, cells[1:]):
             try:
-                vals[c] = float(v)
+                parts = [float(x) for x in v.split("/")]
+                vals[c] = round(sum(parts) / len(parts))
             except ValueError:
-                pass  # "-": not measured for this row
+                pass  # "-" (not measured for this row), or a percentage
         if vals:
             groups.append((cells[0], vals))
-    return groups, cols
+    return groups, [c for c in cols if any(c in v for _, v in groups)]
 
 
 def main():

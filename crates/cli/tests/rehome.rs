@@ -422,4 +422,55 @@ fn snapshot_owner_blocks_rehoming_btrfs() {
     assert_eq!(checksum_tree(&snap), sums);
 }
 
+/// btrfs: an extent whose only live bytes are a short file tail shared by
+/// two files (here `b` and its copy `c`, whose blocks were shared with `a`)
+/// is re-homed into a copy both files share. A temporary copy holding just
+/// those bytes would be stored inline in btrfs metadata, and sharing an
+/// inline extent into a file makes the kernel write a private block into
+/// each destination: the files would lose the tail they shared, and a later
+/// run would find it again.
+#[test]
+fn a_lone_shared_tail_stays_shared_btrfs() {
+    let fs = new_fs(FsKind::Btrfs, 512 * MIB);
+    let root = fs.path().join("t");
+    let body = onecopy_testfs::random_bytes(3 * BLOCK as usize, 77);
+    let mut whole = body.clone();
+    whole.extend_from_slice(&onecopy_testfs::random_bytes(77, 78));
+    write_file(&root.join("a"), &body);
+    write_file(&root.join("b"), &whole);
+    write_file(&root.join("c"), &whole);
+    fs.sync();
+    let sums = checksum_tree(&root);
+    let r = dedupe(&[&root], &[]);
+    r.assert_ok("dedupe of a body and two copies with a tail");
+    assert!(
+        r.u("rehome_bytes_written") > 0,
+        "the tail's extent was not re-homed: the case is not exercised"
+    );
+    assert_eq!(checksum_tree(&root), sums);
+    let tail = |p: &Path| {
+        let x = onecopy_testfs::data_extents(p);
+        let last = *x.last().expect("an extent");
+        assert_eq!(
+            last.logical + last.length,
+            4 * BLOCK,
+            "{}: {x:?}",
+            p.display()
+        );
+        last.physical
+    };
+    assert_eq!(
+        tail(&root.join("b")),
+        tail(&root.join("c")),
+        "the copies no longer share their tail"
+    );
+    let again = dedupe(&[&root], &["--dry-run", "--no-catalog"]);
+    again.assert_ok("a fresh plan");
+    assert_eq!(
+        again.u("bytes_would_share"),
+        0,
+        "a fresh plan finds more to share"
+    );
+}
+
 per_fs!(chains, pieces, killed, resumes_after_interrupt);

@@ -146,7 +146,8 @@ pub fn segments(live: &[(u64, u64)], block: u64) -> Vec<Vec<(u64, u64)>> {
     out
 }
 
-/// Where extent offset `eo` lands in the segments: (segment, offset).
+/// Where extent offset `eo` lands in the segments: (segment, offset in
+/// the segment).
 fn place(segs: &[Vec<(u64, u64)>], eo: u64) -> Option<(usize, u64)> {
     for (i, seg) in segs.iter().enumerate() {
         let mut at = 0u64;
@@ -330,6 +331,12 @@ fn rehome_extent(
 ) {
     let block = files.device(p.refs[0].file).block;
     let segs = segments(&p.live(), block);
+    // Each temporary file holds its segment from one block on, after a
+    // hole: a file of at most one block may be stored inline in btrfs
+    // metadata, and sharing an inline extent makes the kernel write a
+    // private copy into every destination (files that shared the bytes
+    // would no longer share them). A hole allocates nothing.
+    let lead = block;
     let mut tmps = Vec::with_capacity(segs.len());
     for _ in &segs {
         match crate::tmpdir::anonymous_file(&opts.tmp_dir) {
@@ -350,7 +357,7 @@ fn rehome_extent(
             files.snapshot_before(r.file, f);
         }
     }
-    let written = match copy_live(files, p, &segs, &tmps, buf) {
+    let written = match copy_live(files, p, (&segs, lead), &tmps, buf) {
         Ok(n) => n,
         Err((file, why)) => {
             // A file changed under us (truncated, rewritten) is a race the
@@ -373,7 +380,7 @@ fn rehome_extent(
             all = false;
             continue;
         };
-        all &= share_back(files, &tmps[seg], at, r, rep);
+        all &= share_back(files, &tmps[seg], lead + at, r, rep);
     }
     if all {
         rep.stats.rehome_extents += 1;
@@ -382,12 +389,12 @@ fn rehome_extent(
 }
 
 /// Copies each live byte of `p` once, from a file that references it, to
-/// its place in the temporary files. Returns the bytes written, or the
-/// file that could not be read and why.
+/// its place in the temporary files (its segment's, `lead` bytes in).
+/// Returns the bytes written, or the file that could not be read and why.
 fn copy_live(
     files: &mut Files<'_>,
     p: &Pinned,
-    segs: &[Vec<(u64, u64)>],
+    (segs, lead): (&[Vec<(u64, u64)>], u64),
     tmps: &[File],
     buf: &mut [u8],
 ) -> Result<u64, (u32, String)> {
@@ -408,7 +415,7 @@ fn copy_live(
                 return Err((r.file, "file shrank".into()));
             }
             tmps[seg]
-                .write_all_at(&buf[..n], at)
+                .write_all_at(&buf[..n], lead + at)
                 .map_err(|e| (r.file, format!("writing the temporary copy: {e}")))?;
             eo += n as u64;
             written += n as u64;

@@ -33,14 +33,24 @@ impl Range {
     }
 }
 
-/// Every FIEMAP extent of `path`, in logical order (dirty data is flushed
-/// first so fresh files have real addresses).
+/// Every FIEMAP extent of `path` that holds file data, in logical order
+/// (dirty data is flushed first so fresh files have real addresses).
+/// Extents that start at or past the end of the file are left out: XFS
+/// keeps speculative preallocation there (an unwritten extent) after a
+/// file is appended to by repeated opens, and it is not the file's data.
 ///
 /// # Panics
 /// If the file can not be opened or the filesystem has no FIEMAP.
 pub fn extents(path: &Path) -> Vec<Extent> {
     let f = File::open(path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
-    fiemap::fiemap(f.as_fd()).unwrap_or_else(|e| panic!("FIEMAP {}: {e}", path.display()))
+    let size = f
+        .metadata()
+        .unwrap_or_else(|e| panic!("stat {}: {e}", path.display()))
+        .len();
+    let mut all =
+        fiemap::fiemap(f.as_fd()).unwrap_or_else(|e| panic!("FIEMAP {}: {e}", path.display()));
+    all.retain(|e| e.logical < size);
+    all
 }
 
 /// The extents of `path` that have a real physical location (not inline,

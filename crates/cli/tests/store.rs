@@ -208,6 +208,8 @@ fn fio_verify_through_the_mount() {
                     "--verify=crc32c",
                     "--verify_fatal=1",
                     "--do_verify=1",
+                    // No `local-v-0-verify.state` left in the working directory.
+                    "--verify_state_save=0",
                     "--ioengine=psync",
                     "--randseed=7",
                     "--output-format=terse",

@@ -146,11 +146,11 @@ pub fn segments(live: &[(u64, u64)], block: u64) -> Vec<Vec<(u64, u64)>> {
     out
 }
 
-/// Where extent offset `eo` lands in the segments: (segment, offset in
-/// the segment).
-fn place(segs: &[Vec<(u64, u64)>], eo: u64) -> Option<(usize, u64)> {
+/// Where extent offset `eo` lands in the temporary files, each holding
+/// its segment from `lead` bytes on: (segment, offset in its file).
+fn place(segs: &[Vec<(u64, u64)>], lead: u64, eo: u64) -> Option<(usize, u64)> {
     for (i, seg) in segs.iter().enumerate() {
-        let mut at = 0u64;
+        let mut at = lead;
         for &(s, e) in seg {
             if s <= eo && eo < e {
                 return Some((i, at + eo - s));
@@ -357,7 +357,7 @@ fn rehome_extent(
             files.snapshot_before(r.file, f);
         }
     }
-    let written = match copy_live(files, p, (&segs, lead), &tmps, buf) {
+    let written = match copy_live(files, p, &segs, lead, &tmps, buf) {
         Ok(n) => n,
         Err((file, why)) => {
             // A file changed under us (truncated, rewritten) is a race the
@@ -376,11 +376,11 @@ fn rehome_extent(
     rep.stats.rehome_bytes_written += written;
     let mut all = true;
     for r in &p.refs {
-        let Some((seg, at)) = place(&segs, r.extent_offset) else {
+        let Some((seg, at)) = place(&segs, lead, r.extent_offset) else {
             all = false;
             continue;
         };
-        all &= share_back(files, &tmps[seg], lead + at, r, rep);
+        all &= share_back(files, &tmps[seg], at, r, rep);
     }
     if all {
         rep.stats.rehome_extents += 1;
@@ -389,12 +389,13 @@ fn rehome_extent(
 }
 
 /// Copies each live byte of `p` once, from a file that references it, to
-/// its place in the temporary files (its segment's, `lead` bytes in).
-/// Returns the bytes written, or the file that could not be read and why.
+/// its place in the temporary files (see [`place`]). Returns the bytes
+/// written, or the file that could not be read and why.
 fn copy_live(
     files: &mut Files<'_>,
     p: &Pinned,
-    (segs, lead): (&[Vec<(u64, u64)>], u64),
+    segs: &[Vec<(u64, u64)>],
+    lead: u64,
     tmps: &[File],
     buf: &mut [u8],
 ) -> Result<u64, (u32, String)> {
@@ -406,7 +407,7 @@ fn copy_live(
         let mut eo = r.extent_offset.max(done_to);
         let src = files.get(r.file).map_err(|e| (r.file, e.to_string()))?;
         while eo < end {
-            let (seg, at) = place(segs, eo).ok_or((r.file, "layout".to_string()))?;
+            let (seg, at) = place(segs, lead, eo).ok_or((r.file, "layout".to_string()))?;
             let want = ((end - eo) as usize).min(buf.len());
             let n = src
                 .read_at(&mut buf[..want], r.file_offset + (eo - r.extent_offset))
@@ -415,7 +416,7 @@ fn copy_live(
                 return Err((r.file, "file shrank".into()));
             }
             tmps[seg]
-                .write_all_at(&buf[..n], lead + at)
+                .write_all_at(&buf[..n], at)
                 .map_err(|e| (r.file, format!("writing the temporary copy: {e}")))?;
             eo += n as u64;
             written += n as u64;
@@ -549,10 +550,14 @@ mod tests {
                 vec![(24576, 30000)]
             ]
         );
-        assert_eq!(place(&s, 16384 + 5), Some((0, 4096 + 5)));
-        assert_eq!(place(&s, 8192), Some((0, 8192)));
-        assert_eq!(place(&s, 24577), Some((1, 1)));
-        assert_eq!(place(&s, 5000), None);
+        assert_eq!(place(&s, 0, 16384 + 5), Some((0, 4096 + 5)));
+        assert_eq!(place(&s, 0, 8192), Some((0, 8192)));
+        assert_eq!(place(&s, 0, 24577), Some((1, 1)));
+        assert_eq!(place(&s, 0, 5000), None);
+        // After a lead of one block, in every temporary file.
+        assert_eq!(place(&s, 4096, 16384 + 5), Some((0, 8192 + 5)));
+        assert_eq!(place(&s, 4096, 24577), Some((1, 4097)));
+        assert_eq!(place(&s, 4096, 5000), None);
         assert!(segments(&[], 4096).is_empty());
     }
 }

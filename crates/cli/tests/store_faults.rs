@@ -970,6 +970,57 @@ fn sh(script: &str) -> Output {
     out
 }
 
+/// A sparse file looks sparse through the mount: `st_blocks` and `du`
+/// count its data, not its holes, before and after a remount, and `cp`
+/// (which only looks for holes in a file whose blocks are fewer than its
+/// size) copies it out sparse, byte for byte.
+#[test]
+fn sparse_files_stay_sparse_through_du_and_cp() {
+    if !can_fuse() {
+        return;
+    }
+    let s = scratch(&[]);
+    let m = Mount::new(&s);
+    let mnt = s.mnt.to_str().unwrap();
+    let out = s.mnt.parent().unwrap().join("out");
+    std::fs::create_dir(&out).unwrap();
+    let out = out.to_str().unwrap();
+    sh(&format!(
+        "truncate -s 1G {mnt}/sparse && \
+         head -c 1048576 /dev/urandom | dd of={mnt}/sparse bs=64k seek=4096 conv=notrunc status=none && \
+         sync {mnt}/sparse"
+    ));
+    let check = |round: &str| {
+        let md = std::fs::metadata(s.mnt.join("sparse")).unwrap();
+        assert_eq!(md.len(), 1 << 30, "{round}");
+        // 1 MiB of data on 64 KiB chunks: 2,048 blocks of 512 bytes.
+        assert_eq!(md.blocks(), 2048, "{round}");
+        let du = sh(&format!("du -k {mnt}/sparse"));
+        let kib: u64 = String::from_utf8_lossy(&du.stdout)
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(kib, 1024, "{round}: du");
+        sh(&format!(
+            "rm -f {out}/copy && cp --sparse=auto {mnt}/sparse {out}/copy && cmp {mnt}/sparse {out}/copy"
+        ));
+        let copy = std::fs::metadata(format!("{out}/copy")).unwrap();
+        assert!(
+            copy.blocks() * 512 <= 4 << 20,
+            "{round}: copy holds {} blocks",
+            copy.blocks()
+        );
+    };
+    check("mounted");
+    m.unmount();
+    fsck_clean(&s.store);
+    let m = Mount::new(&s);
+    check("remounted");
+    m.unmount();
+}
+
 /// Names with newlines, invalid UTF-8 and 255 bytes, a deep tree, a
 /// 1 TB sparse file and xattrs at the kernel's size limit all round-trip
 /// through the mount and a remount.

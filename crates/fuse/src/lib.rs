@@ -255,7 +255,7 @@ fn fattr(a: &Attr) -> FileAttr {
     FileAttr {
         ino: INodeNo(a.ino),
         size: a.size,
-        blocks: a.size.div_ceil(512),
+        blocks: a.blocks(),
         atime: time(a.atime_ns),
         mtime: time(a.mtime_ns),
         ctime: time(a.ctime_ns),

@@ -539,6 +539,17 @@ impl Store {
                 ),
             ),
             (
+                "data bytes differ from the file map",
+                "SELECT i.ino, i.data, COALESCE(n.n, 0) FROM inodes i LEFT JOIN (SELECT ino,
+                 SUM(len) n FROM extents GROUP BY ino) n ON n.ino = i.ino
+                 WHERE i.data != COALESCE(n.n, 0)",
+                Some(
+                    "UPDATE inodes SET data = 0;
+                      UPDATE inodes SET data = n.n FROM (SELECT ino, SUM(len) n FROM extents
+                      GROUP BY ino) n WHERE n.ino = inodes.ino;",
+                ),
+            ),
+            (
                 "extent past the end of its file",
                 "SELECT e.ino, e.off, e.len FROM extents e JOIN inodes i ON i.ino = e.ino
                  WHERE e.off + e.len > i.size",

@@ -14,7 +14,23 @@ use crate::error::{Result, StoreError};
 /// cookie)` holding each name once (see [`crate::ns::name_cookie`]), a
 /// directory's parent is `inodes.parent`, and `extents` has no index on
 /// `chunk` (only fsck wanted it, and it now scans once).
-pub const META_VERSION: u64 = 3;
+/// Version 4: `inodes.data`, the bytes of a file held in stored chunks
+/// (holes not counted: what `st_blocks` reports), kept equal to the sum
+/// of the file's `extents.len` by the triggers of [`DATA_TRIGGERS`].
+pub const META_VERSION: u64 = 4;
+
+/// Invariant: `inodes.data = SUM(extents.len)` of the inode, whatever
+/// statement adds or removes an extent (a write's flush, a truncate, a
+/// punched hole, import, unlink, fsck's repairs), in the same transaction.
+const DATA_TRIGGERS: &str = "
+CREATE TRIGGER extents_data_ins AFTER INSERT ON extents BEGIN
+    UPDATE inodes SET data = data + NEW.len WHERE ino = NEW.ino; END;
+CREATE TRIGGER extents_data_del AFTER DELETE ON extents BEGIN
+    UPDATE inodes SET data = data - OLD.len WHERE ino = OLD.ino; END;
+CREATE TRIGGER extents_data_upd AFTER UPDATE OF ino, len ON extents BEGIN
+    UPDATE inodes SET data = data - OLD.len WHERE ino = OLD.ino;
+    UPDATE inodes SET data = data + NEW.len WHERE ino = NEW.ino; END;
+";
 
 const SCHEMA: &str = "
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -22,7 +38,7 @@ CREATE TABLE inodes (
     ino INTEGER PRIMARY KEY AUTOINCREMENT, kind INTEGER NOT NULL, perm INTEGER NOT NULL,
     uid INTEGER NOT NULL, gid INTEGER NOT NULL, nlink INTEGER NOT NULL, size INTEGER NOT NULL,
     atime_ns INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, ctime_ns INTEGER NOT NULL,
-    rdev INTEGER NOT NULL, target BLOB, parent INTEGER);
+    rdev INTEGER NOT NULL, target BLOB, parent INTEGER, data INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE dirents (parent INTEGER NOT NULL, cookie INTEGER NOT NULL, name BLOB NOT NULL,
     ino INTEGER NOT NULL, PRIMARY KEY (parent, cookie)) WITHOUT ROWID;
 CREATE TABLE xattrs (ino INTEGER NOT NULL, name BLOB NOT NULL, value BLOB NOT NULL,
@@ -66,6 +82,7 @@ pub fn open_db(path: &std::path::Path, create: bool) -> Result<Connection> {
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     if create {
         conn.execute_batch(SCHEMA)?;
+        conn.execute_batch(DATA_TRIGGERS)?;
         conn.execute(
             "INSERT INTO meta VALUES ('magic', 'onecopy-store'), ('format', ?1)",
             [META_VERSION.to_string()],
@@ -80,6 +97,10 @@ pub fn open_db(path: &std::path::Path, create: bool) -> Result<Connection> {
         if v == 2 {
             migrate_v2(&conn)?;
             v = 3;
+        }
+        if v == 3 {
+            migrate_v3(&conn)?;
+            v = 4;
         }
         if v != META_VERSION {
             return Err(StoreError::Version {
@@ -172,6 +193,26 @@ fn migrate_v2_body(conn: &Connection) -> Result<()> {
          UPDATE meta SET value = '3' WHERE key = 'format';
          PRAGMA user_version = 3;",
     )?;
+    Ok(())
+}
+
+/// Format 3 to 4, in one transaction: `inodes.data` is added, filled
+/// from each file's extents (one pass over `extents`), and kept by
+/// [`DATA_TRIGGERS`] from then on.
+fn migrate_v3(conn: &Connection) -> Result<()> {
+    conn.execute_batch(&format!(
+        "BEGIN;
+         ALTER TABLE inodes ADD COLUMN data INTEGER NOT NULL DEFAULT 0;
+         UPDATE inodes SET data = s.n FROM (SELECT ino, SUM(len) n FROM extents GROUP BY ino) s
+            WHERE inodes.ino = s.ino;
+         {DATA_TRIGGERS}
+         UPDATE meta SET value = '4' WHERE key = 'format';
+         PRAGMA user_version = 4;
+         COMMIT;"
+    ))
+    .inspect_err(|_| {
+        let _ = conn.execute_batch("ROLLBACK");
+    })?;
     Ok(())
 }
 
@@ -346,6 +387,10 @@ pub(crate) fn downgrade_to_v2(conn: &Connection) {
          CREATE INDEX dirents_order ON dirents (parent, id);
          ALTER TABLE inodes DROP COLUMN parent;
          CREATE INDEX extents_chunk ON extents (chunk);
+         DROP TRIGGER extents_data_ins;
+         DROP TRIGGER extents_data_del;
+         DROP TRIGGER extents_data_upd;
+         ALTER TABLE inodes DROP COLUMN data;
          UPDATE meta SET value = '2' WHERE key = 'format';
          PRAGMA user_version = 2;",
     )
@@ -400,8 +445,8 @@ mod plan_tests {
         let path = dir.path().join("meta.sqlite");
         let conn = open_db(&path, true).unwrap();
         conn.execute_batch(
-            "INSERT INTO inodes VALUES (1, 2, 493, 0, 0, 3, 0, 0, 0, 0, 0, NULL, NULL),
-                (2, 2, 493, 0, 0, 2, 0, 0, 0, 0, 0, NULL, 1), (3, 1, 420, 0, 0, 2, 0, 0, 0, 0, 0, NULL, NULL);",
+            "INSERT INTO inodes VALUES (1, 2, 493, 0, 0, 3, 0, 0, 0, 0, 0, NULL, NULL, 0),
+                (2, 2, 493, 0, 0, 2, 0, 0, 0, 0, 0, NULL, 1, 0), (3, 1, 420, 0, 0, 2, 0, 0, 0, 0, 0, NULL, NULL, 0);",
         )
         .unwrap();
         for (parent, name, ino) in [(1, &b"d"[..], 2), (2, b"f", 3), (1, b"g", 3)] {

@@ -126,6 +126,19 @@ pub struct Attr {
     pub mtime_ns: i64,
     pub ctime_ns: i64,
     pub rdev: u32,
+    /// Bytes of a file held in chunks: stored ones (`inodes.data`) and,
+    /// where the store answers, those buffered and not yet stored. Holes,
+    /// zero chunks among them, are not counted.
+    pub data: u64,
+}
+
+impl Attr {
+    /// `st_blocks` (512-byte units): the data, at most the size rounded
+    /// up. Below `size / 512` for a sparse file, which is what `cp`,
+    /// `tar` and `du` look at.
+    pub fn blocks(&self) -> u64 {
+        self.data.min(self.size.next_multiple_of(512)).div_ceil(512)
+    }
 }
 
 impl NewNode {
@@ -218,7 +231,7 @@ pub(crate) const CAPS: &[u8] = b"security.capability";
 /// The attribute columns, in [`attr_of`]'s order.
 macro_rules! attr_cols {
     () => {
-        "ino, kind, perm, uid, gid, nlink, size, atime_ns, mtime_ns, ctime_ns, rdev"
+        "ino, kind, perm, uid, gid, nlink, size, atime_ns, mtime_ns, ctime_ns, rdev, data"
     };
 }
 
@@ -249,6 +262,7 @@ fn attr_of(r: &Row) -> rusqlite::Result<Attr> {
         mtime_ns: r.get(8)?,
         ctime_ns: r.get(9)?,
         rdev: r.get(10)?,
+        data: r.get(11)?,
     })
 }
 
@@ -388,7 +402,8 @@ impl Store {
         let g = self.lock();
         let mut st = g.db.prepare_cached(LOOKUP_SQL)?;
         let key = params![parent, name_cookie(name), name];
-        if let Some(a) = st.query_row(key, attr_of).optional()? {
+        if let Some(mut a) = st.query_row(key, attr_of).optional()? {
+            a.data += self.buffered(&g, a.ino);
             return Ok(a);
         }
         // Not found: the parent decides between ENOENT and ENOTDIR.
@@ -403,7 +418,18 @@ impl Store {
     }
 
     pub(crate) fn attr_with_dirty(&self, g: &Inner, ino: u64) -> Result<Attr> {
-        g.attr(ino)
+        let mut a = g.attr(ino)?;
+        a.data += self.buffered(g, ino);
+        Ok(a)
+    }
+
+    /// Bytes of `ino` buffered in pages and not yet stored (a page that
+    /// overwrites stored bytes counts twice until it is flushed, at most
+    /// up to the size: see [`Attr::blocks`]).
+    fn buffered(&self, g: &Inner, ino: u64) -> u64 {
+        g.dirty
+            .get(&ino)
+            .map_or(0, |d| d.pages.len() as u64 * self.page_size())
     }
 
     /// Creates a node (file, directory, device, fifo, socket).
@@ -501,6 +527,7 @@ impl Store {
             mtime_ns: t,
             ctime_ns: t,
             rdev: node.rdev,
+            data: 0,
         })
     }
 
@@ -788,9 +815,17 @@ impl Store {
             new.mtime_ns,
             new.ctime_ns,
         ])?;
-        // The row as updated: truncate_locked set the size, nothing else
-        // changed under the lock.
-        Ok(new)
+        // The row as updated: truncate_locked set the size and, through
+        // the extents it dropped, the data; nothing else changed under the
+        // lock.
+        let data = match set.size {
+            Some(_) => g.attr(ino)?.data,
+            None => a.data,
+        };
+        Ok(Attr {
+            data: data + self.buffered(&g, ino),
+            ..new
+        })
     }
 
     /// Sets an extended attribute (`create`: must not exist; `replace`:

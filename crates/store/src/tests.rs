@@ -807,3 +807,97 @@ fn gc_shrinks_the_metadata_database() {
     drop(s);
     assert!(std::fs::metadata(&db).unwrap().len() <= after * 4096);
 }
+
+/// `st_blocks` counts the bytes held in chunks, not holes: a file
+/// extended by truncate has none, data written has its bytes (buffered
+/// or stored), zeros written become holes, and truncate and punch give
+/// bytes back.
+#[test]
+fn blocks_count_data_not_holes() {
+    for chunking in ["fixed:4K", "fixed:64K", "cdc:2K/8K/32K"] {
+        let (_d, s) = new_store(chunking, "zstd");
+        let ino = s.mknod(1, b"sparse", node(Kind::File)).unwrap().ino;
+        s.open_file(ino).unwrap();
+        let set = |size| SetAttr {
+            size: Some(size),
+            ..SetAttr::default()
+        };
+        let a = s.setattr(ino, set(1 << 30)).unwrap();
+        assert_eq!((a.size, a.blocks()), (1 << 30, 0), "{chunking}");
+        s.write(ino, 512 << 20, &pseudo(100_000, 9)).unwrap();
+        let buffered = s.getattr(ino).unwrap().blocks();
+        assert!(buffered >= 100_000 / 512, "{chunking}: {buffered}");
+        s.release_file(ino).unwrap();
+        s.flush_all(true).unwrap();
+        let stored = s.getattr(ino).unwrap();
+        // Whole chunks: the zeros after the write up to its page's end
+        // are the file's bytes too.
+        assert!(
+            (100_000..=2 << 16).contains(&stored.data),
+            "{chunking}: {}",
+            stored.data
+        );
+        assert_eq!(stored.blocks(), stored.data.div_ceil(512));
+        assert_eq!(s.lookup(1, b"sparse").unwrap().blocks(), stored.blocks());
+        // A hole over one whole 64 KiB page: its chunks become holes.
+        let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        s.fallocate(ino, 512 << 20, 1 << 16, punch).unwrap();
+        s.flush_all(true).unwrap();
+        let punched = s.getattr(ino).unwrap().data;
+        assert!(
+            punched < stored.data && punched >= 100_000 - (1 << 16),
+            "{chunking}: {punched}"
+        );
+        let zeros = file(&s, "zeros", &vec![0u8; 300_000]);
+        s.flush_all(true).unwrap();
+        assert_eq!(s.getattr(zeros).unwrap().blocks(), 0, "{chunking}");
+        let small = file(&s, "small", b"hello");
+        s.flush_all(true).unwrap();
+        assert_eq!(s.getattr(small).unwrap().blocks(), 1);
+        assert_eq!(s.setattr(ino, set(0)).unwrap().blocks(), 0);
+        assert_eq!(s.fsck(false).unwrap().problems, Vec::<String>::new());
+    }
+}
+
+/// A format-3 database (before `inodes.data`) gets its data bytes from
+/// the extents at open; fsck finds a wrong count and repairs it.
+#[test]
+fn format_3_data_bytes_are_filled_and_fsck_repairs_them() {
+    let (d, s) = new_store("fixed:4K", "lz4");
+    let a = file(&s, "a", &pseudo(50_000, 1));
+    let b = file(&s, "b", b"");
+    s.flush_all(true).unwrap();
+    drop(s);
+    let db_path = d.path().join("meta.sqlite");
+    {
+        let db = rusqlite::Connection::open(&db_path).unwrap();
+        db.execute_batch(
+            "DROP TRIGGER extents_data_ins; DROP TRIGGER extents_data_del;
+             DROP TRIGGER extents_data_upd; ALTER TABLE inodes DROP COLUMN data;
+             UPDATE meta SET value = '3' WHERE key = 'format'; PRAGMA user_version = 3;",
+        )
+        .unwrap();
+    }
+    let s = Store::open(d.path()).unwrap();
+    assert_eq!(s.getattr(a).unwrap().data, 50_000);
+    assert_eq!(s.getattr(b).unwrap().data, 0);
+    assert_eq!(s.fsck(false).unwrap().problems, Vec::<String>::new());
+    // Appending after the migration is counted by the triggers.
+    s.open_file(a).unwrap();
+    s.write(a, 50_000, b"tail").unwrap();
+    s.release_file(a).unwrap();
+    s.flush_all(true).unwrap();
+    assert_eq!(s.getattr(a).unwrap().data, 50_004);
+    drop(s);
+    {
+        let db = rusqlite::Connection::open(&db_path).unwrap();
+        db.execute("UPDATE inodes SET data = 7 WHERE ino = ?1", [a])
+            .unwrap();
+    }
+    let s = Store::open(d.path()).unwrap();
+    let rep = s.fsck(true).unwrap();
+    assert_eq!(rep.problems.len(), 1, "{:?}", rep.problems);
+    assert!(rep.problems[0].starts_with("data bytes differ"));
+    assert_eq!(s.getattr(a).unwrap().data, 50_004);
+    assert!(s.fsck(false).unwrap().problems.is_empty());
+}

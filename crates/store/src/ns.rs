@@ -597,10 +597,12 @@ impl Store {
             rows.collect::<rusqlite::Result<_>>()?
         };
         self.release_chunks(g, &refs)?;
+        // The row first: the trigger that keeps `inodes.data` then finds
+        // nothing to update for each extent deleted after it.
         for sql in [
+            "DELETE FROM inodes WHERE ino = ?1",
             "DELETE FROM extents WHERE ino = ?1",
             "DELETE FROM xattrs WHERE ino = ?1",
-            "DELETE FROM inodes WHERE ino = ?1",
         ] {
             g.db.prepare_cached(sql)?.execute([ino])?;
         }

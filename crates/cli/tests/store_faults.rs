@@ -970,6 +970,64 @@ fn sh(script: &str) -> Output {
     out
 }
 
+/// Listings carry attributes (`READDIRPLUS`): after a remount, with the
+/// kernel's caches dropped, what `find` prints of every entry (type, mode,
+/// size, links, owner, target, mtime) is the source tree's, including a
+/// file still open with unflushed writes.
+#[test]
+fn listings_with_attributes_match_the_source() {
+    if !can_fuse() {
+        return;
+    }
+    let s = scratch(&[]);
+    let m = Mount::new(&s);
+    let mnt = s.mnt.to_str().unwrap();
+    let src = s.mnt.parent().unwrap().join("src");
+    let src = src.to_str().unwrap();
+    sh(&format!(
+        "mkdir -p {src}/d/e && cd {src} && for i in $(seq 1 300); do \
+           head -c $((i * 997)) /dev/urandom > d/f$i; chmod $((600 + i % 8 * 10 + i % 5)) d/f$i; \
+           chown $((i % 3)):$((i % 4)) d/f$i; done && \
+         ln d/f1 d/e/hard && ln -s ../f2 d/e/link && mkfifo d/e/fifo && touch -d @1000000000 d/f3"
+    ));
+    sh(&format!("cp -a {src}/d {mnt}/d"));
+    // Every entry of d (directories without their size, which is the
+    // filesystem's own).
+    let list = |root: &str| {
+        let out = sh(&format!(
+            "cd {root}/d && find . -type d -printf '%p %y %m %n %U %G %T@\\n' -o \
+             -printf '%p %y %m %s %n %U %G %l %T@\\n' | sort"
+        ));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let differ = |got: &str, want: &str| -> Vec<String> {
+        let (g, w): (Vec<_>, Vec<_>) = (got.lines().collect(), want.lines().collect());
+        let mut d: Vec<String> = g
+            .iter()
+            .filter(|l| !w.contains(l))
+            .map(|l| format!("+{l}"))
+            .collect();
+        d.extend(w.iter().filter(|l| !g.contains(l)).map(|l| format!("-{l}")));
+        d
+    };
+    let want = list(src);
+    assert_eq!(want.lines().count(), 305, "{want}");
+    assert_eq!(differ(&list(mnt), &want), Vec::<String>::new(), "mounted");
+    m.unmount();
+    let m = Mount::new(&s);
+    sh("sync; echo 3 > /proc/sys/vm/drop_caches");
+    assert_eq!(differ(&list(mnt), &want), Vec::<String>::new(), "remounted");
+    // A file written and not yet closed is listed with its size.
+    let f = File::create(s.mnt.join("d/open")).unwrap();
+    f.write_all_at(&[7u8; 70_000], 0).unwrap();
+    let ls = sh(&format!("ls -ln {mnt}/d | grep ' open$'"));
+    let line = String::from_utf8_lossy(&ls.stdout).to_string();
+    assert_eq!(line.split_whitespace().nth(4), Some("70000"), "{line}");
+    drop(f);
+    m.unmount();
+    fsck_clean(&s.store);
+}
+
 /// A sparse file looks sparse through the mount: `st_blocks` and `du`
 /// count its data, not its holes, before and after a remount, and `cp`
 /// (which only looks for holes in a file whose blocks are fewer than its

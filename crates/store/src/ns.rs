@@ -743,35 +743,18 @@ impl Store {
     /// cookies 1 and 2; an entry's is its `dirents.cookie` + 3).
     pub fn readdir(&self, ino: u64, offset: i64, max: usize) -> Result<Vec<DirEntry>> {
         let g = self.lock();
-        g.dir_attr(ino)?;
-        let mut out = Vec::new();
-        if offset < 1 {
-            out.push(DirEntry {
-                ino,
-                kind: Kind::Dir,
-                name: b".".to_vec(),
-                next: 1,
-            });
-        }
-        if offset < 2 {
-            out.push(DirEntry {
-                ino: g.parent_of(ino)?,
-                kind: Kind::Dir,
-                name: b"..".to_vec(),
-                next: 2,
-            });
-        }
-        let mut st = g.db.prepare_cached(READDIR_SQL)?;
-        let rows = st.query_map(params![ino, (offset - 3).max(-1), max as i64], |r| {
-            Ok(DirEntry {
-                next: r.get::<_, i64>(0)? + 3,
-                ino: r.get(1)?,
-                kind: Kind::from_i64(r.get(2)?),
-                name: r.get(3)?,
-            })
-        })?;
-        for e in rows {
-            out.push(e?);
+        g.readdir(ino, offset, max)
+    }
+
+    /// [`Store::readdir`] with each entry's attributes, as `getattr`
+    /// would give them, read under the same lock.
+    pub fn readdir_plus(&self, ino: u64, offset: i64, max: usize) -> Result<Vec<(DirEntry, Attr)>> {
+        let g = self.lock();
+        let entries = g.readdir(ino, offset, max)?;
+        let mut out = Vec::with_capacity(entries.len());
+        for e in entries {
+            let a = self.attr_with_dirty(&g, e.ino)?;
+            out.push((e, a));
         }
         Ok(out)
     }
@@ -910,6 +893,44 @@ impl Store {
             return Err(StoreError::NoAttr);
         }
         g.touch(ino, false)
+    }
+}
+
+impl Inner {
+    /// Up to `max` entries of directory `ino` after cookie `offset`
+    /// ("." and ".." first, at offsets 1 and 2).
+    fn readdir(&self, ino: u64, offset: i64, max: usize) -> Result<Vec<DirEntry>> {
+        self.dir_attr(ino)?;
+        let mut out = Vec::new();
+        if offset < 1 {
+            out.push(DirEntry {
+                ino,
+                kind: Kind::Dir,
+                name: b".".to_vec(),
+                next: 1,
+            });
+        }
+        if offset < 2 {
+            out.push(DirEntry {
+                ino: self.parent_of(ino)?,
+                kind: Kind::Dir,
+                name: b"..".to_vec(),
+                next: 2,
+            });
+        }
+        let mut st = self.db.prepare_cached(READDIR_SQL)?;
+        let rows = st.query_map(params![ino, (offset - 3).max(-1), max as i64], |r| {
+            Ok(DirEntry {
+                next: r.get::<_, i64>(0)? + 3,
+                ino: r.get(1)?,
+                kind: Kind::from_i64(r.get(2)?),
+                name: r.get(3)?,
+            })
+        })?;
+        for e in rows {
+            out.push(e?);
+        }
+        Ok(out)
     }
 }
 

@@ -18,7 +18,7 @@ pub enum StoreError {
         #[source]
         source: onecopy_fpindex::Error,
     },
-    #[error("metadata database: {0}")]
+    #[error("metadata database: {}", db_text(.0))]
     Db(#[from] rusqlite::Error),
     #[error("{path}: not an onecopy store ({why})")]
     NotAStore { path: PathBuf, why: String },
@@ -110,4 +110,42 @@ impl StoreError {
     }
 }
 
+/// SQLite's text, with a full disk named as the system names it ("No space
+/// left on device"), as every other out-of-space error of the store reads.
+fn db_text(e: &rusqlite::Error) -> String {
+    match e {
+        rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::DiskFull => {
+            format!("No space left on device ({e})")
+        }
+        _ => e.to_string(),
+    }
+}
+
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A full disk met by SQLite reads like one met by a write, and maps
+    /// to ENOSPC.
+    #[test]
+    fn a_full_metadata_database_says_no_space() {
+        let full = rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_FULL),
+            None,
+        );
+        let e = StoreError::Db(full);
+        assert_eq!(e.errno(), libc::ENOSPC);
+        assert!(
+            e.to_string()
+                .starts_with("metadata database: No space left on device ("),
+            "{e}"
+        );
+        let busy = StoreError::Db(rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_BUSY),
+            None,
+        ));
+        assert!(!busy.to_string().contains("No space"), "{busy}");
+    }
+}

@@ -543,11 +543,7 @@ impl Store {
                 "SELECT i.ino, i.data, COALESCE(n.n, 0) FROM inodes i LEFT JOIN (SELECT ino,
                  SUM(len) n FROM extents GROUP BY ino) n ON n.ino = i.ino
                  WHERE i.data != COALESCE(n.n, 0)",
-                Some(
-                    "UPDATE inodes SET data = 0;
-                      UPDATE inodes SET data = n.n FROM (SELECT ino, SUM(len) n FROM extents
-                      GROUP BY ino) n WHERE n.ino = inodes.ino;",
-                ),
+                Some(crate::meta::RECOMPUTE_DATA),
             ),
             (
                 "extent past the end of its file",

@@ -32,6 +32,14 @@ CREATE TRIGGER extents_data_upd AFTER UPDATE OF ino, len ON extents BEGIN
     UPDATE inodes SET data = data + NEW.len WHERE ino = NEW.ino; END;
 ";
 
+/// Sets every `inodes.data` from the file map in one grouped pass (the
+/// migration to format 4, and fsck's repair of a wrong count).
+pub(crate) const RECOMPUTE_DATA: &str = "
+UPDATE inodes SET data = 0;
+UPDATE inodes SET data = n.n FROM (SELECT ino, SUM(len) n FROM extents GROUP BY ino) n
+    WHERE n.ino = inodes.ino;
+";
+
 const SCHEMA: &str = "
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE inodes (
@@ -61,7 +69,7 @@ CREATE TABLE containers (id INTEGER PRIMARY KEY, length INTEGER NOT NULL, sealed
 const STATEMENT_CACHE: usize = 128;
 
 /// Opens (or, with `create`, creates) the metadata database. An older
-/// version (1 or 2) is migrated, one step per transaction.
+/// version (1, 2 or 3) is migrated, one step per transaction.
 pub fn open_db(path: &std::path::Path, create: bool) -> Result<Connection> {
     if !create && !path.exists() {
         return Err(StoreError::NotAStore {
@@ -203,8 +211,7 @@ fn migrate_v3(conn: &Connection) -> Result<()> {
     conn.execute_batch(&format!(
         "BEGIN;
          ALTER TABLE inodes ADD COLUMN data INTEGER NOT NULL DEFAULT 0;
-         UPDATE inodes SET data = s.n FROM (SELECT ino, SUM(len) n FROM extents GROUP BY ino) s
-            WHERE inodes.ino = s.ino;
+         {RECOMPUTE_DATA}
          {DATA_TRIGGERS}
          UPDATE meta SET value = '4' WHERE key = 'format';
          PRAGMA user_version = 4;

@@ -414,21 +414,24 @@ fn power_cuts(chunking: &str, sqlite_rollback: bool, rounds: usize) {
     let mut rec = Record::default();
     for round in 0..rounds {
         let lossy = Arc::new(Lossy::new(&dir.join("containers"), 1 + rng.below(300)));
-        let s = Store::open_with(&dir, lossy.clone()).unwrap();
         let mut wrng = Rng(rng.next() | 1);
-        loop {
-            let r = step(&s, &mut rec, &mut wrng, !sqlite_rollback);
-            if lossy.dead() {
-                break;
-            }
-            match r {
-                // The database as it stands after a durable commit.
-                Ok(true) if sqlite_rollback => snapshot(&dir, &snap),
-                Ok(_) => {}
-                Err(e) => panic!("round {round}: error before the cut: {e}"),
-            }
+        match Store::open_with(&dir, lossy.clone()) {
+            Ok(s) => loop {
+                let r = step(&s, &mut rec, &mut wrng, !sqlite_rollback);
+                if lossy.dead() {
+                    break;
+                }
+                match r {
+                    // The database as it stands after a durable commit.
+                    Ok(true) if sqlite_rollback => snapshot(&dir, &snap),
+                    Ok(_) => {}
+                    Err(e) => panic!("round {round}: error before the cut: {e}"),
+                }
+            },
+            // The cut came while opening (recovering) the store itself.
+            Err(_) if lossy.dead() => {}
+            Err(e) => panic!("round {round}: open failed before the cut: {e}"),
         }
-        drop(s);
         lossy.lose_unsynced();
         if sqlite_rollback {
             restore(&snap, &dir);

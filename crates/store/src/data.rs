@@ -255,10 +255,16 @@ impl Store {
             let chunk = match put {
                 Ok(c) => c,
                 Err(e) => {
-                    // Chunks stored so far hold a reference each: map
-                    // them, or their counts would exceed the file maps
-                    // (as before, the failed page's bytes are dropped and
-                    // the error reaches the program).
+                    // The page goes back into the buffer, unchanged (the
+                    // lock was held since it was taken out): it is stored
+                    // by the next flush, or the next `fsync` reports why
+                    // it cannot be. Chunks stored so far hold a reference
+                    // each: map them, or their counts would exceed the
+                    // file maps.
+                    if let Some(d) = g.dirty.get_mut(&ino) {
+                        d.pages.insert(*idx, page.clone());
+                        d.flushing = false;
+                    }
                     self.record_extents(g, ino, &done)?;
                     return Err(e);
                 }
@@ -350,6 +356,7 @@ impl Store {
             return Ok(0);
         }
         let p = self.page_size();
+        self.make_room(&mut g, ino)?;
         for idx in off / p..=(end - 1) / p {
             let ps = idx * p;
             if let Some((_, page)) = copies.next_if(|&(i, _)| i == idx) {
@@ -401,6 +408,29 @@ impl Store {
             }
         }
         Ok(data.len())
+    }
+
+    /// Before a write buffers more: a buffer this far over its limits is
+    /// one whose flushes fail (a full disk) or fall behind, so it is
+    /// stored under the lock first, and the write refused if it cannot
+    /// be. Pages that could not be stored stay buffered, so without this
+    /// a full disk would let buffers grow without bound.
+    fn make_room(&self, g: &mut Inner, ino: u64) -> Result<()> {
+        let p = self.page_size();
+        let pages = |d: &DirtyFile| d.pages.len() as u64 * p;
+        if g.dirty
+            .get(&ino)
+            .is_some_and(|d| pages(d) >= 4 * DIRTY_LIMIT)
+        {
+            self.flush_file_locked(g, ino)?;
+        }
+        if g.dirty.values().map(pages).sum::<u64>() >= 4 * DIRTY_TOTAL_LIMIT {
+            let most = g.dirty.iter().max_by_key(|(_, d)| d.pages.len());
+            if let Some((&other, _)) = most {
+                self.flush_file_locked(g, other)?;
+            }
+        }
+        Ok(())
     }
 
     /// `fallocate`: mode 0 / KEEP_SIZE reserve nothing (chunks are
@@ -615,41 +645,80 @@ impl Store {
         Ok(())
     }
 
-    /// Cuts the file's buffered pages into chunks and records them.
+    /// Cuts the file's buffered pages into chunks and records them. Each
+    /// run of pages is stored whole or not at all: when storing fails
+    /// (ENOSPC, EIO), the pages not stored go back into the buffer, the
+    /// file map is as before for them, and the error is returned (the
+    /// next flush tries again; `fsync` reports it).
     pub(crate) fn flush_file_locked(&self, g: &mut Inner, ino: u64) -> Result<()> {
         let Some(df) = g.dirty.remove(&ino) else {
             return Ok(());
         };
-        let size = g.attr(ino)?.size;
+        let size = match g.attr(ino) {
+            Ok(a) => a.size,
+            Err(StoreError::NotFound) => return Ok(()),
+            Err(e) => {
+                g.dirty.insert(ino, df);
+                return Err(e);
+            }
+        };
         let p = self.page_size();
-        let mut runs: Vec<(u64, Vec<Page>)> = Vec::new();
+        let mut runs: Vec<Vec<(u64, Page)>> = Vec::new();
         for (idx, page) in df.pages {
             let ps = idx * p;
             if ps >= size {
                 continue;
             }
             match runs.last_mut() {
-                Some((_, pages)) if pages.last().is_some_and(|(o, _)| o + p == ps) => {
-                    pages.push((ps, page))
+                Some(run) if run.last().is_some_and(|(_, (o, _))| o + p == ps) => {
+                    run.push((idx, (ps, page)))
                 }
-                _ => runs.push((ps, vec![(ps, page)])),
+                _ => runs.push(vec![(idx, (ps, page))]),
             }
         }
-        for (start, pages) in runs {
-            match self.cfg.chunking {
-                Chunking::Fixed { .. } => {
-                    for (ps, page) in pages {
-                        let len = p.min(size - ps) as usize;
-                        self.replace_chunk(g, ino, ps, &page[..len])?;
-                    }
+        let mut runs = runs.into_iter();
+        while let Some(run) = runs.next() {
+            let stored = self.store_run(g, ino, size, &run);
+            if let Err((done, e)) = stored {
+                let back = run.into_iter().skip(done).chain(runs.flatten());
+                let d = g.dirty.entry(ino).or_default();
+                for (idx, (_, page)) in back {
+                    d.pages.entry(idx).or_insert(page);
                 }
-                Chunking::Cdc { min, avg, max } => {
-                    let end = (pages.last().unwrap().0 + p).min(size);
-                    self.rechunk(g, ino, start, end, &pages, (min, avg, max))?;
-                }
+                return Err(e);
             }
         }
         Ok(())
+    }
+
+    /// Stores one run of contiguous pages (see
+    /// [`Store::flush_file_locked`]); on failure, how many of its pages
+    /// were stored (with fixed chunks, page by page; with CDC, none).
+    fn store_run(
+        &self,
+        g: &mut Inner,
+        ino: u64,
+        size: u64,
+        run: &[(u64, Page)],
+    ) -> std::result::Result<(), (usize, StoreError)> {
+        let p = self.page_size();
+        match self.cfg.chunking {
+            Chunking::Fixed { .. } => {
+                for (i, (_, (ps, page))) in run.iter().enumerate() {
+                    let len = p.min(size - ps) as usize;
+                    self.replace_chunk(g, ino, *ps, &page[..len])
+                        .map_err(|e| (i, e))?;
+                }
+                Ok(())
+            }
+            Chunking::Cdc { min, avg, max } => {
+                let start = run[0].1 .0;
+                let end = (run[run.len() - 1].1 .0 + p).min(size);
+                let pages: Vec<Page> = run.iter().map(|(_, pg)| pg.clone()).collect();
+                self.rechunk(g, ino, start, end, &pages, (min, avg, max))
+                    .map_err(|e| (0, e))
+            }
+        }
     }
 
     /// The extent containing file offset `pos`: (off, len, chunk).
@@ -700,7 +769,9 @@ impl Store {
     }
 
     /// Content-defined re-chunking of a dirty region widened to the chunk
-    /// boundaries around it (and the chunk before it).
+    /// boundaries around it (and the chunk before it). All chunks are
+    /// stored before the file map changes: if one cannot be, the
+    /// references taken are dropped again and the map is untouched.
     fn rechunk(
         &self,
         g: &mut Inner,
@@ -728,10 +799,35 @@ impl Store {
         for (po, page) in pages {
             copy_overlap(&mut buf, a, page, *po);
         }
-        self.drop_extents(g, ino, a, b)?;
+        let mut made: Vec<(u64, u64, Option<ChunkId>)> = Vec::new();
         for c in fastcdc::v2020::FastCDC::new(&buf, min, avg, max) {
             let data = &buf[c.offset..c.offset + c.length];
-            self.replace_chunk(g, ino, a + c.offset as u64, data)?;
+            let chunk = if is_zero(data) {
+                None
+            } else {
+                match self.put_chunk(g, data) {
+                    Ok(id) => Some(id),
+                    Err(e) => {
+                        let taken: Vec<(ChunkId, u64)> =
+                            made.iter().filter_map(|m| m.2.map(|id| (id, 1))).collect();
+                        self.release_chunks(g, &taken)?;
+                        return Err(e);
+                    }
+                }
+            };
+            made.push((a + c.offset as u64, c.length as u64, chunk));
+        }
+        self.drop_extents(g, ino, a, b)?;
+        let mut st = g
+            .db
+            .prepare_cached("INSERT INTO extents (ino, off, len, chunk) VALUES (?1, ?2, ?3, ?4)")?;
+        for &(off, len, chunk) in &made {
+            match chunk {
+                Some(id) => {
+                    st.execute(params![ino, off, len, id])?;
+                }
+                None => g.counters.zero_bytes += len,
+            }
         }
         Ok(())
     }

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::container::ContainerStore;
+use std::sync::atomic::Ordering::Relaxed;
 
 fn node(kind: Kind) -> NewNode {
     NewNode::root_owned(kind, 0o644)
@@ -450,11 +451,13 @@ fn buffers_of_many_open_files_stay_bounded() {
 
 /// Containers in a local directory, counting how often they are listed
 /// and which are synced; `fail_creates` creates fail (after making the
-/// file, as a full disk can).
+/// file, as a full disk can); once `appends_left` is not negative, that
+/// many appends succeed and the rest fail with ENOSPC.
 struct CountingDir {
     dir: container::LocalDir,
     lists: std::sync::atomic::AtomicUsize,
     fail_creates: std::sync::atomic::AtomicUsize,
+    appends_left: std::sync::atomic::AtomicI64,
     synced: std::sync::Mutex<Vec<u64>>,
 }
 
@@ -464,6 +467,7 @@ impl CountingDir {
             dir: container::LocalDir::new(dir.join("containers")),
             lists: 0.into(),
             fail_creates: 0.into(),
+            appends_left: (-1).into(),
             synced: Default::default(),
         })
     }
@@ -481,6 +485,12 @@ impl ContainerStore for CountingDir {
         Ok(())
     }
     fn append(&self, id: u64, bytes: &[u8]) -> Result<()> {
+        let left = &self.appends_left;
+        let ok = left.fetch_update(Relaxed, Relaxed, |n| (n > 0).then(|| n - 1));
+        if ok.is_err() && left.load(Relaxed) == 0 {
+            let full = std::io::Error::from_raw_os_error(libc::ENOSPC);
+            return Err(StoreError::io(format!("container {id}"))(full));
+        }
         self.dir.append(id, bytes)
     }
     fn read(&self, id: u64, offset: u64, len: usize) -> Result<Vec<u8>> {
@@ -592,6 +602,15 @@ fn a_failed_container_create_loses_neither_syncs_nor_the_writer() {
     s.open_file(b).unwrap();
     s.write(b, 0, &pseudo(600 << 10, 2)).unwrap();
     assert!(s.release_file(b).is_err(), "the container create fails");
+    // The container appended to is still the open one, never one the
+    // database calls sealed (gc compacts and deletes sealed containers).
+    let (open, sealed): (u64, bool) = {
+        let g = s.lock();
+        let id = g.writer.id;
+        let q = "SELECT sealed FROM containers WHERE id = ?1";
+        (id, g.db.query_row(q, [id], |r| r.get(0)).unwrap())
+    };
+    assert!(!sealed, "the writer's container {open} is marked sealed");
     s.commit(true).unwrap();
     assert!(
         cs.synced.lock().unwrap().contains(&first),
@@ -602,12 +621,59 @@ fn a_failed_container_create_loses_neither_syncs_nor_the_writer() {
     s.commit(true).unwrap();
     let now = s.lock().writer.id;
     assert_eq!(now, first + 2, "the failed id is skipped");
+    // b's pages were kept: stored now, they read back.
+    s.flush_file(b).unwrap();
+    assert_eq!(read_all(&s, b), pseudo(600 << 10, 2), "b's buffer was kept");
     assert_eq!(read_all(&s, a), a_data);
     assert_eq!(read_all(&s, c), c_data);
     drop(s);
     let s = Store::open(d.path()).unwrap();
     assert_eq!(read_all(&s, a), a_data);
     assert_eq!(read_all(&s, c), c_data);
+}
+
+/// A flush that cannot store a file's pages (the container append fails
+/// part-way, as on a full disk) keeps them: reads still see the written
+/// bytes, `fsync` reports the error while it lasts, and once space is
+/// back the same bytes are stored. With CDC the file map of the region is
+/// untouched until all its chunks are stored (a failure after some were
+/// used to leave the old extents dropped).
+#[test]
+fn a_flush_that_cannot_store_keeps_the_pages() {
+    for chunking in ["fixed:4K", "cdc:2K/8K/32K"] {
+        let (d, s) = new_store(chunking, "none");
+        drop(s);
+        let cs = CountingDir::new(d.path());
+        let s = Store::open_with(d.path(), cs.clone()).unwrap();
+        let mut want = pseudo(200 << 10, 1);
+        let f = file(&s, "f", &want);
+        s.fsync(f).unwrap();
+        let v2 = pseudo(200 << 10, 2);
+        want.resize(250 << 10, 0);
+        want[50 << 10..].copy_from_slice(&v2);
+        cs.appends_left.store(3, Relaxed);
+        s.open_file(f).unwrap();
+        s.write(f, 50 << 10, &v2).unwrap();
+        assert!(s.flush_file(f).is_err(), "{chunking}: appends fail");
+        assert!(
+            read_all(&s, f) == want,
+            "{chunking}: read after the failure"
+        );
+        assert!(s.fsync(f).is_err(), "{chunking}: fsync reports it");
+        assert!(s.release_file(f).is_err(), "{chunking}: so does release");
+        s.commit(true).unwrap();
+        assert!(read_all(&s, f) == want, "{chunking}: after a commit");
+        cs.appends_left.store(-1, Relaxed);
+        s.open_file(f).unwrap();
+        s.fsync(f).unwrap();
+        s.release_file(f).unwrap();
+        assert!(read_all(&s, f) == want, "{chunking}: stored");
+        drop(s);
+        let s = Store::open(d.path()).unwrap();
+        assert!(read_all(&s, f) == want, "{chunking}: after reopen");
+        let fsck = s.fsck(false).unwrap();
+        assert!(fsck.problems.is_empty(), "{chunking}: {:?}", fsck.problems);
+    }
 }
 
 /// Lists `dir` in batches of `batch`, resuming by each batch's last

@@ -327,6 +327,17 @@ fn node(req: &Request, mode: u32, umask: u32, rdev: u32) -> NewNode {
     }
 }
 
+/// Answers EIO and returns when the store has shut down (a rolled-back
+/// commit: see `Store::check_live`), so the mount serves nothing of a
+/// namespace that lost acknowledged work.
+macro_rules! live {
+    ($fs:expr, $reply:expr) => {
+        if let Err(e) = $fs.store.check_live() {
+            return $reply.error(errno(e));
+        }
+    };
+}
+
 impl Filesystem for StoreFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         tune(config);
@@ -340,6 +351,7 @@ impl Filesystem for StoreFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        live!(self, reply);
         if name.len() > 255 {
             return reply.error(Errno::ENAMETOOLONG);
         }
@@ -347,6 +359,7 @@ impl Filesystem for StoreFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        live!(self, reply);
         match self.store.getattr(ino.0) {
             Ok(a) => reply.attr(&TTL, &fattr(&a)),
             Err(e) => reply.error(errno(e)),
@@ -371,6 +384,7 @@ impl Filesystem for StoreFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        live!(self, reply);
         // chmod by a non-root caller outside the file's group drops setgid
         // (what the VFS does for local filesystems).
         let mode = mode.map(|m| {
@@ -400,6 +414,7 @@ impl Filesystem for StoreFs {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        live!(self, reply);
         data(reply, self.store.readlink(ino.0))
     }
 
@@ -413,6 +428,7 @@ impl Filesystem for StoreFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        live!(self, reply);
         let n = node(req, mode, umask, rdev);
         entry(reply, self.store.mknod(parent.0, name.as_bytes(), n))
     }
@@ -426,15 +442,18 @@ impl Filesystem for StoreFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
+        live!(self, reply);
         let n = node(req, mode | libc::S_IFDIR, umask, 0);
         entry(reply, self.store.mknod(parent.0, name.as_bytes(), n))
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        live!(self, reply);
         empty(reply, self.store.unlink(parent.0, name.as_bytes()))
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        live!(self, reply);
         empty(reply, self.store.rmdir(parent.0, name.as_bytes()))
     }
 
@@ -446,6 +465,7 @@ impl Filesystem for StoreFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
+        live!(self, reply);
         let t = target.as_os_str().as_bytes();
         entry(
             reply,
@@ -464,6 +484,7 @@ impl Filesystem for StoreFs {
         flags: fuser::RenameFlags,
         reply: ReplyEmpty,
     ) {
+        live!(self, reply);
         if flags.contains(fuser::RenameFlags::RENAME_WHITEOUT) {
             return reply.error(Errno::EINVAL);
         }
@@ -489,6 +510,7 @@ impl Filesystem for StoreFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
+        live!(self, reply);
         entry(
             reply,
             self.store.link(ino.0, newparent.0, newname.as_bytes()),
@@ -496,6 +518,7 @@ impl Filesystem for StoreFs {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        live!(self, reply);
         match self.store.open_file(ino.0) {
             Ok(_) => reply.opened(FileHandle(0), FopenFlags::empty()),
             Err(e) => reply.error(errno(e)),
@@ -512,6 +535,7 @@ impl Filesystem for StoreFs {
         _flags: i32,
         reply: ReplyCreate,
     ) {
+        live!(self, reply);
         let n = node(req, mode, umask, 0);
         match self.store.create_open(parent.0, name.as_bytes(), n) {
             Ok(a) => reply.created(
@@ -536,6 +560,7 @@ impl Filesystem for StoreFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        live!(self, reply);
         data(reply, self.store.read(ino.0, offset, size as usize))
     }
 
@@ -551,6 +576,7 @@ impl Filesystem for StoreFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        live!(self, reply);
         if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
             let mut kill = SetAttr::default();
             kill.kill_setid = setid_kill(&self.store, req, ino.0, &kill, true);
@@ -585,6 +611,7 @@ impl Filesystem for StoreFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        live!(self, reply);
         empty(reply, self.store.release_file(ino.0))
     }
 
@@ -596,6 +623,7 @@ impl Filesystem for StoreFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        live!(self, reply);
         empty(reply, self.store.fsync(ino.0))
     }
 
@@ -607,6 +635,7 @@ impl Filesystem for StoreFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        live!(self, reply);
         match self.store.readdir(ino.0, offset as i64, 256) {
             Ok(entries) => {
                 for e in entries {
@@ -632,6 +661,7 @@ impl Filesystem for StoreFs {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
+        live!(self, reply);
         match self.store.readdir_plus(ino.0, offset as i64, 128) {
             Ok(entries) => {
                 for (e, a) in entries {
@@ -657,6 +687,7 @@ impl Filesystem for StoreFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        live!(self, reply);
         empty(reply, self.store.fallocate(ino.0, offset, length, mode))
     }
 
@@ -668,10 +699,12 @@ impl Filesystem for StoreFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        live!(self, reply);
         empty(reply, self.store.commit(true))
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        live!(self, reply);
         match self.store.statfs() {
             Ok(s) => reply.statfs(
                 s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, 255, s.bsize,
@@ -690,6 +723,7 @@ impl Filesystem for StoreFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        live!(self, reply);
         let (create, replace) = (
             flags & libc::XATTR_CREATE != 0,
             flags & libc::XATTR_REPLACE != 0,
@@ -702,10 +736,12 @@ impl Filesystem for StoreFs {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        live!(self, reply);
         xattr_reply(reply, size, self.store.getxattr(ino.0, name.as_bytes()))
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        live!(self, reply);
         let r = self.store.listxattr(ino.0).map(|names| {
             names
                 .into_iter()
@@ -719,6 +755,7 @@ impl Filesystem for StoreFs {
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        live!(self, reply);
         empty(reply, self.store.removexattr(ino.0, name.as_bytes()))
     }
 }

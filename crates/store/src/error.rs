@@ -69,6 +69,23 @@ pub enum StoreError {
          the store is reopened (unmount and mount again: the last commit is replayed)"
     )]
     Poisoned { container: u64, why: String },
+    #[error(
+        "chunk {chunk}: {dropped} references dropped but {} held; the counts differ from \
+         the file maps (run `onecopy store fsck --repair`)",
+        refs.map_or("none (no such chunk)".to_string(), |r| r.to_string())
+    )]
+    RefUnderflow {
+        chunk: u64,
+        refs: Option<u64>,
+        dropped: u64,
+    },
+    #[error(
+        "{path}: No space left on device (what is left is the store's reserve for \
+         committing what it holds; free space to write again)"
+    )]
+    LowSpace { path: PathBuf },
+    #[error("the store shut down ({why}); unmount and mount it again")]
+    ShutDown { why: String },
 }
 
 impl StoreError {
@@ -85,7 +102,7 @@ impl StoreError {
             StoreError::TooBig => libc::EFBIG,
             StoreError::NameTooLong => libc::ENAMETOOLONG,
             StoreError::NotSupported => libc::EOPNOTSUPP,
-            StoreError::NoSpace => libc::ENOSPC,
+            StoreError::NoSpace | StoreError::LowSpace { .. } => libc::ENOSPC,
             StoreError::Io { source, .. } => match source.raw_os_error() {
                 Some(libc::ENOSPC) => libc::ENOSPC,
                 Some(libc::EDQUOT) => libc::EDQUOT,

@@ -15,6 +15,7 @@ mod index;
 mod maint;
 pub mod meta;
 mod ns;
+mod space;
 mod store;
 
 pub use config::{Chunking, Compress, StoreConfig};

@@ -86,6 +86,12 @@ pub fn open_db(path: &std::path::Path, create: bool) -> Result<Connection> {
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     conn.pragma_update(None, "cache_size", -65536)?;
+    // Dirty pages stay in memory until COMMIT: a spill into the WAL in
+    // the middle of a transaction that meets a full disk would roll the
+    // whole transaction back under a statement, and later statements
+    // would commit one by one. With no spill, SQLITE_FULL can only come
+    // from COMMIT, which the store handles (see `space.rs`).
+    conn.pragma_update(None, "cache_spill", "OFF")?;
     conn.pragma_update(None, "foreign_keys", "OFF")?;
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     if create {
@@ -324,14 +330,27 @@ impl ChunkIndex for SqlIndex<'_> {
         Ok(())
     }
 
+    /// More references dropped than the chunk has is an error, and the
+    /// count stays as it was: the counts no longer match the file maps
+    /// (fsck says so and `--repair` recounts), and a count clamped at 0
+    /// would let a later prune delete a chunk files still use.
     fn decref(&self, id: ChunkId, n: u64) -> Result<u64> {
         let mut st = self.0.prepare_cached(
-            "UPDATE chunks SET refs = MAX(refs - ?2, 0) WHERE id = ?1 RETURNING refs",
+            "UPDATE chunks SET refs = refs - ?2 WHERE id = ?1 AND refs >= ?2 RETURNING refs",
         )?;
-        Ok(st
-            .query_row(params![id, n], |r| r.get(0))
-            .optional()?
-            .unwrap_or(0))
+        if let Some(left) = st.query_row(params![id, n], |r| r.get(0)).optional()? {
+            return Ok(left);
+        }
+        let refs: Option<u64> = self
+            .0
+            .prepare_cached("SELECT refs FROM chunks WHERE id = ?1")?
+            .query_row([id], |r| r.get(0))
+            .optional()?;
+        Err(StoreError::RefUnderflow {
+            chunk: id,
+            refs,
+            dropped: n,
+        })
     }
 
     fn location(&self, id: ChunkId) -> Result<ChunkLoc> {
@@ -369,7 +388,14 @@ mod tests {
         assert_eq!(idx.row(id + 1).unwrap(), None);
         idx.incref(id, 2).unwrap();
         assert_eq!(idx.decref(id, 1).unwrap(), 2);
-        assert_eq!(idx.decref(id, 5).unwrap(), 0);
+        let e = idx.decref(id, 5).expect_err("an underflow is an error");
+        assert!(
+            matches!(e, StoreError::RefUnderflow { refs: Some(2), .. }),
+            "{e}"
+        );
+        assert_eq!(e.errno(), libc::EIO);
+        assert_eq!(idx.decref(id, 2).unwrap(), 0, "the count was kept");
+        assert!(idx.decref(id + 7, 1).is_err(), "a missing chunk");
         assert_eq!(idx.location(id).unwrap(), loc);
         drop(db);
         assert!(open_db(&dir.path().join("m.sqlite"), false).is_ok());

@@ -480,6 +480,7 @@ impl Store {
         if g.child(parent, name)?.is_some() {
             return Err(StoreError::AlreadyExists);
         }
+        self.room_for_more(0)?;
         let mut perm = node.perm & 0o7777;
         let mut gid = node.gid;
         if pa.perm & 0o2000 != 0 {

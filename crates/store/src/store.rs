@@ -4,7 +4,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use rusqlite::{params, Connection, OptionalExtension};
@@ -16,6 +16,7 @@ use crate::data::DirtyFile;
 use crate::error::{Result, StoreError};
 use crate::index::StoreIndex;
 use crate::meta::{open_db, ChunkId, ChunkIndex, ChunkLoc, SqlIndex};
+use crate::space::Reserve;
 
 /// Counters of what writes did since the store was opened (kept in `meta`
 /// across mounts by the commit).
@@ -99,6 +100,16 @@ pub struct Store {
     /// waits for it, so it never copies from a container the first has
     /// just compacted and deleted.
     pub(crate) gc_running: Mutex<()>,
+    /// The metadata reserve (see `space.rs`), checked before each commit.
+    reserve: Mutex<Reserve>,
+    /// Whether the reserve is released: new data and files get ENOSPC.
+    low: AtomicBool,
+    /// Why the store shut down: a COMMIT was rolled back (a full disk
+    /// despite the reserve), so work that programs were told was done is
+    /// lost. From then on every request fails with EIO, as a crashed
+    /// filesystem would, until the store is reopened (which replays the
+    /// last commit); see [`Store::check_live`].
+    shut_down: Mutex<Option<String>>,
     _lock: File,
 }
 
@@ -154,12 +165,9 @@ impl Store {
             [t],
         )?;
         drop(db);
-        let json = serde_json::to_vec_pretty(cfg).expect("config serializes");
-        std::fs::write(&cfg_path, json).map_err(StoreError::io(&cfg_path))?;
-        File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(StoreError::io(dir))?;
-        Ok(())
+        // Written last, synced, then renamed into place: a crash leaves
+        // either no store.json (init can run again) or a whole one.
+        write_config(dir, cfg)
     }
 
     /// Reads `store.json` without opening the store.
@@ -224,6 +232,8 @@ impl Store {
             |r| r.get(0),
         )?;
         db.execute_batch("BEGIN")?;
+        let reserve = Reserve::open(dir);
+        let low = AtomicBool::new(reserve.is_low());
         let store = Store {
             dir: dir.into(),
             cfg,
@@ -240,6 +250,9 @@ impl Store {
             has_caps: AtomicBool::new(has_caps),
             poison: Mutex::new(None),
             gc_running: Mutex::new(()),
+            reserve: Mutex::new(reserve),
+            low,
+            shut_down: Mutex::new(None),
             _lock: lock,
         };
         store.remove_orphans()?;
@@ -276,10 +289,17 @@ impl Store {
     /// Writes every buffered file and commits (as on unmount).
     /// With `durable` (unmount, gc, fsck) the fingerprint index is also
     /// brought up to date and committed, so the next open replays nothing.
+    ///
+    /// A file whose buffer cannot be stored (a full disk) keeps it and
+    /// does not hold up the others or the commit of everything else: its
+    /// error is returned after the commit.
     pub fn flush_all(&self, durable: bool) -> Result<()> {
         let inos: Vec<u64> = self.lock().dirty.keys().copied().collect();
+        let mut first = None;
         for ino in inos {
-            self.flush_file(ino)?;
+            if let Err(e) = self.flush_file(ino) {
+                first.get_or_insert(e);
+            }
         }
         self.commit(durable)?;
         if durable {
@@ -287,7 +307,7 @@ impl Store {
             g.settle_index()?;
             self.commit_locked(&mut g, true)?;
         }
-        Ok(())
+        first.map_or(Ok(()), Err)
     }
 
     /// Commits and opens the next transaction. The store always works
@@ -295,17 +315,71 @@ impl Store {
     /// have rolled the transaction back (its changes are lost as in a
     /// crash, and the caller gets the error); a new one is begun so that
     /// service resumes once space is freed.
+    ///
+    /// A rolled-back COMMIT loses work programs were told was done (files
+    /// closed in the last second vanish), so the store shuts down: see
+    /// [`Store::check_live`]. The reserve makes that rare (`space.rs`).
     pub(crate) fn commit_locked(&self, g: &mut Inner, durable: bool) -> Result<()> {
+        self.check_live()?;
         let inos = inode_seq(&g.db)?;
+        self.adjust_space();
         let r = self.commit_and_begin(g, durable);
         if g.db.is_autocommit() {
-            if r.is_err() {
+            if let Err(e) = &r {
                 g.index.rolled_back();
+                self.shut_down(format!("a metadata commit was rolled back: {e}"));
             }
             g.db.execute_batch("BEGIN")?;
             self.after_rollback(g, inos)?;
         }
         r
+    }
+
+    /// Stops the store (see [`Store::check_live`]); said once on stderr.
+    fn shut_down(&self, why: String) {
+        let mut s = self.shut_down.lock().unwrap_or_else(|e| e.into_inner());
+        if s.is_none() {
+            eprintln!(
+                "onecopy: the store shut down ({why}); every request fails with EIO \
+                 until it is unmounted and mounted again"
+            );
+            *s = Some(why);
+        }
+    }
+
+    /// `Err(ShutDown)` once the store shut down: the mount answers every
+    /// request with EIO, commits fail, the store must be reopened.
+    pub fn check_live(&self) -> Result<()> {
+        let s = self.shut_down.lock().unwrap_or_else(|e| e.into_inner());
+        match &*s {
+            Some(why) => Err(StoreError::ShutDown { why: why.clone() }),
+            None => Ok(()),
+        }
+    }
+
+    /// Checks the free space before a commit (see `space.rs`).
+    fn adjust_space(&self) {
+        let mut r = self.reserve.lock().unwrap_or_else(|e| e.into_inner());
+        self.low.store(r.adjust(), Ordering::Relaxed);
+    }
+
+    /// `Err(LowSpace)` while the store is low on space (the reserve is
+    /// released for commits) and writing `more` bytes would leave less
+    /// than the reserve's size free: nothing new is taken in. Checked at
+    /// each call, so writes resume as soon as space is back.
+    pub(crate) fn room_for_more(&self, more: u64) -> Result<()> {
+        if !self.low.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let mut r = self.reserve.lock().unwrap_or_else(|e| e.into_inner());
+        let low = r.adjust();
+        self.low.store(low, Ordering::Relaxed);
+        if low && !r.has_room(more) {
+            return Err(StoreError::LowSpace {
+                path: self.dir.clone(),
+            });
+        }
+        Ok(())
     }
 
     /// After a COMMIT that rolled back, the memory of the store is brought
@@ -510,23 +584,28 @@ impl Store {
 
     /// Appends an encoded record (see [`Store::append_record`]).
     pub(crate) fn append_encoded(&self, g: &mut Inner, enc: Encoded) -> Result<ChunkLoc> {
+        self.room_for_more(enc.bytes.len() as u64 + CONTAINER_HEADER)?;
         let w = &mut g.writer;
         let full =
             w.len > CONTAINER_HEADER && w.len + enc.bytes.len() as u64 > self.cfg.container_size;
         if full || w.tainted {
+            // The id is spent even if the create fails part-way (a file
+            // may be left): the next attempt takes the one after it. The
+            // old container is sealed only once the new one exists: a
+            // container the database calls sealed is one gc may compact
+            // and delete, so the writer must never append to one (a
+            // failed create leaves the writer where it was, refusing to
+            // append while tainted or full). The containers still to sync
+            // move over with it. The sealed container's bytes go to the
+            // device now rather than all at the next commit.
+            let id = w.next_id;
+            w.next_id += 1;
+            let mut fresh = new_container(&g.db, &*self.containers, id)?;
             g.db.execute(
                 "UPDATE containers SET length = ?2, sealed = 1 WHERE id = ?1",
                 params![w.id, w.len],
             )?;
-            // The id is spent even if the create fails part-way (a file
-            // may be left): the next attempt takes the one after it. The
-            // containers still to sync move over only once it succeeded.
-            // The sealed container's bytes go to the device now rather
-            // than all at the next commit, under its lock.
             self.containers.start_sync(w.id);
-            let id = w.next_id;
-            w.next_id += 1;
-            let mut fresh = new_container(&g.db, &*self.containers, id)?;
             fresh.unsynced.append(&mut w.unsynced);
             *w = fresh;
         }

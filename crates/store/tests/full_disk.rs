@@ -50,57 +50,143 @@ fn write_file(s: &Store, name: &str, data: &[u8]) -> u64 {
     a.ino
 }
 
+/// The disk fills while a large transaction is open: the commit still
+/// succeeds (the store gives its reserve back to the filesystem for it),
+/// nothing acknowledged is lost, and new data and files are refused with
+/// ENOSPC until space is back, when writes resume.
 #[test]
-fn failed_commit_on_a_full_disk_loses_only_its_own_work() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
+fn a_commit_on_a_full_disk_uses_the_reserve_and_loses_nothing() {
+    assert!(
+        is_root(),
+        "this test mounts a loop ext4 and must run as root"
+    );
     let lo = LoopFs::new(FsKind::Ext4, 64 << 20).unwrap();
     let dir = lo.path().join("store");
-    let cfg = StoreConfig {
-        chunking: "fixed:4K".parse().unwrap(),
-        compress: "none".parse().unwrap(),
-        container_size: 256 << 10,
-        ..StoreConfig::default()
-    };
-    Store::init(&dir, &cfg).unwrap();
+    Store::init(&dir, &config()).unwrap();
     let s = Store::open(&dir).unwrap();
     let first = bytes(1, 64 << 10);
     let a = write_file(&s, "a", &first);
     s.commit(true).unwrap();
     // A large transaction (new containers, hundreds of chunk rows) whose
-    // records reach the containers before the disk fills; its COMMIT
-    // needs room in the WAL and fails.
-    let lost = write_file(&s, "lost", &bytes(2, 3 << 20));
+    // records reach the containers before the disk fills.
+    let big = bytes(2, 3 << 20);
+    let kept = write_file(&s, "kept", &big);
     let ballast = lo.path().join("ballast");
     fill(&ballast);
-    let e = s.commit(false).expect_err("COMMIT on a full disk");
+    s.commit(false).expect("the commit has the reserve's room");
+    assert!(read(&s, kept, big.len()) == big, "acknowledged work kept");
+    // Low on space: nothing new is taken in.
+    let e = s
+        .mknod(1, b"new", node())
+        .expect_err("a new file on a full disk");
     assert_eq!(e.errno(), libc::ENOSPC, "{e}");
-    assert!(
-        s.lookup(1, b"lost").is_err(),
-        "the rolled-back file is gone"
+    let e = s.fsync(a).and_then(|_| {
+        s.open_file(a)?;
+        s.write(a, 0, &bytes(9, 64 << 10))?;
+        s.fsync(a)
+    });
+    assert_eq!(
+        e.expect_err("new data on a full disk").errno(),
+        libc::ENOSPC
     );
     std::fs::remove_file(&ballast).unwrap();
-    // Service resumes: new files get new inode numbers, and their chunks
-    // survive a commit, gc and a reopen.
+    // Space is back: the buffered write is stored, new files work.
+    s.fsync(a)
+        .expect("the kept buffer is stored once space is back");
+    s.release_file(a).unwrap();
     let later = bytes(3, 2 << 20);
     let b = write_file(&s, "b", &later);
-    assert_ne!(
-        b, lost,
-        "inode {lost} of the rolled-back file handed out again"
-    );
     s.commit(true).unwrap();
     s.gc().unwrap();
-    let read = |s: &Store, ino: u64, len: usize| s.read(ino, 0, len);
-    assert!(read(&s, a, first.len()).unwrap() == first);
-    let got = read(&s, b, later.len()).unwrap_or_else(|e| panic!("b after gc: {e}"));
-    assert!(got == later, "b after gc");
-    let fsck = s.fsck(false).unwrap();
-    assert!(fsck.problems.is_empty(), "{:?}", fsck.problems);
+    assert!(read(&s, a, 64 << 10) == bytes(9, 64 << 10));
+    assert!(read(&s, b, later.len()) == later);
     drop(s);
     let s = Store::open(&dir).unwrap();
-    assert!(read(&s, b, later.len()).unwrap() == later, "b after reopen");
+    assert!(read(&s, kept, big.len()) == big, "kept after reopen");
+    assert!(read(&s, b, later.len()) == later, "b after reopen");
     let fsck = s.fsck(false).unwrap();
     assert!(fsck.problems.is_empty(), "{:?}", fsck.problems);
+}
+
+/// The disk fills again after the reserve was given back (another
+/// program took that room too): a COMMIT fails and SQLite rolls it back.
+/// The store then shuts down, like a filesystem that lost its journal:
+/// every later call fails with EIO rather than serve a namespace that
+/// lost what programs were told was done. Reopened, it is as at its last
+/// commit, fsck clean, and takes writes again once space is freed; no
+/// inode number of the lost transaction is handed out twice (the kernel
+/// may still cache the rolled-back inode under it) and no chunk is
+/// committed into a container the database forgot.
+#[test]
+fn a_rolled_back_commit_shuts_the_store_down() {
+    assert!(
+        is_root(),
+        "this test mounts a loop ext4 and must run as root"
+    );
+    let lo = LoopFs::new(FsKind::Ext4, 64 << 20).unwrap();
+    let dir = lo.path().join("store");
+    Store::init(&dir, &config()).unwrap();
+    let s = Store::open(&dir).unwrap();
+    let first = bytes(1, 64 << 10);
+    let a = write_file(&s, "a", &first);
+    s.commit(true).unwrap();
+    let ballast = lo.path().join("ballast");
+    fill(&ballast);
+    s.commit(false).unwrap();
+    let lost = s.mknod(1, b"x", node()).map(|_| ());
+    assert!(lost.is_err(), "low on space");
+    // Make work for a commit that needs room (renames touch only the
+    // database), then take the reserve's room as well.
+    for i in 0..2000u32 {
+        let (from, to) = if i % 2 == 0 {
+            (&b"a"[..], &b"z"[..])
+        } else {
+            (&b"z"[..], &b"a"[..])
+        };
+        s.rename(1, from, 1, to, Default::default()).unwrap();
+        s.setxattr(
+            a,
+            format!("user.k{i}").as_bytes(),
+            &[7u8; 200],
+            false,
+            false,
+        )
+        .unwrap();
+    }
+    fill(&lo.path().join("ballast2"));
+    let e = s.commit(false).expect_err("COMMIT on a full disk");
+    assert_eq!(e.errno(), libc::ENOSPC, "{e}");
+    let e = s.check_live().expect_err("the store shut down");
+    assert_eq!(e.errno(), libc::EIO, "{e}");
+    assert_eq!(
+        s.commit(true).expect_err("no commit after").errno(),
+        libc::EIO
+    );
+    drop(s);
+    std::fs::remove_file(&ballast).unwrap();
+    std::fs::remove_file(lo.path().join("ballast2")).unwrap();
+    let s = Store::open(&dir).unwrap();
+    assert!(read(&s, a, first.len()) == first, "a as last committed");
+    assert!(s.getxattr(a, b"user.k0").is_err(), "the lost work is lost");
+    let later = bytes(3, 2 << 20);
+    let b = write_file(&s, "b", &later);
+    assert_ne!(b, a);
+    s.commit(true).unwrap();
+    s.gc().unwrap();
+    assert!(read(&s, b, later.len()) == later, "b after gc");
+    let fsck = s.fsck(false).unwrap();
+    assert!(fsck.problems.is_empty(), "{:?}", fsck.problems);
+}
+
+fn config() -> StoreConfig {
+    StoreConfig {
+        chunking: "fixed:4K".parse().unwrap(),
+        compress: "none".parse().unwrap(),
+        container_size: 256 << 10,
+        ..StoreConfig::default()
+    }
+}
+
+fn read(s: &Store, ino: u64, len: usize) -> Vec<u8> {
+    s.read(ino, 0, len).unwrap()
 }

@@ -3,6 +3,7 @@
 
 mod args;
 mod catalog_cmd;
+mod control;
 mod dedupe_cmd;
 mod duperemove_cmd;
 mod generate_cmd;

@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use clap::Args;
 use onecopy_store::Store;
@@ -92,7 +92,16 @@ fn foreground(a: &MountArgs) -> ExitCode {
     };
     let pid_file = a.dir.join("mount.pid");
     let _ = std::fs::write(&pid_file, std::process::id().to_string());
-    handle_signals(a.mountpoint.clone(), Arc::downgrade(&store));
+    let control = match crate::control::listen(&store) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            eprintln!(
+                "onecopy: control socket (online gc): {e}; `store gc` cannot reach this mount"
+            );
+            None
+        }
+    };
+    handle_signals(a.mountpoint.clone());
     let opts =
         mount_helper::parse(a.options.as_deref().unwrap_or(""), a.sloppy).expect("checked in run");
     let name = format!("onecopy:{}", a.dir.display());
@@ -106,6 +115,7 @@ fn foreground(a: &MountArgs) -> ExitCode {
             let _ = out.flush();
         }
     });
+    drop(control);
     close_store(store);
     let _ = std::fs::remove_file(&pid_file);
     match r {
@@ -133,53 +143,17 @@ fn close_store(mut store: Arc<Store>) {
     }
 }
 
-/// SIGINT/SIGTERM lazily unmount, which ends the session cleanly; SIGUSR1
-/// (sent by `onecopy store gc`) runs gc online and writes its report to
-/// DIR/gc.json. The handler holds the store weakly: after the session it
-/// may be closed, and a late SIGUSR1 then does nothing.
-fn handle_signals(mountpoint: PathBuf, store: Weak<Store>) {
-    use signal_hook::consts::{SIGINT, SIGTERM, SIGUSR1};
-    let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGUSR1]) else {
+/// SIGINT/SIGTERM lazily unmount, which ends the session cleanly.
+fn handle_signals(mountpoint: PathBuf) {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) else {
         return;
     };
     std::thread::spawn(move || {
-        for sig in signals.forever() {
-            if sig == SIGUSR1 {
-                if let Some(store) = store.upgrade() {
-                    std::thread::spawn(move || online_gc(&store));
-                }
-                continue;
-            }
+        if signals.forever().next().is_some() {
             let _ = rustix::mount::unmount(&mountpoint, rustix::mount::UnmountFlags::DETACH);
-            return;
         }
     });
-}
-
-fn online_gc(store: &Store) {
-    let report = match store.gc() {
-        Ok(r) => serde_json::to_value(r).expect("serializes"),
-        Err(e) => serde_json::json!({ "error": e.to_string() }),
-    };
-    // What gc freed goes back to the kernel now, not when the allocator
-    // next happens to trim.
-    onecopy_ioctl::process::release_free_memory();
-    let path = store.dir().join("gc.json");
-    let tmp = store.dir().join("gc.json.tmp");
-    let written =
-        std::fs::write(&tmp, report.to_string()).is_ok() && std::fs::rename(&tmp, path).is_ok();
-    if !written {
-        // The store's filesystem is full (or failing): answer where the
-        // waiting `store gc` also looks, so it does not wait forever.
-        let _ = std::fs::remove_file(&tmp);
-        let _ = std::fs::write(gc_fallback_report(std::process::id()), report.to_string());
-    }
-}
-
-/// Where the mount process `pid` reports online gc when it cannot write
-/// DIR/gc.json.
-pub fn gc_fallback_report(pid: u32) -> PathBuf {
-    std::env::temp_dir().join(format!("onecopy-gc-{pid}.json"))
 }
 
 fn daemonize(a: &MountArgs) -> ExitCode {

@@ -209,7 +209,7 @@ fn act(action: StoreAction) -> Result<u8, StoreError> {
             let r = match Store::open(&dir) {
                 Ok(s) => s.gc()?,
                 Err(StoreError::Locked { path }) => {
-                    online_gc(&dir).ok_or(StoreError::Locked { path })??
+                    crate::control::request_gc(&dir).ok_or(StoreError::Locked { path })??
                 }
                 Err(e) => return Err(e),
             };
@@ -291,55 +291,6 @@ fn foreign_entry(dir: &std::path::Path) -> Option<String> {
         .filter_map(|e| e.ok())
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .find(|n| n != "lost+found")
-}
-
-/// Asks the mount process (DIR/mount.pid) to run gc and waits for its
-/// report; None when no mount process answers, an error (exit 4) when
-/// its gc failed.
-fn online_gc(dir: &std::path::Path) -> Option<Result<onecopy_store::GcReport, StoreError>> {
-    let pid: i32 = std::fs::read_to_string(dir.join("mount.pid"))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    let report = dir.join("gc.json");
-    let fallback = crate::mount_cmd::gc_fallback_report(pid as u32);
-    let _ = std::fs::remove_file(&report);
-    let _ = std::fs::remove_file(&fallback);
-    let pid = rustix::process::Pid::from_raw(pid)?;
-    rustix::process::kill_process(pid, rustix::process::Signal::USR1).ok()?;
-    let start = std::time::Instant::now();
-    while start.elapsed() < std::time::Duration::from_secs(3600) {
-        // A mount process killed during gc never writes its report.
-        let alive = rustix::process::test_kill_process(pid).is_ok();
-        let text = std::fs::read_to_string(&report).or_else(|_| {
-            std::fs::read_to_string(&fallback).inspect(|_| {
-                let _ = std::fs::remove_file(&fallback);
-            })
-        });
-        if let Ok(text) = text {
-            let v: serde_json::Value = serde_json::from_str(&text).ok()?;
-            if let Some(e) = v.get("error") {
-                return Some(Err(StoreError::Io {
-                    path: dir.into(),
-                    source: std::io::Error::other(format!(
-                        "online gc: {}",
-                        e.as_str().unwrap_or_default()
-                    )),
-                }));
-            }
-            return serde_json::from_value(v).ok().map(Ok);
-        }
-        if !alive {
-            eprintln!(
-                "onecopy: online gc: the mount process (pid {}) is gone",
-                pid.as_raw_nonzero()
-            );
-            return None;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    None
 }
 
 fn print_stats(s: &onecopy_store::Stats) {

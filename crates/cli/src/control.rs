@@ -1,0 +1,138 @@
+//! The mount's control channel: how `onecopy store gc` reaches the process
+//! that has the store mounted. A Unix socket, `DIR/control.sock`, in the
+//! store's own directory (mode 0700: only the store's owner reaches it),
+//! made by the mount process while it holds the store's lock. A request is
+//! one line (`gc`), the answer one line of JSON. Nothing here signals a
+//! process or trusts a pid file: a stale socket left by a killed mount
+//! refuses the connection, and a mount that dies while answering closes
+//! it, which the caller reads as "gone".
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Weak};
+
+use onecopy_store::{GcReport, Store, StoreError};
+
+/// The socket's path in store directory `dir`.
+pub fn socket_path(dir: &Path) -> PathBuf {
+    dir.join("control.sock")
+}
+
+/// Serves requests for `store` on its socket, from a thread of its own,
+/// until the process exits. Holds the store weakly: once the mount ends a
+/// late request is answered with an error. Called with the store's lock
+/// held, so a socket file already there is a dead mount's and is
+/// replaced. The socket is removed by [`Listening`]'s drop.
+pub fn listen(store: &Arc<Store>) -> std::io::Result<Listening> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = socket_path(store.dir());
+    let _ = std::fs::remove_file(&path);
+    let listener = UnixListener::bind(&path)?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    let weak = Arc::downgrade(store);
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            let weak = weak.clone();
+            std::thread::spawn(move || answer(conn, &weak));
+        }
+    });
+    Ok(Listening { path })
+}
+
+/// The socket of a mount that is serving; removed when dropped (before
+/// the store is closed and its lock released).
+pub struct Listening {
+    path: PathBuf,
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn answer(conn: UnixStream, store: &Weak<Store>) {
+    let mut line = String::new();
+    if BufReader::new(&conn).read_line(&mut line).is_err() {
+        return;
+    }
+    let reply = match (line.trim(), store.upgrade()) {
+        ("gc", Some(store)) => gc(&store),
+        (_, None) => serde_json::json!({ "error": "the mount is ending" }),
+        (other, _) => serde_json::json!({ "error": format!("unknown request {other:?}") }),
+    };
+    let _ = writeln!(&conn, "{reply}");
+}
+
+fn gc(store: &Store) -> serde_json::Value {
+    let report = match store.gc() {
+        Ok(r) => serde_json::to_value(r).expect("serializes"),
+        Err(e) => serde_json::json!({ "error": e.to_string() }),
+    };
+    // What gc freed goes back to the kernel now, not when the allocator
+    // next happens to trim.
+    onecopy_ioctl::process::release_free_memory();
+    report
+}
+
+/// Asks the mount of the store in `dir` to run gc and waits for its
+/// report. `None` when no mount answers (no socket, or a stale one); an
+/// error when the mount's gc failed or the mount died meanwhile.
+pub fn request_gc(dir: &Path) -> Option<Result<GcReport, StoreError>> {
+    let conn = UnixStream::connect(socket_path(dir)).ok()?;
+    let failed = |why: String| StoreError::Io {
+        path: dir.into(),
+        source: std::io::Error::other(format!("online gc: {why}")),
+    };
+    if writeln!(&conn, "gc").is_err() {
+        return Some(Err(failed(
+            "the mount process did not take the request".into(),
+        )));
+    }
+    let mut line = String::new();
+    let read = BufReader::new(&conn).read_line(&mut line);
+    if read.is_err() || line.is_empty() {
+        return Some(Err(failed(
+            "the mount process ended before answering".into(),
+        )));
+    }
+    let v: serde_json::Value = match serde_json::from_str(&line) {
+        Ok(v) => v,
+        Err(e) => return Some(Err(failed(format!("unreadable answer: {e}")))),
+    };
+    if let Some(e) = v.get("error") {
+        return Some(Err(failed(e.as_str().unwrap_or_default().to_string())));
+    }
+    Some(serde_json::from_value(v).map_err(|e| failed(format!("unreadable report: {e}"))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A store served on its socket answers gc; once the mount's socket
+    /// is gone (or left behind by a dead process) nobody answers, and no
+    /// signal is sent anywhere.
+    #[test]
+    fn gc_is_asked_over_the_socket_and_a_stale_socket_answers_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join("s");
+        Store::init(&dir, &Default::default()).unwrap();
+        let store = Arc::new(Store::open(&dir).unwrap());
+        let listening = listen(&store).unwrap();
+        let mode = std::fs::metadata(socket_path(&dir)).unwrap();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o777,
+            0o600
+        );
+        let rep = request_gc(&dir).expect("the mount answers").unwrap();
+        assert_eq!(rep.chunks_dropped, 0);
+        drop(listening);
+        assert!(request_gc(&dir).is_none(), "no socket: nobody to ask");
+        // A socket file nobody listens on (a mount killed with -9).
+        let stale = UnixListener::bind(socket_path(&dir)).unwrap();
+        drop(stale);
+        assert!(request_gc(&dir).is_none(), "a stale socket answers nothing");
+    }
+}

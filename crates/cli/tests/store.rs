@@ -59,9 +59,7 @@ fn source_tree(root: &Path) -> BTreeMap<PathBuf, u128> {
 
 #[test]
 fn real_programs_through_the_mount() {
-    if !can_fuse() {
-        return;
-    }
+    require_fuse();
     let s = scratch(&[]);
     let src_tmp = tempfile::tempdir_in("/var/tmp/store-tests").unwrap();
     let src = src_tmp.path().join("src");
@@ -189,9 +187,7 @@ fn real_programs_through_the_mount() {
 
 #[test]
 fn fio_verify_through_the_mount() {
-    if !can_fuse() {
-        return;
-    }
+    require_fuse();
     for chunking in ["fixed:64K", "cdc:16K/64K/256K"] {
         let s = scratch(&["--chunking", chunking, "--compress", "lz4"]);
         let m = Mount::new(&s);
@@ -228,9 +224,7 @@ fn fio_verify_through_the_mount() {
 
 #[test]
 fn kill_9_during_writes_keeps_fsynced_files() {
-    if !can_fuse() {
-        return;
-    }
+    require_fuse();
     let s = scratch(&[]);
     let m = Mount::new(&s);
     let mut synced = BTreeMap::new();
@@ -290,9 +284,7 @@ fn kill_9_during_writes_keeps_fsynced_files() {
 
 #[test]
 fn damaged_chunk_reads_as_eio() {
-    if !can_fuse() {
-        return;
-    }
+    require_fuse();
     let s = scratch(&["--compress", "none"]);
     let m = Mount::new(&s);
     write_random(&s.mnt.join("f"), 1 << 20, 9).unwrap();
@@ -316,9 +308,7 @@ fn damaged_chunk_reads_as_eio() {
 
 #[test]
 fn clear_errors_and_exit_codes() {
-    if !can_fuse() {
-        return;
-    }
+    require_fuse();
     let s = scratch(&[]);
     let st = s.store.to_str().unwrap();
     let again = onecopy(&["store", "init", st]);

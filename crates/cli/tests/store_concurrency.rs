@@ -146,9 +146,7 @@ fn check_writers_results(mnt: &Path, results: &[WriterLog], when: &str) {
 
 #[test]
 fn many_writers_and_readers_on_one_file_and_on_many() {
-    if !can_fuse() {
-        return;
-    }
+    require_fuse();
     let mut rng = Rng::seeded("writers");
     let s = scratch(&[]);
     let m = Mount::new(&s);

@@ -257,9 +257,7 @@ fn kills() -> usize {
 
 #[test]
 fn kill_9_at_random_points_of_a_mixed_workload() {
-    if !can_fuse() {
-        return;
-    }
+    require_fuse();
     for chunking in ["fixed:64K", "cdc:16K/64K/256K"] {
         kill_rounds(chunking, kills() / 2);
     }
@@ -377,9 +375,7 @@ fn flip(path: &Path, at: u64) {
 
 #[test]
 fn flipped_bytes_are_reported_and_read_as_eio() {
-    if !can_fuse() {
-        return;
-    }
+    require_fuse();
     let mut rng = Rng::seeded("corruption");
     let s = scratch(&["--compress", "none", "--container-size", "1M"]);
     let m = Mount::new(&s);
@@ -460,9 +456,7 @@ fn flipped_bytes_are_reported_and_read_as_eio() {
 
 #[test]
 fn damaged_metadata_is_an_error_not_a_panic() {
-    if !can_fuse() {
-        return;
-    }
+    require_fuse();
     let s = scratch(&[]);
     let m = Mount::new(&s);
     std::fs::write(s.mnt.join("a"), b"x").unwrap();
@@ -523,9 +517,7 @@ fn duplicate_bytes(store: &Path) -> u64 {
 /// until it is rebuilt); `fsck --repair` rebuilds it; new copies dedupe.
 #[test]
 fn flipped_index_bytes_cost_dedupe_never_data() {
-    if !can_fuse() {
-        return;
-    }
+    require_fuse();
     const LEN: u64 = 512 << 10;
     let files = |m: &Path, prefix: &str| {
         for id in 1..=9u64 {
@@ -618,9 +610,7 @@ fn write_synced(path: &Path, data: &[u8]) -> Result<(), i32> {
 
 #[test]
 fn full_backing_filesystem_gives_enospc_and_recovers() {
-    if !can_fuse() {
-        return;
-    }
+    require_fuse();
     let mut rng = Rng::seeded("enospc");
     let lo = LoopFs::new(FsKind::Ext4, 64 << 20).unwrap();
     let s = scratch_in(lo.path(), &["--compress", "none", "--container-size", "1M"]);
@@ -709,9 +699,7 @@ fn full_backing_filesystem_gives_enospc_and_recovers() {
 /// normal, and fsck is clean or `fsck --repair` rebuilds the index.
 #[test]
 fn enospc_during_index_flushes_and_merges() {
-    if !can_fuse() {
-        return;
-    }
+    require_fuse();
     const LEN: u64 = 64 << 10;
     let lo = LoopFs::new(FsKind::Ext4, 64 << 20).unwrap();
     let s = scratch_in(lo.path(), &["--compress", "none", "--index-memtable", "16"]);
@@ -827,9 +815,7 @@ fn as_nobody(script: &str) -> Output {
 
 #[test]
 fn store_is_private_locked_and_checks_permissions() {
-    if !can_fuse() {
-        return;
-    }
+    require_fuse();
     let s = scratch(&[]);
     let mode = std::fs::metadata(&s.store).unwrap().mode() & 0o777;
     assert_eq!(mode, 0o700, "store directory mode {mode:o}");
@@ -933,10 +919,11 @@ fn setid_and_caps_after(dir: &Path) -> String {
 /// output on the backing filesystem is the oracle.
 #[test]
 fn setid_bits_and_capabilities_clear_as_on_a_local_filesystem() {
-    if !can_fuse() || Command::new("setcap").arg("-v").output().is_err() {
-        eprintln!("skipped: needs FUSE and setcap (libcap2-bin)");
-        return;
-    }
+    require_fuse();
+    assert!(
+        Command::new("setcap").arg("-v").output().is_ok(),
+        "setcap is missing (scripts/test.sh installs libcap2-bin)"
+    );
     let s = scratch(&[]);
     let native = s.mnt.with_extension("native");
     std::fs::create_dir(&native).unwrap();
@@ -976,9 +963,7 @@ fn sh(script: &str) -> Output {
 /// file still open with unflushed writes.
 #[test]
 fn listings_with_attributes_match_the_source() {
-    if !can_fuse() {
-        return;
-    }
+    require_fuse();
     let s = scratch(&[]);
     let m = Mount::new(&s);
     let mnt = s.mnt.to_str().unwrap();
@@ -1034,9 +1019,7 @@ fn listings_with_attributes_match_the_source() {
 /// size) copies it out sparse, byte for byte.
 #[test]
 fn sparse_files_stay_sparse_through_du_and_cp() {
-    if !can_fuse() {
-        return;
-    }
+    require_fuse();
     let s = scratch(&[]);
     let m = Mount::new(&s);
     let mnt = s.mnt.to_str().unwrap();
@@ -1084,9 +1067,7 @@ fn sparse_files_stay_sparse_through_du_and_cp() {
 /// through the mount and a remount.
 #[test]
 fn hostile_names_deep_trees_huge_sparse_files_and_big_xattrs() {
-    if !can_fuse() {
-        return;
-    }
+    require_fuse();
     use std::ffi::OsStr;
     use std::os::unix::ffi::OsStrExt;
     let s = scratch(&[]);

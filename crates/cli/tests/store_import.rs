@@ -16,7 +16,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use onecopy_testfs::{checksum_file, FsKind, LoopFs};
-use store_common::{can_fuse, fsck_clean, onecopy, scratch, stats, Mount, Rng};
+use store_common::{require_fuse, fsck_clean, onecopy, scratch, stats, Mount, Rng};
 
 const MIB: u64 = 1 << 20;
 
@@ -225,9 +225,7 @@ fn import(store: &Path, extra: &[&str]) -> Output {
 /// 1 GiB file stays sparse in the store; fsck is clean.
 #[test]
 fn import_preserves_the_tree_and_reads_back_through_the_mount() {
-    if !can_fuse() {
-        return;
-    }
+    require_fuse();
     let work = tempfile::tempdir_in(scratch_dir()).unwrap();
     let src = build_tree(work.path());
     let mut want = describe(&src);
@@ -300,9 +298,7 @@ fn scratch_dir() -> &'static Path {
 /// destination path through a file is refused (exit 2).
 #[test]
 fn import_refuses_a_mounted_store_and_an_existing_destination() {
-    if !can_fuse() {
-        return;
-    }
+    require_fuse();
     let work = tempfile::tempdir_in(scratch_dir()).unwrap();
     let src = work.path().join("data");
     std::fs::create_dir(&src).unwrap();
@@ -370,9 +366,7 @@ fn damage_record_holding(store: &Path, needle: &[u8]) {
 /// out; everything else is imported and fsck is clean.
 #[test]
 fn import_reports_an_unreadable_file_and_imports_the_rest() {
-    if !can_fuse() {
-        return;
-    }
+    require_fuse();
     let mut rng = Rng::seeded("store_import::unreadable");
     let work = tempfile::tempdir_in(scratch_dir()).unwrap();
     let plain = work.path().join("plain");
@@ -417,9 +411,7 @@ fn import_reports_an_unreadable_file_and_imports_the_rest() {
 /// every file the store names has the source's bytes.
 #[test]
 fn import_stops_on_a_full_disk_and_leaves_the_store_consistent() {
-    if !can_fuse() {
-        return;
-    }
+    require_fuse();
     let mut rng = Rng::seeded("store_import::enospc");
     let work = tempfile::tempdir_in(scratch_dir()).unwrap();
     let src = work.path().join("big");
@@ -466,9 +458,7 @@ fn same_as_source(sc: &store_common::Scratch, name: &str, src: &Path) -> usize {
 /// store names has the source's bytes (none partial).
 #[test]
 fn import_killed_leaves_a_clean_store_and_no_partial_file() {
-    if !can_fuse() {
-        return;
-    }
+    require_fuse();
     let mut rng = Rng::seeded("store_import::kill");
     let work = tempfile::tempdir_in(scratch_dir()).unwrap();
     let src = work.path().join("tree");
@@ -509,9 +499,7 @@ fn import_killed_leaves_a_clean_store_and_no_partial_file() {
 /// file beside it is imported.
 #[test]
 fn import_reports_a_file_changing_while_read() {
-    if !can_fuse() {
-        return;
-    }
+    require_fuse();
     let mut rng = Rng::seeded("store_import::changing");
     let work = tempfile::tempdir_in(scratch_dir()).unwrap();
     let src = work.path().join("live");

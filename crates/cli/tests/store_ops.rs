@@ -43,12 +43,12 @@ fn fails(out: &Output, code: i32, text: &str) {
     assert!(err.contains(text), "{err:?} lacks {text:?}");
 }
 
-fn can_fuse() -> bool {
-    if !is_root() || !Path::new("/dev/fuse").exists() {
-        eprintln!("skipped: needs root and /dev/fuse");
-        return false;
-    }
-    true
+/// Without root and /dev/fuse these tests fail (a skip proves nothing).
+fn require_fuse() {
+    assert!(
+        is_root() && Path::new("/dev/fuse").exists(),
+        "the store's integration tests mount FUSE and must run as root with /dev/fuse"
+    );
 }
 
 fn tmp() -> tempfile::TempDir {
@@ -99,22 +99,30 @@ impl Drop for Unmount {
 
 /// Puts this build's binary at /sbin/mount.onecopy (as the package's
 /// symlink does) and removes it afterwards.
-struct Helper;
+struct Helper {
+    before: Option<std::path::PathBuf>,
+}
 
 impl Helper {
-    fn install() -> Option<Helper> {
+    /// Points HELPER at the binary under test; whatever was there before
+    /// (an installed package's link) is put back when dropped.
+    fn install() -> Helper {
+        let before = std::fs::read_link(HELPER).ok();
         if std::fs::symlink_metadata(HELPER).is_ok() {
-            eprintln!("skipped: {HELPER} already exists");
-            return None;
+            assert!(before.is_some(), "{HELPER} exists and is not a symlink");
+            std::fs::remove_file(HELPER).unwrap();
         }
         std::os::unix::fs::symlink(BIN, HELPER).unwrap();
-        Some(Helper)
+        Helper { before }
     }
 }
 
 impl Drop for Helper {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(HELPER);
+        if let Some(old) = &self.before {
+            let _ = std::os::unix::fs::symlink(old, HELPER);
+        }
     }
 }
 
@@ -160,12 +168,8 @@ fn umount_and_check(store: &Path, mnt: &Path) {
 
 #[test]
 fn mount_helper_for_mount_t_and_fstab() {
-    if !can_fuse() {
-        return;
-    }
-    let Some(_helper) = Helper::install() else {
-        return;
-    };
+    require_fuse();
+    let _helper = Helper::install();
     let (t, store, mnt, _guard) = store_site();
     init(&store);
     let (st, mt) = (store.to_str().unwrap(), mnt.to_str().unwrap());
@@ -215,9 +219,7 @@ fn mount_helper_for_mount_t_and_fstab() {
 
 #[test]
 fn stats_reports_every_figure() {
-    if !can_fuse() {
-        return;
-    }
+    require_fuse();
     let (_t, store, mnt, _guard) = store_site();
     init(&store);
     let (st, mt) = (store.to_str().unwrap(), mnt.to_str().unwrap());
@@ -269,9 +271,7 @@ fn stats_reports_every_figure() {
 
 #[test]
 fn errors_are_one_liners_with_exit_codes() {
-    if !can_fuse() {
-        return;
-    }
+    require_fuse();
     let t = tmp();
     let p = |n: &str| t.path().join(n);
     let s = |n: &str| p(n).to_str().unwrap().to_string();
@@ -361,9 +361,7 @@ fn errors_are_one_liners_with_exit_codes() {
 /// clean throughout.
 #[test]
 fn index_quota_and_prune_through_the_cli() {
-    if !can_fuse() {
-        return;
-    }
+    require_fuse();
     let (t, store, mnt, _guard) = store_site();
     let st = store.to_str().unwrap();
     ok(
@@ -517,4 +515,45 @@ fn zstd_level_is_kept_and_used() {
         2,
         "level is 1 to 19",
     );
+}
+
+/// `store gc` on a store some other process holds never signals anyone:
+/// a `mount.pid` left behind (a crashed mount) naming a pid that is now
+/// an unrelated process used to get SIGUSR1, whose default action kills
+/// it. Now gc asks the mount on its private socket; with no mount
+/// answering it says the store is in use (exit 3), and the bystander
+/// lives. Nothing is written to a predictable path in /tmp either.
+#[test]
+fn gc_never_signals_a_process_named_by_a_stale_pid_file() {
+    let t = tmp();
+    let store = t.path().join("store");
+    init(&store);
+    let mut bystander = Command::new("sleep").arg("60").spawn().unwrap();
+    std::fs::write(store.join("mount.pid"), bystander.id().to_string()).unwrap();
+    // The store's lock held by a process that is not a mount.
+    let mut holder = Command::new("flock")
+        .arg(store.join("lock"))
+        .args(["sleep", "60"])
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    let out = loop {
+        let out = onecopy(&["store", "gc", store.to_str().unwrap()]);
+        if out.status.code() != Some(0) || t0.elapsed() > Duration::from_secs(10) {
+            break out;
+        }
+        std::thread::sleep(Duration::from_millis(50)); // flock not taken yet
+    };
+    fails(&out, 3, "in use");
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        bystander.try_wait().unwrap().is_none(),
+        "the process named by the stale mount.pid was killed"
+    );
+    let tmp_report = std::env::temp_dir().join(format!("onecopy-gc-{}.json", bystander.id()));
+    assert!(!tmp_report.exists(), "a report in a predictable /tmp path");
+    let _ = bystander.kill();
+    let _ = holder.kill();
+    let _ = bystander.wait();
+    let _ = holder.wait();
 }

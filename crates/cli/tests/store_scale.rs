@@ -196,9 +196,7 @@ fn rename_and_unlink(dir: RawFd, n: u64) -> Vec<String> {
 /// the non-empty directory is `ENOTEMPTY`.
 #[test]
 fn directory_with_very_many_entries() {
-    if !can_fuse() {
-        return;
-    }
+    require_fuse();
     let n = env_count("ONECOPY_SCALE_ENTRIES", 100_000);
     eprintln!("directory of {n} entries");
     let s = scratch(&[]);
@@ -313,9 +311,7 @@ fn remove_deep(mut cur: OwnedFd, depth: u64) {
 /// bottom-up and the store holds no file or directory but the root.
 #[test]
 fn tree_ten_thousand_levels_deep() {
-    if !can_fuse() {
-        return;
-    }
+    require_fuse();
     let depth = env_count("ONECOPY_SCALE_DEPTH", 10_000);
     eprintln!("tree of {depth} levels");
     let s = scratch(&[]);

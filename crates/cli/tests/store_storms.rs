@@ -293,9 +293,7 @@ fn check_namespace(ns: &Ns, content: &HashMap<u64, Vec<u8>>, when: &str) {
 
 #[test]
 fn rename_and_unlink_storms_with_readers_and_writers() {
-    if !can_fuse() {
-        return;
-    }
+    require_fuse();
     let seed = Rng::seeded("rename_and_unlink_storms").next();
     let s = scratch(&["--container-size", "1M"]);
     let m = Mount::new(&s);
@@ -370,9 +368,7 @@ fn settle() {
 
 #[test]
 fn open_unlinked_files_read_and_write_then_free_their_chunks() {
-    if !can_fuse() {
-        return;
-    }
+    require_fuse();
     let s = scratch(&["--container-size", "1M"]);
     let m = Mount::new(&s);
     // A file that stays, and the baseline of what the store holds.
@@ -539,9 +535,7 @@ impl Drop for Map {
 
 #[test]
 fn mmap_writes_read_back_and_race_write() {
-    if !can_fuse() {
-        return;
-    }
+    require_fuse();
     let s = scratch(&[]);
     let m = Mount::new(&s);
     const LEN: u64 = 4 << 20;
@@ -662,9 +656,7 @@ fn two_gcs(store: &Path) -> usize {
 
 #[test]
 fn parallel_gc_online_and_offline() {
-    if !can_fuse() {
-        return;
-    }
+    require_fuse();
     let seed = Rng::seeded("parallel_gc").next();
     let s = scratch(&["--container-size", "256K", "--compress", "none"]);
     let m = Mount::new(&s);
@@ -839,9 +831,7 @@ fn gc_fails_full(store: &Path, how: &str) {
 
 #[test]
 fn enospc_during_compaction_then_gc_completes() {
-    if !can_fuse() {
-        return;
-    }
+    require_fuse();
     let lo = LoopFs::new(FsKind::Ext4, 64 << 20).unwrap();
     let s = scratch_in(lo.path(), &["--compress", "none", "--container-size", "1M"]);
     let ballast = lo.path().join("ballast");

@@ -23,12 +23,13 @@ pub fn no_panic(stderr: &str, what: impl std::fmt::Debug) {
     assert!(!stderr.contains("panicked"), "{what:?} panicked: {stderr}");
 }
 
-pub fn can_fuse() -> bool {
-    if !is_root() || !Path::new("/dev/fuse").exists() {
-        eprintln!("skipped: needs root and /dev/fuse");
-        return false;
-    }
-    true
+/// These tests exist to run the store through a real FUSE mount: without
+/// root and /dev/fuse they fail (a skipped test proves nothing).
+pub fn require_fuse() {
+    assert!(
+        is_root() && Path::new("/dev/fuse").exists(),
+        "the store's integration tests mount FUSE and must run as root with /dev/fuse"
+    );
 }
 
 /// A small deterministic generator (xorshift64*), seeded per test so a
@@ -137,6 +138,11 @@ impl Mount {
             .find_map(|l| l.strip_prefix("VmHWM:"))
             .and_then(|v| v.split_whitespace().next()?.parse().ok())
             .unwrap()
+    }
+
+    /// What the mount process printed to stderr so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
     }
 
     fn check_stderr(&self) {

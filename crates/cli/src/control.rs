@@ -11,8 +11,116 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 use onecopy_store::{GcReport, Store, StoreError};
+
+/// Longest wait for a mount that was just unmounted to let go of its
+/// store (its final commit: about 1-2.5 s measured under xfstests).
+const EXIT_WAIT: Duration = Duration::from_secs(60);
+
+/// Opens the store in `dir`. When its lock is held by a mount that has
+/// been unmounted and is still writing its final commit (the lock's
+/// holder is an `onecopy mount` process, the store is no longer
+/// mounted), waits for it, saying so once on
+/// stderr, for at most [`EXIT_WAIT`]: `umount` followed at once by
+/// `mount`, `fsck` or `gc` then works instead of failing with "in use".
+pub fn open_store(dir: &Path) -> Result<Store, StoreError> {
+    let start = Instant::now();
+    let (mut said, mut unseen) = (false, 0);
+    loop {
+        match Store::open(dir) {
+            Err(StoreError::Locked { .. })
+                if start.elapsed() < EXIT_WAIT && last_mount_exiting(dir, &mut unseen) =>
+            {
+                if !said {
+                    eprintln!(
+                        "onecopy: waiting for the store's last mount to finish its final commit \
+                         (up to {} s)",
+                        EXIT_WAIT.as_secs()
+                    );
+                    said = true;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            r => return r,
+        }
+    }
+}
+
+/// The store's lock is held by an `onecopy mount` process (from
+/// /proc/locks; nothing is signalled, so a pid that is no longer ours
+/// costs at most a wait) and the store is not mounted any more. A lock
+/// with no holder listed was let go between the two looks: worth another
+/// try, a few times (`unseen` counts them).
+fn last_mount_exiting(dir: &Path, unseen: &mut u32) -> bool {
+    let holder = match lock_holder(&dir.join("lock")) {
+        Some(pid) => is_onecopy_mount(pid),
+        None => {
+            *unseen += 1;
+            *unseen <= 20
+        }
+    };
+    holder && !is_mounted(dir)
+}
+
+/// The pid holding a flock on `path`, from /proc/locks (lines such as
+/// `1: FLOCK ADVISORY WRITE 1234 08:01:5678 0 EOF`).
+fn lock_holder(path: &Path) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let ino = std::fs::metadata(path).ok()?.ino();
+    let locks = std::fs::read_to_string("/proc/locks").ok()?;
+    locks.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let at = f.iter().position(|&w| w == "FLOCK")?;
+        let (pid, id) = (f.get(at + 3)?, f.get(at + 4)?);
+        let file_ino: u64 = id.rsplit(':').next()?.parse().ok()?;
+        (file_ino == ino).then(|| pid.parse().ok())?
+    })
+}
+
+/// Whether process `pid` runs this program's `mount` command (or its
+/// `mount.onecopy` helper). A process that is exiting has no command line
+/// any more (its memory is gone before its files are closed): then its
+/// name says it.
+fn is_onecopy_mount(pid: u32) -> bool {
+    let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    if cmd.is_empty() {
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        let comm = comm.trim();
+        return comm == "onecopy" || comm.starts_with("mount.") && comm.contains("onecopy");
+    }
+    let mut args = cmd.split(|&b| b == 0).map(String::from_utf8_lossy);
+    let prog = args.next().unwrap_or_default();
+    let name = Path::new(prog.as_ref())
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned());
+    match name.as_deref() {
+        Some("onecopy") => args.any(|a| a == "mount"),
+        Some(n) => n.starts_with("mount.") && n.contains("onecopy"),
+        None => false,
+    }
+}
+
+/// Whether a onecopy mount of the store in `dir` is in the mount table
+/// (its source is `onecopy:DIR`, DIR canonical).
+pub fn is_mounted(dir: &Path) -> bool {
+    let Ok(dir) = dir.canonicalize() else {
+        return false;
+    };
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    info.lines().any(|l| {
+        let source = l.split(" - ").nth(1).and_then(|t| t.split(' ').nth(1));
+        source
+            .map(crate::mount_cmd::unescape_mountinfo)
+            .and_then(|s| s.strip_prefix("onecopy:").map(PathBuf::from))
+            .is_some_and(|p| p == dir)
+    })
+}
 
 /// The socket's path in store directory `dir`.
 pub fn socket_path(dir: &Path) -> PathBuf {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use indicatif::HumanBytes;
-use onecopy_store::{ImportError, ImportOptions, ImportProgress, ImportReport, Store, StoreError};
+use onecopy_store::{ImportError, ImportOptions, ImportProgress, ImportReport, StoreError};
 
 use crate::progress::Bars;
 use crate::store_cmd::{code, error_code};
@@ -19,7 +19,7 @@ const TEMPLATE: &str =
 
 /// Runs the import; returns the exit code.
 pub fn run(dir: &Path, srcs: &[PathBuf], opts: &ImportOptions, json: bool) -> u8 {
-    let store = match Store::open(dir) {
+    let store = match crate::control::open_store(dir) {
         Ok(s) => s,
         Err(e @ StoreError::Locked { .. }) => {
             eprintln!("onecopy: {e}; unmount it to import, or copy into the mount");

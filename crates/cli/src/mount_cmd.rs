@@ -83,7 +83,7 @@ pub fn run(a: MountArgs) -> ExitCode {
 }
 
 fn foreground(a: &MountArgs) -> ExitCode {
-    let store = match Store::open(&a.dir) {
+    let store = match crate::control::open_store(&a.dir) {
         Ok(s) => Arc::new(s),
         Err(e) => {
             eprintln!("onecopy: {e}");
@@ -104,7 +104,9 @@ fn foreground(a: &MountArgs) -> ExitCode {
     handle_signals(a.mountpoint.clone());
     let opts =
         mount_helper::parse(a.options.as_deref().unwrap_or(""), a.sloppy).expect("checked in run");
-    let name = format!("onecopy:{}", a.dir.display());
+    // The canonical path: `store gc` and `fsck` find the mount by it.
+    let dir = a.dir.canonicalize().unwrap_or_else(|_| a.dir.clone());
+    let name = format!("onecopy:{}", dir.display());
     let mut config = onecopy_fuse::mount_config(&name, opts.threads.unwrap_or(a.threads));
     config.mount_options.extend(opts.kernel);
     let notify = a.notify_ready;
@@ -234,7 +236,7 @@ fn is_mount_point(path: &Path) -> bool {
 }
 
 /// mountinfo escapes space, tab, newline and backslash as `\ooo`.
-fn unescape_mountinfo(s: &str) -> String {
+pub fn unescape_mountinfo(s: &str) -> String {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;

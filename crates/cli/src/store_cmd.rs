@@ -206,7 +206,7 @@ fn act(action: StoreAction) -> Result<u8, StoreError> {
             Ok(code::OK)
         }
         StoreAction::Gc { dir } => {
-            let r = match Store::open(&dir) {
+            let r = match crate::control::open_store(&dir) {
                 Ok(s) => s.gc()?,
                 Err(StoreError::Locked { path }) => {
                     crate::control::request_gc(&dir).ok_or(StoreError::Locked { path })??
@@ -220,7 +220,7 @@ fn act(action: StoreAction) -> Result<u8, StoreError> {
             Ok(code::OK)
         }
         StoreAction::Fsck { dir, repair } => {
-            let r = Store::open(&dir)?.fsck(repair)?;
+            let r = crate::control::open_store(&dir)?.fsck(repair)?;
             for p in &r.problems {
                 println!("{p}");
             }
@@ -232,7 +232,7 @@ fn act(action: StoreAction) -> Result<u8, StoreError> {
             })
         }
         StoreAction::Scrub { dir } => {
-            let r = Store::open(&dir)?.scrub()?;
+            let r = crate::control::open_store(&dir)?.scrub()?;
             for d in &r.damaged {
                 println!("{d}");
             }
@@ -265,7 +265,7 @@ fn act(action: StoreAction) -> Result<u8, StoreError> {
             Ok(crate::import_cmd::run(&dir, &srcs, &opts, json))
         }
         StoreAction::Prune { dir, days } => {
-            let s = Store::open(&dir)?;
+            let s = crate::control::open_store(&dir)?;
             let n = s.prune()?;
             println!("pruned {n} unreferenced index entries");
             if let Some(days) = days {

@@ -55,11 +55,22 @@ pub fn default_threads() -> usize {
 }
 
 /// Mount options and threads used for every onecopy mount.
+///
+/// The mount's type reads `fuse.onecopy` in /proc/mounts (so `mount -o
+/// remount` and `umount -t` find the onecopy helper): fuser passes its
+/// `Subtype` only to fusermount3, so a mount made directly by root names
+/// the subtype as a kernel option instead.
 pub fn mount_config(fsname: &str, threads: usize) -> Config {
     let mut c = Config::default();
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let subtype = if unsafe { libc::geteuid() } == 0 {
+        MountOption::CUSTOM("subtype=onecopy".into())
+    } else {
+        MountOption::Subtype("onecopy".into())
+    };
     c.mount_options = vec![
         MountOption::FSName(fsname.to_string()),
-        MountOption::Subtype("onecopy".into()),
+        subtype,
         MountOption::DefaultPermissions,
     ];
     // Every user may use the mount; the kernel checks permissions.

@@ -15,7 +15,8 @@ need_pkgs=()
 for pair in mkfs.btrfs:btrfs-progs mkfs.xfs:xfsprogs mkfs.ext4:e2fsprogs chattr:e2fsprogs compsize:btrfs-compsize \
             losetup:mount fusermount3:fuse3 xfs_io:xfsprogs \
             git:git fio:fio rsync:rsync sqlite3:sqlite3 tar:tar \
-            tmux:tmux jdupes:jdupes python3:python3 setcap:libcap2-bin; do
+            tmux:tmux jdupes:jdupes python3:python3 setcap:libcap2-bin \
+            setfacl:acl setpriv:util-linux flock:util-linux; do
     command -v "${pair%%:*}" >/dev/null 2>&1 || need_pkgs+=("${pair#*:}")
 done
 if [ ${#need_pkgs[@]} -gt 0 ]; then

@@ -619,7 +619,7 @@ impl Store {
         src: &Path,
     ) -> crate::Result<()> {
         for (name, value) in xattrs {
-            if name == b"system.posix_acl_access" && crate::ns::acl_mode(value).is_none() {
+            if name == b"system.posix_acl_access" && crate::acl::Acl::parse(value).is_none() {
                 shared.report().notes.push(format!(
                     "{}: xattr {} not understood, skipped",
                     src.display(),

@@ -5,6 +5,7 @@
 //! (`onecopy-fuse`) calls [`Store`]; formats and the crash model are in
 //! ARCHITECTURE.md.
 
+mod acl;
 mod cache;
 pub mod config;
 pub mod container;

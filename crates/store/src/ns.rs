@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering;
 
 use rusqlite::{params, OptionalExtension, Row};
 
+use crate::acl::{self, Acl};
 use crate::error::{Result, StoreError};
 
 use crate::store::{time_now, Inner, Store};
@@ -151,6 +152,7 @@ impl NewNode {
             uid: 0,
             gid: 0,
             rdev: 0,
+            umask: 0,
         }
     }
 }
@@ -205,6 +207,10 @@ pub struct NewNode {
     pub uid: u32,
     pub gid: u32,
     pub rdev: u32,
+    /// The creating process's umask, applied unless the directory has a
+    /// default ACL, which then stands in for it (`perm` is the mode asked
+    /// for, not yet masked).
+    pub umask: u32,
 }
 
 /// One directory entry as `readdir` returns it.
@@ -266,27 +272,47 @@ fn attr_of(r: &Row) -> rusqlite::Result<Attr> {
     })
 }
 
-/// The permission bits a POSIX access ACL (xattr form) implies, and
-/// whether it has no entries beyond owner, group and other.
-pub(crate) fn acl_mode(v: &[u8]) -> Option<(u32, bool)> {
-    if v.len() < 4 || !(v.len() - 4).is_multiple_of(8) || v[..4] != [2, 0, 0, 0] {
-        return None;
+/// A new node's mode and the ACL xattrs it starts with: its directory's
+/// default ACL, when there is one, makes its access ACL (kept if it says
+/// more than the mode) and, for a directory, its default ACL, and the
+/// umask is not applied; otherwise the mode is the one asked for less
+/// the umask. Symbolic links have no ACLs.
+fn inherit_acl(
+    g: &Inner,
+    parent: u64,
+    node: &NewNode,
+) -> Result<(u32, Vec<(&'static [u8], Vec<u8>)>)> {
+    let asked = node.perm & 0o7777;
+    let def = match node.kind {
+        Kind::Symlink => None,
+        _ => g.xattr(parent, acl::DEFAULT)?,
+    };
+    let Some(def) = def else {
+        return Ok((asked & !node.umask, Vec::new()));
+    };
+    let Some(mut access) = Acl::parse(&def) else {
+        return Ok((asked & !node.umask, Vec::new()));
+    };
+    let perm = access.create_masq(asked);
+    let mut acls = Vec::new();
+    if !access.mode().1 {
+        acls.push((acl::ACCESS, access.to_xattr()));
     }
-    let (mut user, mut group, mut mask, mut other, mut minimal) = (0, 0, None, 0, true);
-    for e in v[4..].chunks(8) {
-        let tag = u16::from_le_bytes([e[0], e[1]]);
-        let perm = u16::from_le_bytes([e[2], e[3]]) as u32 & 7;
-        match tag {
-            0x01 => user = perm,
-            0x04 => group = perm,
-            0x10 => mask = Some(perm),
-            0x20 => other = perm,
-            0x02 | 0x08 => minimal = false,
-            _ => return None,
-        }
+    if node.kind == Kind::Dir {
+        acls.push((acl::DEFAULT, def));
     }
-    let group = mask.unwrap_or(group);
-    Some((user << 6 | group << 3 | other, minimal && mask.is_none()))
+    Ok((perm, acls))
+}
+
+/// `chmod`: the access ACL, if the node has one, takes the new bits.
+fn chmod_acl(g: &Inner, ino: u64, perm: u32) -> Result<()> {
+    let Some(mut a) = g.xattr(ino, acl::ACCESS)?.as_deref().and_then(Acl::parse) else {
+        return Ok(());
+    };
+    a.chmod(perm);
+    g.db.prepare_cached("UPDATE xattrs SET value = ?3 WHERE ino = ?1 AND name = ?2")?
+        .execute(params![ino, acl::ACCESS, a.to_xattr()])?;
+    Ok(())
 }
 
 pub(crate) fn check_name(name: &[u8]) -> Result<()> {
@@ -297,6 +323,14 @@ pub(crate) fn check_name(name: &[u8]) -> Result<()> {
 }
 
 impl Inner {
+    /// The value of xattr `name` of `ino`, if it has one.
+    pub(crate) fn xattr(&self, ino: u64, name: &[u8]) -> Result<Option<Vec<u8>>> {
+        let mut st = self
+            .db
+            .prepare_cached("SELECT value FROM xattrs WHERE ino = ?1 AND name = ?2")?;
+        Ok(st.query_row(params![ino, name], |r| r.get(0)).optional()?)
+    }
+
     pub(crate) fn attr(&self, ino: u64) -> Result<Attr> {
         let mut st = self.db.prepare_cached(concat!(
             "SELECT ",
@@ -463,6 +497,7 @@ impl Store {
             uid,
             gid,
             rdev: 0,
+            umask: 0,
         };
         self.create_locked(&g, parent, name, node, Some(target))
     }
@@ -481,7 +516,7 @@ impl Store {
             return Err(StoreError::AlreadyExists);
         }
         self.room_for_more(0)?;
-        let mut perm = node.perm & 0o7777;
+        let (mut perm, acls) = inherit_acl(g, parent, &node)?;
         let mut gid = node.gid;
         if pa.perm & 0o2000 != 0 {
             gid = pa.gid;
@@ -510,6 +545,10 @@ impl Store {
             is_dir.then_some(parent)
         ])?;
         let ino = g.db.last_insert_rowid() as u64;
+        for (name, value) in acls {
+            g.db.prepare_cached("INSERT INTO xattrs (ino, name, value) VALUES (?1, ?2, ?3)")?
+                .execute(params![ino, name, value])?;
+        }
         g.add_dirent(parent, name, ino)?;
         if is_dir {
             g.add_nlink(parent, 1)?;
@@ -772,6 +811,9 @@ impl Store {
         }
         let t = time_now();
         let perm = set.perm.map_or(a.perm, |p| p & 0o7777);
+        if set.perm.is_some() {
+            chmod_acl(&g, ino, perm)?;
+        }
         let new = Attr {
             perm: if a.kind == Kind::Dir {
                 perm
@@ -829,8 +871,8 @@ impl Store {
         }
         let g = self.lock();
         let a = g.attr(ino)?;
-        if name == b"system.posix_acl_access" {
-            let (perm, minimal) = acl_mode(value).ok_or(StoreError::Invalid)?;
+        if name == acl::ACCESS {
+            let (perm, minimal) = Acl::parse(value).ok_or(StoreError::Invalid)?.mode();
             g.db.prepare_cached("UPDATE inodes SET perm = ?2, ctime_ns = ?3 WHERE ino = ?1")?
                 .execute(params![ino, (a.perm & 0o7000) | perm, time_now()])?;
             if minimal {
@@ -867,11 +909,7 @@ impl Store {
         }
         let g = self.lock();
         g.attr(ino)?;
-        let v =
-            g.db.prepare_cached("SELECT value FROM xattrs WHERE ino = ?1 AND name = ?2")?
-                .query_row(params![ino, name], |r| r.get(0))
-                .optional()?;
-        v.ok_or(StoreError::NoAttr)
+        g.xattr(ino, name)?.ok_or(StoreError::NoAttr)
     }
 
     /// Names of all extended attributes.

@@ -194,6 +194,9 @@ fn setid_kill(store: &Store, req: &Request, ino: u64, set: &SetAttr, write: bool
 /// kernel enforces POSIX ACLs (read with GETXATTR and cached) in its
 /// permission checks; the store inherits default ACLs and keeps mode and
 /// ACL in step (`acl.rs`), with the umask passed through (FUSE_DONT_MASK).
+/// FUSE_EXPORT_SUPPORT: file handles (`open_by_handle_at`, NFS export)
+/// stay valid after the kernel forgets an inode; it looks the number up
+/// again with `.` and `..` (see `Store::lookup`).
 pub(crate) fn tune(config: &mut KernelConfig) {
     let wanted = InitFlags::FUSE_WRITEBACK_CACHE
         | InitFlags::FUSE_PARALLEL_DIROPS
@@ -203,7 +206,8 @@ pub(crate) fn tune(config: &mut KernelConfig) {
         | InitFlags::FUSE_DO_READDIRPLUS
         | InitFlags::FUSE_READDIRPLUS_AUTO
         | InitFlags::FUSE_POSIX_ACL
-        | InitFlags::FUSE_DONT_MASK;
+        | InitFlags::FUSE_DONT_MASK
+        | InitFlags::FUSE_EXPORT_SUPPORT;
     let _ = config.add_capabilities(wanted & config.capabilities());
     let _ = config
         .set_max_readahead(4 << 20)

@@ -432,8 +432,22 @@ impl Inner {
 
 impl Store {
     /// The inode named `name` in directory `parent`.
+    ///
+    /// `.` and `..` are answered too, for any inode number: the kernel
+    /// asks them to turn an NFS file handle (or `open_by_handle_at`) back
+    /// into an inode after it forgot it (FUSE_EXPORT_SUPPORT). Inode
+    /// numbers are never reused, so a number alone names one inode.
     pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr> {
         let g = self.lock();
+        match name {
+            b"." => return self.attr_with_dirty(&g, parent),
+            b".." => {
+                g.dir_attr(parent)?;
+                let up = g.parent_of(parent)?;
+                return self.attr_with_dirty(&g, up);
+            }
+            _ => {}
+        }
         let mut st = g.db.prepare_cached(LOOKUP_SQL)?;
         let key = params![parent, name_cookie(name), name];
         if let Some(mut a) = st.query_row(key, attr_of).optional()? {

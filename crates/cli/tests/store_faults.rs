@@ -1117,6 +1117,53 @@ fn file_handles_survive_dropped_caches_and_remounts() {
     m.unmount();
 }
 
+/// Directories replaced by `rename` or removed while open, then
+/// `fstat`ed and listed through the open descriptor.
+const OPEN_DIR_CASES: &str = r#"
+import os, sys
+d = sys.argv[1]
+os.mkdir(f"{d}/a"); os.mkdir(f"{d}/b")
+fa = os.open(f"{d}/a", os.O_RDONLY); fb = os.open(f"{d}/b", os.O_RDONLY)
+os.rename(f"{d}/a", f"{d}/b")
+print("replaced:", os.fstat(fb).st_nlink, os.listdir(f"/proc/self/fd/{fb}"))
+print("moved:", os.fstat(fa).st_nlink)
+os.rmdir(f"{d}/b")
+print("removed:", os.fstat(fa).st_nlink, os.listdir(f"/proc/self/fd/{fa}"))
+os.close(fa); os.close(fb)
+print("gone:", os.path.exists(f"{d}/b"))
+"#;
+
+/// `fstat` of an open directory that `rename` replaced, or `rmdir`
+/// removed, gives `nlink` 0 and an empty listing, as on a disk filesystem
+/// (it gave ENOENT: xfstests generic/035); closed, it is gone and fsck is
+/// clean.
+#[test]
+fn directories_removed_while_open_stay_until_closed() {
+    require_fuse();
+    let s = scratch(&[]);
+    let native = s.mnt.with_extension("native");
+    std::fs::create_dir(&native).unwrap();
+    let run = |dir: &Path| {
+        let out = Command::new("python3")
+            .args(["-c", OPEN_DIR_CASES])
+            .arg(dir)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let want = run(&native);
+    assert!(want.contains("replaced: 0 []"), "{want}");
+    let m = Mount::new(&s);
+    assert_eq!(
+        run(&s.mnt),
+        want,
+        "through the mount vs the local filesystem"
+    );
+    m.unmount();
+    fsck_clean(&s.store);
+}
+
 // ---------------------------------------------------------------------
 // Hostile input.
 // ---------------------------------------------------------------------

@@ -549,6 +549,28 @@ impl Filesystem for StoreFs {
         }
     }
 
+    /// A directory open is counted like a file's, so that one removed or
+    /// replaced by `rename` while open stays readable (empty, `nlink` 0)
+    /// until closed, as on a disk filesystem.
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        live!(self, reply);
+        match self.store.open_file(ino.0) {
+            Ok(_) => reply.opened(FileHandle(0), FopenFlags::empty()),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        empty(reply, self.store.release_file(ino.0))
+    }
+
     fn create(
         &self,
         req: &Request,

@@ -106,7 +106,8 @@ impl Store {
         }
     }
 
-    /// A file is opened: it stays alive while open even if unlinked.
+    /// A file (or directory) is opened: it stays alive while open even if
+    /// unlinked (a directory removed while open reads as empty, `nlink` 0).
     pub fn open_file(&self, ino: u64) -> Result<Attr> {
         let mut g = self.lock();
         let a = g.attr(ino)?;
@@ -114,7 +115,8 @@ impl Store {
         Ok(a)
     }
 
-    /// A file handle is closed: its buffer is written to chunks.
+    /// A file (or directory) handle is closed: a file's buffer is written
+    /// to chunks; a node with no name and no open handle left is deleted.
     pub fn release_file(&self, ino: u64) -> Result<()> {
         let r = self.flush_file(ino);
         let mut g = self.lock();

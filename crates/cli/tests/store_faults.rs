@@ -1164,6 +1164,41 @@ fn directories_removed_while_open_stay_until_closed() {
     fsck_clean(&s.store);
 }
 
+/// Times the store sets (creation) and times the kernel sets (a write's
+/// mtime under the writeback cache) come from one clock: a file written
+/// after another was made never shows an earlier mtime (on the store's
+/// finer clock it could, by up to a tick: xfstests generic/423).
+#[test]
+fn a_later_file_never_has_an_earlier_time() {
+    use std::os::unix::fs::MetadataExt;
+    require_fuse();
+    let s = scratch(&[]);
+    let m = Mount::new(&s);
+    let ns = |md: &std::fs::Metadata| md.mtime() as i128 * 1_000_000_000 + md.mtime_nsec() as i128;
+    let mut earlier = Vec::new();
+    for i in 0..300 {
+        let a = s.mnt.join(format!("a{i}"));
+        File::create(&a).unwrap();
+        let b = s.mnt.join(format!("b{i}"));
+        let f = File::create(&b).unwrap();
+        f.write_all_at(b"x", 0).unwrap();
+        f.sync_all().unwrap();
+        drop(f);
+        let (ta, tb) = (
+            ns(&std::fs::metadata(&a).unwrap()),
+            ns(&std::fs::metadata(&b).unwrap()),
+        );
+        if tb < ta {
+            earlier.push((i, ta - tb));
+        }
+    }
+    assert!(
+        earlier.is_empty(),
+        "written later, mtime earlier by ns: {earlier:?}"
+    );
+    m.unmount();
+}
+
 // ---------------------------------------------------------------------
 // Hostile input.
 // ---------------------------------------------------------------------

@@ -116,11 +116,16 @@ pub struct Store {
 /// Bytes of decoded chunks the read cache keeps.
 const CACHE_BYTES: usize = 64 << 20;
 
+/// Now, in nanoseconds since the epoch, from the clock the kernel stamps
+/// inodes with (CLOCK_REALTIME_COARSE, a tick's resolution). The kernel
+/// sets some of a file's times itself (mtime and ctime of writes and
+/// `chmod` under the writeback cache) and the store sets the others: on
+/// one clock, a file made later never shows an earlier time than one made
+/// before it (on the fine clock it could, by up to a tick: xfstests
+/// generic/423).
 fn now_ns() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as i64)
-        .unwrap_or(0)
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::RealtimeCoarse);
+    t.tv_sec.saturating_mul(1_000_000_000) + t.tv_nsec
 }
 
 pub(crate) fn time_now() -> i64 {

@@ -16,7 +16,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use onecopy_testfs::{checksum_file, FsKind, LoopFs};
-use store_common::{require_fuse, fsck_clean, onecopy, scratch, stats, Mount, Rng};
+use store_common::{fsck_clean, onecopy, require_fuse, scratch, stats, Mount, Rng};
 
 const MIB: u64 = 1 << 20;
 

@@ -272,16 +272,15 @@ fn attr_of(r: &Row) -> rusqlite::Result<Attr> {
     })
 }
 
+/// Xattrs a new node starts with (name, value).
+type InitialXattrs = Vec<(&'static [u8], Vec<u8>)>;
+
 /// A new node's mode and the ACL xattrs it starts with: its directory's
 /// default ACL, when there is one, makes its access ACL (kept if it says
 /// more than the mode) and, for a directory, its default ACL, and the
 /// umask is not applied; otherwise the mode is the one asked for less
 /// the umask. Symbolic links have no ACLs.
-fn inherit_acl(
-    g: &Inner,
-    parent: u64,
-    node: &NewNode,
-) -> Result<(u32, Vec<(&'static [u8], Vec<u8>)>)> {
+fn inherit_acl(g: &Inner, parent: u64, node: &NewNode) -> Result<(u32, InitialXattrs)> {
     let asked = node.perm & 0o7777;
     let def = match node.kind {
         Kind::Symlink => None,

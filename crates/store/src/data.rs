@@ -211,7 +211,10 @@ impl Store {
         .into_iter()
         .collect();
         let mut g = self.lock();
-        self.apply_snapshot(&mut g, ino, pages, &cuts, &mut encoded)
+        g.flushing = Some(ino);
+        let r = self.apply_snapshot(&mut g, ino, pages, &cuts, &mut encoded);
+        g.flushing = None;
+        r
     }
 
     /// The locked end of [`Store::flush_snapshot`].
@@ -435,10 +438,15 @@ impl Store {
         Ok(())
     }
 
-    /// `fallocate`: mode 0 / KEEP_SIZE reserve nothing (chunks are
-    /// allocated on write) but extend the size unless KEEP_SIZE;
-    /// PUNCH_HOLE|KEEP_SIZE and ZERO_RANGE zero the range (zero chunks are
-    /// holes). Other modes are refused.
+    /// `fallocate`: mode 0 / KEEP_SIZE promise the file room for the
+    /// range's bytes not stored yet (ENOSPC at once if the filesystem does
+    /// not have it beside the store's reserve and earlier promises), so
+    /// that writing them later never meets ENOSPC: other files' writes
+    /// leave that room free, this file's use it up (`st_blocks` counts
+    /// it); it goes when the file is deleted or truncated to 0. They
+    /// extend the size unless KEEP_SIZE. PUNCH_HOLE|KEEP_SIZE and
+    /// ZERO_RANGE zero the range (zero chunks are holes). Other modes are
+    /// refused.
     pub fn fallocate(&self, ino: u64, off: u64, len: u64, mode: i32) -> Result<()> {
         let keep = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
         let zero = mode & (libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE) != 0;
@@ -452,6 +460,11 @@ impl Store {
             .filter(|&e| e <= MAX_SIZE)
             .ok_or(StoreError::TooBig)?;
         let size = self.getattr(ino)?.size;
+        if !zero {
+            let mut g = self.lock();
+            let stored = self.stored_in(&g, ino, off, end)?;
+            self.promise_room(&mut g, ino, (end - off).saturating_sub(stored))?;
+        }
         if zero {
             let zend = if keep { end.min(size) } else { end };
             let zeros = vec![0u8; 1 << 20];
@@ -653,6 +666,14 @@ impl Store {
     /// file map is as before for them, and the error is returned (the
     /// next flush tries again; `fsync` reports it).
     pub(crate) fn flush_file_locked(&self, g: &mut Inner, ino: u64) -> Result<()> {
+        let before = g.flushing.replace(ino);
+        let r = self.flush_runs(g, ino);
+        g.flushing = before;
+        r
+    }
+
+    /// [`Store::flush_file_locked`] with `g.flushing` set.
+    fn flush_runs(&self, g: &mut Inner, ino: u64) -> Result<()> {
         let Some(df) = g.dirty.remove(&ino) else {
             return Ok(());
         };
@@ -721,6 +742,14 @@ impl Store {
                     .map_err(|e| (0, e))
             }
         }
+    }
+
+    /// Bytes of stored extents starting in `[start, end)`.
+    fn stored_in(&self, g: &Inner, ino: u64, start: u64, end: u64) -> Result<u64> {
+        let mut st = g.db.prepare_cached(
+            "SELECT COALESCE(SUM(len), 0) FROM extents WHERE ino = ?1 AND off >= ?2 AND off < ?3",
+        )?;
+        Ok(st.query_row(params![ino, start, end], |r| r.get(0))?)
     }
 
     /// The extent containing file offset `pos`: (off, len, chunk).
@@ -855,6 +884,13 @@ impl Store {
         }
         g.db.prepare_cached("UPDATE inodes SET size = ?2 WHERE ino = ?1")?
             .execute(params![ino, size])?;
+        // Room promised beyond the new size is given back.
+        if let Some(room) = g.prealloc.get(&ino).copied() {
+            if room > size {
+                let give_back = if size == 0 { None } else { Some(room - size) };
+                Self::use_room(g, ino, give_back);
+            }
+        }
         Ok(())
     }
 }

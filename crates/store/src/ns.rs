@@ -470,13 +470,16 @@ impl Store {
         Ok(a)
     }
 
-    /// Bytes of `ino` buffered in pages and not yet stored (a page that
-    /// overwrites stored bytes counts twice until it is flushed, at most
-    /// up to the size: see [`Attr::blocks`]).
+    /// Bytes of `ino` counted in `st_blocks` beyond its stored data: pages
+    /// buffered and not yet stored (a page that overwrites stored bytes
+    /// counts twice until it is flushed) and room promised by `fallocate`,
+    /// at most up to the size (see [`Attr::blocks`]).
     fn buffered(&self, g: &Inner, ino: u64) -> u64 {
-        g.dirty
+        let pages = g
+            .dirty
             .get(&ino)
-            .map_or(0, |d| d.pages.len() as u64 * self.page_size())
+            .map_or(0, |d| d.pages.len() as u64 * self.page_size());
+        pages + g.prealloc.get(&ino).copied().unwrap_or(0)
     }
 
     /// Creates a node (file, directory, device, fifo, socket).
@@ -528,7 +531,7 @@ impl Store {
         if g.child(parent, name)?.is_some() {
             return Err(StoreError::AlreadyExists);
         }
-        self.room_for_more(0)?;
+        self.room_for_more(g, 0)?;
         let (mut perm, acls) = inherit_acl(g, parent, &node)?;
         let mut gid = node.gid;
         if pa.perm & 0o2000 != 0 {
@@ -642,6 +645,7 @@ impl Store {
             return Ok(());
         }
         g.dirty.remove(&ino);
+        Self::use_room(g, ino, None);
         let refs: Vec<(u64, u64)> = {
             let mut st = g.db.prepare_cached(
                 "SELECT chunk, COUNT(*) FROM extents WHERE ino = ?1 GROUP BY chunk",

@@ -75,11 +75,17 @@ impl Reserve {
         !self.held
     }
 
-    /// Whether `more` bytes can be written while keeping the reserve's
-    /// size free for commits (asked while the reserve is released).
-    pub fn has_room(&self, more: u64) -> bool {
+    /// Whether `more` bytes can be written while keeping `held` bytes
+    /// free (promised to preallocations) and, while the reserve is
+    /// released, the reserve's size too.
+    pub fn has_room(&self, more: u64, held: u64) -> bool {
         let dir = self.path.parent().expect("the reserve is in the store");
-        available(dir).is_none_or(|free| free >= self.size.saturating_add(more))
+        let keep = if self.held {
+            held
+        } else {
+            held.saturating_add(self.size)
+        };
+        available(dir).is_none_or(|free| free >= keep.saturating_add(more))
     }
 
     fn take(&self) -> std::io::Result<()> {

@@ -39,6 +39,14 @@ pub(crate) struct Inner {
     pub counters: WriteCounters,
     /// The fingerprint index (see `crate::index` for its invariants).
     pub index: StoreIndex,
+    /// Room promised by `fallocate` and not yet used, by inode (kept in
+    /// the `prealloc` table; see [`Store::fallocate`]).
+    pub prealloc: HashMap<u64, u64>,
+    /// Inodes whose `prealloc` changed since the last commit.
+    pub prealloc_dirty: BTreeSet<u64>,
+    /// The file whose buffer is being stored: its appends may use its own
+    /// preallocated room.
+    pub flushing: Option<u64>,
 }
 
 impl Inner {
@@ -229,6 +237,7 @@ impl Store {
             write_config(dir, &cfg)?;
         }
         let writer = replay(&db, &*containers)?;
+        let prealloc = load_prealloc(&db)?;
         let index = StoreIndex::open(dir, &db, &cfg)?;
         let counters = load_counters(&db)?;
         let has_caps: bool = db.query_row(
@@ -250,6 +259,9 @@ impl Store {
                 writer,
                 counters,
                 index,
+                prealloc,
+                prealloc_dirty: BTreeSet::new(),
+                flushing: None,
             }),
             cache: ChunkCache::new(CACHE_BYTES),
             has_caps: AtomicBool::new(has_caps),
@@ -372,19 +384,61 @@ impl Store {
     /// released for commits) and writing `more` bytes would leave less
     /// than the reserve's size free: nothing new is taken in. Checked at
     /// each call, so writes resume as soon as space is back.
-    pub(crate) fn room_for_more(&self, more: u64) -> Result<()> {
-        if !self.low.load(Ordering::Relaxed) {
+    ///
+    /// Room promised to other files' preallocations is kept free too (the
+    /// file being stored, `g.flushing`, may use its own).
+    pub(crate) fn room_for_more(&self, g: &Inner, more: u64) -> Result<()> {
+        let own = g
+            .flushing
+            .and_then(|i| g.prealloc.get(&i))
+            .copied()
+            .unwrap_or(0);
+        let held = g.prealloc.values().sum::<u64>() - own;
+        if !self.low.load(Ordering::Relaxed) && held == 0 {
             return Ok(());
         }
         let mut r = self.reserve.lock().unwrap_or_else(|e| e.into_inner());
         let low = r.adjust();
         self.low.store(low, Ordering::Relaxed);
-        if low && !r.has_room(more) {
+        if (low || held > 0) && !r.has_room(more, held) {
             return Err(StoreError::LowSpace {
                 path: self.dir.clone(),
             });
         }
         Ok(())
+    }
+
+    /// Promises `bytes` more room to `ino` (`fallocate`), or fails with
+    /// ENOSPC when the filesystem does not have them beside the reserve
+    /// and what other files were promised.
+    pub(crate) fn promise_room(&self, g: &mut Inner, ino: u64, bytes: u64) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let held: u64 = g.prealloc.values().sum();
+        {
+            let mut r = self.reserve.lock().unwrap_or_else(|e| e.into_inner());
+            self.low.store(r.adjust(), Ordering::Relaxed);
+            if !r.has_room(bytes, held) {
+                return Err(StoreError::NoSpace);
+            }
+        }
+        *g.prealloc.entry(ino).or_default() += bytes;
+        g.prealloc_dirty.insert(ino);
+        Ok(())
+    }
+
+    /// `ino`'s promised room is used up by `bytes` just stored, or given
+    /// back whole (`None`: the file was deleted or emptied).
+    pub(crate) fn use_room(g: &mut Inner, ino: u64, bytes: Option<u64>) {
+        let Some(left) = g.prealloc.get_mut(&ino) else {
+            return;
+        };
+        *left = bytes.map_or(0, |b| left.saturating_sub(b));
+        if *left == 0 {
+            g.prealloc.remove(&ino);
+        }
+        g.prealloc_dirty.insert(ino);
     }
 
     /// After a COMMIT that rolled back, the memory of the store is brought
@@ -493,6 +547,7 @@ impl Store {
             params![id, len],
         )?;
         save_counters(&g.db, &g.counters)?;
+        save_prealloc(&g.db, &g.prealloc, &mut g.prealloc_dirty)?;
         g.db.execute_batch("COMMIT")?;
         g.index.committed();
         // Index operations wait for a durable commit: make one when too
@@ -589,7 +644,7 @@ impl Store {
 
     /// Appends an encoded record (see [`Store::append_record`]).
     pub(crate) fn append_encoded(&self, g: &mut Inner, enc: Encoded) -> Result<ChunkLoc> {
-        self.room_for_more(enc.bytes.len() as u64 + CONTAINER_HEADER)?;
+        self.room_for_more(g, enc.bytes.len() as u64 + CONTAINER_HEADER)?;
         let w = &mut g.writer;
         let full =
             w.len > CONTAINER_HEADER && w.len + enc.bytes.len() as u64 > self.cfg.container_size;
@@ -627,6 +682,9 @@ impl Store {
         };
         w.len += enc.bytes.len() as u64;
         w.unsynced.insert(w.id);
+        if let Some(ino) = g.flushing {
+            Self::use_room(g, ino, Some(loc.stored_len as u64));
+        }
         Ok(loc)
     }
 
@@ -749,6 +807,38 @@ fn to_sql(e: StoreError) -> rusqlite::Error {
         StoreError::Db(e) => e,
         e => rusqlite::Error::ToSqlConversionFailure(Box::new(e)),
     }
+}
+
+/// The `prealloc` table (room promised by `fallocate`, by inode): made
+/// when a store is first opened by a release that has it; an older one
+/// ignores it, and rows of inodes it deleted are dropped at open.
+const PREALLOC_TABLE: &str = "CREATE TABLE IF NOT EXISTS prealloc (
+    ino INTEGER PRIMARY KEY, bytes INTEGER NOT NULL);
+    DELETE FROM prealloc WHERE bytes <= 0 OR ino NOT IN (SELECT ino FROM inodes);";
+
+fn load_prealloc(db: &Connection) -> Result<HashMap<u64, u64>> {
+    db.execute_batch(PREALLOC_TABLE)?;
+    let mut st = db.prepare("SELECT ino, bytes FROM prealloc")?;
+    let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+fn save_prealloc(
+    db: &Connection,
+    prealloc: &HashMap<u64, u64>,
+    dirty: &mut BTreeSet<u64>,
+) -> Result<()> {
+    for ino in std::mem::take(dirty) {
+        match prealloc.get(&ino) {
+            Some(&b) => db
+                .prepare_cached("INSERT OR REPLACE INTO prealloc (ino, bytes) VALUES (?1, ?2)")?
+                .execute(params![ino, b])?,
+            None => db
+                .prepare_cached("DELETE FROM prealloc WHERE ino = ?1")?
+                .execute([ino])?,
+        };
+    }
+    Ok(())
 }
 
 pub(crate) fn load_counters(db: &Connection) -> Result<WriteCounters> {

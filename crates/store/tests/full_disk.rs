@@ -190,3 +190,84 @@ fn config() -> StoreConfig {
 fn read(s: &Store, ino: u64, len: usize) -> Vec<u8> {
     s.read(ino, 0, len).unwrap()
 }
+
+/// `fallocate` promises room: a request larger than the free space fails
+/// at once with ENOSPC (it used to succeed, reserving nothing), a granted
+/// one shows in `st_blocks`, other files' writes meet ENOSPC before they
+/// eat into it, and the file itself then writes its whole range on the
+/// otherwise full disk. The promise survives a reopen and goes with the
+/// file.
+#[test]
+fn fallocate_promises_room_that_other_writes_leave_free() {
+    assert!(
+        is_root(),
+        "this test mounts a loop ext4 and must run as root"
+    );
+    let lo = LoopFs::new(FsKind::Ext4, 128 << 20).unwrap();
+    let dir = lo.path().join("store");
+    Store::init(&dir, &config()).unwrap();
+    let s = Store::open(&dir).unwrap();
+    let f = s.mknod(1, b"f", node()).unwrap().ino;
+    let e = s
+        .fallocate(f, 0, 1 << 40, 0)
+        .expect_err("1 TiB on a 128 MiB disk");
+    assert_eq!(e.errno(), libc::ENOSPC, "{e}");
+    assert_eq!(
+        s.getattr(f).unwrap().size,
+        0,
+        "a refused fallocate changes nothing"
+    );
+    const ROOM: usize = 16 << 20;
+    s.fallocate(f, 0, ROOM as u64, 0).unwrap();
+    let blocks = s.getattr(f).unwrap().blocks();
+    assert!(
+        blocks >= (ROOM / 512) as u64,
+        "st_blocks {blocks} counts the promise"
+    );
+    // Another file fills the disk: it stops short of f's room.
+    let g = s.mknod(1, b"g", node()).unwrap().ino;
+    s.open_file(g).unwrap();
+    let mut at = 0u64;
+    let full = loop {
+        let r = s
+            .write(g, at, &bytes(at + 7, 1 << 20))
+            .and_then(|_| s.fsync(g));
+        match r {
+            Ok(()) => at += 1 << 20,
+            Err(e) => break e,
+        }
+        assert!(at < 1 << 30, "the disk never filled");
+    };
+    assert_eq!(full.errno(), libc::ENOSPC, "{full}");
+    // The disk is full for g; f writes all of its promised range.
+    let data = bytes(99, ROOM);
+    s.open_file(f).unwrap();
+    s.write(f, 0, &data).unwrap();
+    s.fsync(f)
+        .expect("f's preallocated range is written on a full disk");
+    assert!(read(&s, f, ROOM) == data);
+    assert!(
+        s.getattr(f).unwrap().blocks() <= blocks,
+        "writing the range did not grow it"
+    );
+    s.release_file(f).unwrap();
+    s.release_file(g).ok();
+    // A promise is kept across a reopen, and goes with the file.
+    s.unlink(1, b"g").unwrap();
+    s.commit(true).unwrap();
+    s.gc().unwrap();
+    let h = s.mknod(1, b"h", node()).unwrap().ino;
+    s.fallocate(h, 0, 4 << 20, 0).unwrap();
+    s.commit(true).unwrap();
+    drop(s);
+    let s = Store::open(&dir).unwrap();
+    assert!(
+        s.getattr(h).unwrap().blocks() >= 8192,
+        "the promise after a reopen"
+    );
+    s.unlink(1, b"h").unwrap();
+    s.commit(true).unwrap();
+    assert!(read(&s, f, ROOM) == data, "f after reopen");
+    let fsck = s.fsck(false).unwrap();
+    assert!(fsck.problems.is_empty(), "{:?}", fsck.problems);
+}

@@ -5,7 +5,7 @@
 # vCPU is an exit to the hypervisor: this VM boots with the cpuidle-haltpoll
 # driver and haltpoll.guest_halt_poll_ns=0 on its command line, and its
 # FUSE round trips then cost about twice what they cost with the kernel's
-# default of 200000 ns of polling before a halt (ARCHITECTURE.md, "Halt
+# default of 200000 ns of polling before a halt (bench/notes/store-transport.md, "Halt
 # polling"). Bare metal and VMs without the driver are not affected.
 #
 # HALT_POLL_NS=N sets the guest's halt polling for the run; haltpoll_restore

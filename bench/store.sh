@@ -89,7 +89,7 @@ nfiles=$(find "$work/tree" -type f | wc -l)
 drop; t0=$(date +%s.%N); cp -a "$work/tree" "$work/native/tree"; sync; t1=$(date +%s.%N)
 # The null filesystem keeps names and attributes only: the FUSE ceiling,
 # with one thread reading requests, which for many small files beats two
-# (the stricter ceiling; ARCHITECTURE.md, "Halt polling, reading threads
+# (the stricter ceiling; bench/notes/store-transport.md, "Halt polling, reading threads
 # and a real tree").
 $N "$work/null" 1 & sleep 1
 drop; t4=$(date +%s.%N); cp -a "$work/tree" "$work/null/tree"; t5=$(date +%s.%N)

@@ -3,7 +3,7 @@
 //! attributes in memory, written data discarded, reads return zeros,
 //! xattrs accepted and forgotten (`getxattr` answers ENODATA), `FLUSH`
 //! left at ENOSYS, writeback cache, 1 s TTLs. It exists to measure the
-//! transport (ARCHITECTURE.md, "fractal-fuse ... measured"), nothing else.
+//! transport (bench/notes/store-transport.md, "fractal-fuse ... measured"), nothing else.
 //!
 //! Usage: ffuse-null MOUNTPOINT [WORKERS] [QUEUE_DEPTH]
 //! (foreground; unmount with `fusermount3 -u`; `NULL_WRITEBACK=0` mounts

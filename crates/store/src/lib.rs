@@ -15,6 +15,7 @@ mod import;
 mod index;
 mod maint;
 pub mod meta;
+mod migrate;
 mod ns;
 mod space;
 mod store;

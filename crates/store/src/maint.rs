@@ -543,7 +543,7 @@ impl Store {
                 "SELECT i.ino, i.data, COALESCE(n.n, 0) FROM inodes i LEFT JOIN (SELECT ino,
                  SUM(len) n FROM extents GROUP BY ino) n ON n.ino = i.ino
                  WHERE i.data != COALESCE(n.n, 0)",
-                Some(crate::meta::RECOMPUTE_DATA),
+                Some(crate::migrate::V4_RECOMPUTE_DATA),
             ),
             (
                 "extent past the end of its file",

@@ -16,29 +16,9 @@ use crate::error::{Result, StoreError};
 /// `chunk` (only fsck wanted it, and it now scans once).
 /// Version 4: `inodes.data`, the bytes of a file held in stored chunks
 /// (holes not counted: what `st_blocks` reports), kept equal to the sum
-/// of the file's `extents.len` by the triggers of [`DATA_TRIGGERS`].
+/// of the file's `extents.len` by the triggers of
+/// [`crate::migrate::V4_DATA_TRIGGERS`].
 pub const META_VERSION: u64 = 4;
-
-/// Invariant: `inodes.data = SUM(extents.len)` of the inode, whatever
-/// statement adds or removes an extent (a write's flush, a truncate, a
-/// punched hole, import, unlink, fsck's repairs), in the same transaction.
-const DATA_TRIGGERS: &str = "
-CREATE TRIGGER extents_data_ins AFTER INSERT ON extents BEGIN
-    UPDATE inodes SET data = data + NEW.len WHERE ino = NEW.ino; END;
-CREATE TRIGGER extents_data_del AFTER DELETE ON extents BEGIN
-    UPDATE inodes SET data = data - OLD.len WHERE ino = OLD.ino; END;
-CREATE TRIGGER extents_data_upd AFTER UPDATE OF ino, len ON extents BEGIN
-    UPDATE inodes SET data = data - OLD.len WHERE ino = OLD.ino;
-    UPDATE inodes SET data = data + NEW.len WHERE ino = NEW.ino; END;
-";
-
-/// Sets every `inodes.data` from the file map in one grouped pass (the
-/// migration to format 4, and fsck's repair of a wrong count).
-pub(crate) const RECOMPUTE_DATA: &str = "
-UPDATE inodes SET data = 0;
-UPDATE inodes SET data = n.n FROM (SELECT ino, SUM(len) n FROM extents GROUP BY ino) n
-    WHERE n.ino = inodes.ino;
-";
 
 const SCHEMA: &str = "
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -96,7 +76,7 @@ pub fn open_db(path: &std::path::Path, create: bool) -> Result<Connection> {
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     if create {
         conn.execute_batch(SCHEMA)?;
-        conn.execute_batch(DATA_TRIGGERS)?;
+        conn.execute_batch(crate::migrate::V4_DATA_TRIGGERS)?;
         conn.execute(
             "INSERT INTO meta VALUES ('magic', 'onecopy-store'), ('format', ?1)",
             [META_VERSION.to_string()],
@@ -105,15 +85,15 @@ pub fn open_db(path: &std::path::Path, create: bool) -> Result<Connection> {
     } else {
         let mut v: u64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
         if v == 1 {
-            migrate_v1(&conn)?;
+            crate::migrate::v1_to_v2(&conn)?;
             v = 2;
         }
         if v == 2 {
-            migrate_v2(&conn)?;
+            crate::migrate::v2_to_v3(&conn)?;
             v = 3;
         }
         if v == 3 {
-            migrate_v3(&conn)?;
+            crate::migrate::v3_to_v4(&conn)?;
             v = 4;
         }
         if v != META_VERSION {
@@ -125,108 +105,6 @@ pub fn open_db(path: &std::path::Path, create: bool) -> Result<Connection> {
         }
     }
     Ok(conn)
-}
-
-/// Format 1 to 2, in one transaction: `chunks` is rebuilt without the
-/// UNIQUE constraint on `hash` (its automatic index cannot be dropped
-/// alone) and with `indexed`, keeping ids and the AUTOINCREMENT counter;
-/// `index_drops` is created. The fingerprint index is then built at open
-/// from every row (its watermark, `index_synced`, is absent: 0).
-fn migrate_v1(conn: &Connection) -> Result<()> {
-    conn.execute_batch(
-        "BEGIN;
-         CREATE TABLE chunks_v2 (
-            id INTEGER PRIMARY KEY AUTOINCREMENT, hash BLOB NOT NULL, container INTEGER NOT NULL,
-            offset INTEGER NOT NULL, stored_len INTEGER NOT NULL, raw_len INTEGER NOT NULL,
-            refs INTEGER NOT NULL, indexed INTEGER NOT NULL DEFAULT 1);
-         INSERT INTO chunks_v2 (id, hash, container, offset, stored_len, raw_len, refs)
-            SELECT id, hash, container, offset, stored_len, raw_len, refs FROM chunks;
-         UPDATE sqlite_sequence SET seq = MAX(seq, (SELECT COALESCE(MAX(seq), 0)
-            FROM sqlite_sequence WHERE name = 'chunks')) WHERE name = 'chunks_v2';
-         DROP TABLE chunks;
-         ALTER TABLE chunks_v2 RENAME TO chunks;
-         CREATE INDEX chunks_container ON chunks (container);
-         CREATE TABLE index_drops (id INTEGER PRIMARY KEY, key BLOB NOT NULL);
-         DELETE FROM meta WHERE key = 'index_synced';
-         UPDATE meta SET value = '2' WHERE key = 'format';
-         PRAGMA user_version = 2;
-         COMMIT;",
-    )
-    .inspect_err(|_| {
-        let _ = conn.execute_batch("ROLLBACK");
-    })?;
-    Ok(())
-}
-
-/// Format 2 to 3, in one transaction: `dirents` is rebuilt as a WITHOUT
-/// ROWID table keyed by `(parent, cookie)` (each name stored once instead
-/// of in the table and in the index of `UNIQUE (parent, name)`; the
-/// `dirents_ino` and `dirents_order` indexes go with the old table),
-/// directories get `inodes.parent`, and `extents_chunk` is dropped. Then
-/// the file is rewritten once (`VACUUM`) without the pages this freed and
-/// with `auto_vacuum = INCREMENTAL`, as a new store has.
-fn migrate_v2(conn: &Connection) -> Result<()> {
-    conn.execute_batch("BEGIN")?;
-    let r = migrate_v2_body(conn).and_then(|()| Ok(conn.execute_batch("COMMIT")?));
-    if r.is_err() {
-        let _ = conn.execute_batch("ROLLBACK");
-    }
-    r?;
-    let r = conn.execute_batch(
-        "PRAGMA auto_vacuum = INCREMENTAL; VACUUM; PRAGMA wal_checkpoint(TRUNCATE);",
-    );
-    if let Err(e) = r {
-        // Still correct, only larger.
-        eprintln!("onecopy: could not compact the metadata database: {e}");
-    }
-    Ok(())
-}
-
-/// [`migrate_v2`]'s statements, inside its transaction.
-fn migrate_v2_body(conn: &Connection) -> Result<()> {
-    conn.execute_batch(
-        "CREATE TABLE dirents_v3 (parent INTEGER NOT NULL, cookie INTEGER NOT NULL,
-            name BLOB NOT NULL, ino INTEGER NOT NULL, PRIMARY KEY (parent, cookie)) WITHOUT ROWID;
-         ALTER TABLE inodes ADD COLUMN parent INTEGER;
-         CREATE INDEX IF NOT EXISTS dirents_ino ON dirents (ino);
-         UPDATE inodes SET parent = (SELECT d.parent FROM dirents d WHERE d.ino = inodes.ino
-            LIMIT 1) WHERE kind = 2 AND ino != 1;",
-    )?;
-    {
-        let mut st = conn.prepare("SELECT parent, name, ino FROM dirents ORDER BY parent, id")?;
-        let mut rows = st.query([])?;
-        while let Some(r) = rows.next()? {
-            let (parent, name, ino): (u64, Vec<u8>, u64) = (r.get(0)?, r.get(1)?, r.get(2)?);
-            crate::ns::insert_dirent(conn, "dirents_v3", parent, &name, ino)?;
-        }
-    }
-    conn.execute_batch(
-        "DROP TABLE dirents;
-         ALTER TABLE dirents_v3 RENAME TO dirents;
-         DROP INDEX IF EXISTS extents_chunk;
-         UPDATE meta SET value = '3' WHERE key = 'format';
-         PRAGMA user_version = 3;",
-    )?;
-    Ok(())
-}
-
-/// Format 3 to 4, in one transaction: `inodes.data` is added, filled
-/// from each file's extents (one pass over `extents`), and kept by
-/// [`DATA_TRIGGERS`] from then on.
-fn migrate_v3(conn: &Connection) -> Result<()> {
-    conn.execute_batch(&format!(
-        "BEGIN;
-         ALTER TABLE inodes ADD COLUMN data INTEGER NOT NULL DEFAULT 0;
-         {RECOMPUTE_DATA}
-         {DATA_TRIGGERS}
-         UPDATE meta SET value = '4' WHERE key = 'format';
-         PRAGMA user_version = 4;
-         COMMIT;"
-    ))
-    .inspect_err(|_| {
-        let _ = conn.execute_batch("ROLLBACK");
-    })?;
-    Ok(())
 }
 
 /// Gives the database's free pages back to the file system (gc calls it

@@ -725,6 +725,11 @@ impl Store {
 /// writer has to sync so far.
 fn new_container(db: &Connection, cs: &dyn ContainerStore, id: u64) -> Result<Writer> {
     cs.create(id)?;
+    insert_container(db, id)
+}
+
+/// The row of new container `id` (its file made), and a writer for it.
+fn insert_container(db: &Connection, id: u64) -> Result<Writer> {
     db.execute(
         "INSERT INTO containers (id, length, sealed) VALUES (?1, ?2, 0)",
         params![id, CONTAINER_HEADER],
@@ -772,7 +777,15 @@ fn replay(db: &Connection, cs: &dyn ContainerStore) -> Result<Writer> {
         }
         db.execute("UPDATE containers SET sealed = 1 WHERE id = ?1", [id])?;
     }
-    new_container(db, cs, next_id)
+    // Outside any transaction, the row is committed at once: the file
+    // must be durable first, or a power cut leaves a row longer than its
+    // container (fsck: "shorter than committed"). Elsewhere the row waits
+    // for the commit, which syncs the container before it.
+    cs.create(next_id)?;
+    cs.sync(next_id)?;
+    let mut w = insert_container(db, next_id)?;
+    w.unsynced.clear();
+    Ok(w)
 }
 
 /// The highest inode number handed out so far (AUTOINCREMENT's counter).

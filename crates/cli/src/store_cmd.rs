@@ -139,6 +139,7 @@ pub fn error_code(e: &StoreError) -> u8 {
         StoreError::NotAStore { .. }
         | StoreError::Version { .. }
         | StoreError::Exists { .. }
+        | StoreError::NotEmptyDir { .. }
         | StoreError::BadOption(_) => code::USAGE,
         StoreError::Locked { .. } => code::BUSY,
         _ => code::FATAL,
@@ -184,14 +185,6 @@ fn act(action: StoreAction) -> Result<u8, StoreError> {
                 index_memtable,
                 ..StoreConfig::default()
             };
-            if let Some(entry) = foreign_entry(&dir) {
-                eprintln!(
-                    "onecopy: {}: directory is not empty ({} is there); a store needs a new or empty directory",
-                    dir.display(),
-                    entry
-                );
-                return Ok(code::USAGE);
-            }
             Store::init(&dir, &cfg)?;
             println!("created store {} ({chunking}, {compress})", dir.display());
             Ok(code::OK)
@@ -276,21 +269,6 @@ fn act(action: StoreAction) -> Result<u8, StoreError> {
             Ok(code::OK)
         }
     }
-}
-
-/// The name of an entry that makes `dir` unfit for a new store: anything
-/// but `lost+found` (a fresh filesystem's root is fine). None when `dir`
-/// does not exist, is empty, or already holds a store (init then reports
-/// that the store exists).
-fn foreign_entry(dir: &std::path::Path) -> Option<String> {
-    if dir.join("store.json").exists() || dir.join("meta.sqlite").exists() {
-        return None;
-    }
-    std::fs::read_dir(dir)
-        .ok()?
-        .filter_map(|e| e.ok())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .find(|n| n != "lost+found")
 }
 
 fn print_stats(s: &onecopy_store::Stats) {

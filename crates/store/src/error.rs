@@ -32,6 +32,10 @@ pub enum StoreError {
     },
     #[error("{path}: a store already exists here")]
     Exists { path: PathBuf },
+    #[error(
+        "{path}: directory is not empty ({entry} is there); a store needs a new or empty directory"
+    )]
+    NotEmptyDir { path: PathBuf, entry: String },
     #[error("{path}: the store is in use by another process (mounted?)")]
     Locked { path: PathBuf },
     #[error("container {container} offset {offset}: damaged chunk ({why})")]

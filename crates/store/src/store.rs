@@ -154,8 +154,10 @@ fn lock_dir(dir: &Path) -> Result<File> {
 }
 
 impl Store {
-    /// Creates a new, empty store in `dir` (which may exist but must not
-    /// hold a store).
+    /// Creates a new, empty store in `dir`, which may exist but must be
+    /// empty (a fresh filesystem's `lost+found` aside): a store shares its
+    /// directory with nothing (`Exists` if it holds a store,
+    /// `NotEmptyDir` if it holds anything else).
     /// The directory is created mode 0700: the store holds other users'
     /// file data, readable by whoever can read its containers.
     pub fn init(dir: &Path, cfg: &StoreConfig) -> Result<()> {
@@ -168,6 +170,17 @@ impl Store {
         let cfg_path = dir.join("store.json");
         if cfg_path.exists() || dir.join("meta.sqlite").exists() {
             return Err(StoreError::Exists { path: dir.into() });
+        }
+        let entries = std::fs::read_dir(dir).map_err(StoreError::io(dir))?;
+        let foreign = entries
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .find(|n| n != "lost+found");
+        if let Some(entry) = foreign {
+            return Err(StoreError::NotEmptyDir {
+                path: dir.into(),
+                entry,
+            });
         }
         let _lock = lock_dir(dir)?;
         let db = open_db(&dir.join("meta.sqlite"), true)?;

@@ -967,3 +967,26 @@ fn format_3_data_bytes_are_filled_and_fsck_repairs_them() {
     assert_eq!(s.getattr(a).unwrap().data, 50_004);
     assert!(s.fsck(false).unwrap().problems.is_empty());
 }
+
+/// A store shares its directory with nothing: init refuses a directory
+/// holding files (a fresh filesystem's `lost+found` aside) or a store.
+#[test]
+fn init_refuses_a_directory_that_is_not_empty() {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::write(d.path().join("notes.txt"), b"mine").unwrap();
+    let e = Store::init(d.path(), &StoreConfig::default()).unwrap_err();
+    assert!(
+        matches!(&e, StoreError::NotEmptyDir { entry, .. } if entry == "notes.txt"),
+        "{e}"
+    );
+    assert_eq!(
+        std::fs::read_dir(d.path()).unwrap().count(),
+        1,
+        "nothing written"
+    );
+    let fresh = tempfile::tempdir().unwrap();
+    std::fs::create_dir(fresh.path().join("lost+found")).unwrap();
+    Store::init(fresh.path(), &StoreConfig::default()).unwrap();
+    let e = Store::init(fresh.path(), &StoreConfig::default()).unwrap_err();
+    assert!(matches!(e, StoreError::Exists { .. }), "{e}");
+}

@@ -1131,12 +1131,17 @@ os.rmdir(f"{d}/b")
 print("removed:", os.fstat(fa).st_nlink, os.listdir(f"/proc/self/fd/{fa}"))
 os.close(fa); os.close(fb)
 print("gone:", os.path.exists(f"{d}/b"))
+os.mkdir(f"{d}/c"); os.chdir(f"{d}/c"); os.rmdir(f"{d}/c")
+import time; time.sleep(1.2)  # past the mount's attribute timeout
+print("cwd removed:", os.stat(".").st_nlink)
+os.chdir(".."); print("chdir .. from it:", os.getcwd() == d)
 "#;
 
 /// `fstat` of an open directory that `rename` replaced, or `rmdir`
 /// removed, gives `nlink` 0 and an empty listing, as on a disk filesystem
-/// (it gave ENOENT: xfstests generic/035); closed, it is gone and fsck is
-/// clean.
+/// (it gave ENOENT: xfstests generic/035); a process whose working
+/// directory was removed can `stat` it and `chdir("..")` out of it (it
+/// got ENOENT: generic/011); closed, it is gone and fsck is clean.
 #[test]
 fn directories_removed_while_open_stay_until_closed() {
     require_fuse();

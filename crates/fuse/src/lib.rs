@@ -94,6 +94,7 @@ pub fn serve_store(
     config: &Config,
     ready: impl FnOnce(),
 ) -> std::io::Result<()> {
+    store.keep_until_forgotten();
     let session = fuser::Session::new(StoreFs::new(store.clone()), mountpoint, config)?;
     widen_readahead(mountpoint, READAHEAD_KB);
     ready();
@@ -371,6 +372,15 @@ impl Filesystem for StoreFs {
     fn destroy(&mut self) {
         if let Err(e) = self.store.flush_all(true) {
             eprintln!("onecopy: final commit failed: {e}");
+        }
+    }
+
+    /// The kernel dropped the inode (BATCH_FORGET comes here too, one
+    /// inode at a time: fuser does not export its type): a nameless one is
+    /// deleted now (see `Store::keep_until_forgotten`).
+    fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
+        if let Err(e) = self.store.forget(&[ino.0]) {
+            eprintln!("onecopy: forgetting inode {}: {e}", ino.0);
         }
     }
 

@@ -125,7 +125,7 @@ impl Store {
         if *n == 0 {
             g.open_count.remove(&ino);
             if g.attr(ino).is_ok() {
-                self.maybe_delete(&mut g, ino)?;
+                self.unlinked(&mut g, ino)?;
             }
         }
         r

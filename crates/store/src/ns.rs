@@ -439,7 +439,15 @@ impl Store {
     pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr> {
         let g = self.lock();
         match name {
-            b"." => return self.attr_with_dirty(&g, parent),
+            // A handle of an inode with no name left is stale.
+            b"." => {
+                let a = self.attr_with_dirty(&g, parent)?;
+                return if a.nlink == 0 {
+                    Err(StoreError::NotFound)
+                } else {
+                    Ok(a)
+                };
+            }
             b".." => {
                 g.dir_attr(parent)?;
                 let up = g.parent_of(parent)?;
@@ -628,15 +636,51 @@ impl Store {
         g.add_nlink(parent, -1)?;
         g.touch(parent, true)?;
         g.db.execute("UPDATE inodes SET nlink = 0 WHERE ino = ?1", [ino])?;
-        self.maybe_delete(&mut g, ino)
+        self.unlinked(&mut g, ino)
     }
 
     /// One name less for `ino`; deletes it when no name and no open file
-    /// is left.
+    /// is left (see [`Store::unlinked`]).
     fn drop_link(&self, g: &mut Inner, ino: u64) -> Result<()> {
         g.add_nlink(ino, -1)?;
         g.touch(ino, false)?;
+        self.unlinked(g, ino)
+    }
+
+    /// `ino` lost a name or an open handle: deleted if it has neither
+    /// left, unless it is a directory the kernel may still hold as a
+    /// working directory (on a mount: see [`Store::keep_until_forgotten`]),
+    /// which [`Store::forget`] deletes. A file the kernel holds is an
+    /// open one, counted already; its chunks are freed at once, so a gc
+    /// right after `rm` finds them.
+    pub(crate) fn unlinked(&self, g: &mut Inner, ino: u64) -> Result<()> {
+        if self.kernel_refs.load(Ordering::Relaxed) && g.attr(ino)?.kind == Kind::Dir {
+            return Ok(());
+        }
         self.maybe_delete(g, ino)
+    }
+
+    /// Directories with no name stay until the kernel forgets them, as a disk
+    /// filesystem keeps an unlinked inode while it is referenced: a
+    /// process whose working directory was removed can still `stat` it
+    /// (`nlink` 0) and `chdir("..")` out of it (the kernel's permission
+    /// check asks for its attributes; xfstests generic/011 got ENOENT).
+    /// Set by the FUSE adapter, which passes FORGETs to [`Store::forget`];
+    /// nameless inodes left at unmount go at the next open.
+    pub fn keep_until_forgotten(&self) {
+        self.kernel_refs.store(true, Ordering::Relaxed);
+    }
+
+    /// The kernel forgot these inodes: those with no name and no open
+    /// handle are deleted.
+    pub fn forget(&self, inos: &[u64]) -> Result<()> {
+        let mut g = self.lock();
+        for &ino in inos {
+            if matches!(g.attr(ino), Ok(a) if a.nlink == 0) {
+                self.maybe_delete(&mut g, ino)?;
+            }
+        }
+        Ok(())
     }
 
     pub(crate) fn maybe_delete(&self, g: &mut Inner, ino: u64) -> Result<()> {
@@ -763,7 +807,7 @@ impl Store {
             if da.kind == Kind::Dir {
                 g.add_nlink(newparent, -1)?;
                 g.db.execute("UPDATE inodes SET nlink = 0 WHERE ino = ?1", [dst])?;
-                self.maybe_delete(&mut g, dst)?;
+                self.unlinked(&mut g, dst)?;
             } else {
                 self.drop_link(&mut g, dst)?;
             }

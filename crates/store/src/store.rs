@@ -104,6 +104,9 @@ pub struct Store {
     /// container sync runs holding this lock, so a sync that succeeds
     /// after another's failure consumed the error still sees the poison.
     poison: Mutex<Option<Poison>>,
+    /// Nameless inodes wait for the kernel's FORGET (see
+    /// [`Store::keep_until_forgotten`]).
+    pub(crate) kernel_refs: AtomicBool,
     /// Held by a running gc: a second one (two `store gc` on one mount)
     /// waits for it, so it never copies from a container the first has
     /// just compacted and deleted.
@@ -280,6 +283,7 @@ impl Store {
             has_caps: AtomicBool::new(has_caps),
             poison: Mutex::new(None),
             gc_running: Mutex::new(()),
+            kernel_refs: AtomicBool::new(false),
             reserve: Mutex::new(reserve),
             low,
             shut_down: Mutex::new(None),

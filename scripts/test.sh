@@ -48,6 +48,10 @@ cargo test --workspace --locked
 
 # The inline store through a real FUSE mount: pjdfstest and fsx.
 scripts/store-posix.sh "${CARGO_TARGET_DIR:-target}/debug/onecopy"
+# xfstests' generic/quick group against the store (builds xfstests from
+# ../shared/xfstests once; ~17 min): fails on any test not excluded, with
+# its reason, in scripts/xfstests-exclude.txt.
+scripts/xfstests.sh "${CARGO_TARGET_DIR:-target}/debug/onecopy"
 # The .deb: built from the binary the tests above built (no release build),
 # installed with dpkg -i, checked, removed. Installs cargo-deb if missing.
 ./scripts/deb.sh

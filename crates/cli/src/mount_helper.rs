@@ -1,13 +1,26 @@
 //! Mount options (`-o a,b,c`) and the `mount.onecopy` helper that
 //! mount(8) runs for `-t onecopy` and for `/etc/fstab` lines of type
 //! `onecopy`: `mount.onecopy SPEC DIR [-sfnv] [-N NS] [-o OPTIONS]`.
+//! The same helper named `mount.fuse.onecopy` serves `-t fuse.onecopy`
+//! (the FUSE type/subtype form, used by fstab lines of type
+//! `fuse.onecopy` and by xfstests with `FSTYP=fuse FUSE_SUBTYP=.onecopy`).
 //! The helper is this binary under another name (a symlink); it mounts
 //! the way `onecopy mount SPEC DIR -o OPTIONS` does (daemonized, returning
-//! once the mount is ready).
+//! once the mount is ready). SPEC may also be written `onecopy:STORE`, the
+//! source the mount shows in /proc/mounts, so that what `findmnt` reports
+//! can be mounted again. `-o remount,...` changes the flags of the mount
+//! on DIR in place (`ro`/`rw`, `nosuid`, ...), the daemon serving on.
+//! mount(8) passes a helper only the options that differ from its own
+//! defaults (`rw,suid,dev,exec`), so, as libfuse's `mount.fuse` does, the
+//! helper mounts `dev,suid` unless `nodev`/`nosuid` are given (`onecopy
+//! mount` keeps `nosuid,nodev` as its default).
 
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+
+use rustix::fs::StatVfsMountFlags;
+use rustix::mount::MountFlags;
 
 use onecopy_fuse::MountOption;
 
@@ -16,6 +29,10 @@ use crate::store_cmd::code;
 
 /// The name mount(8) runs the helper by.
 pub const HELPER_NAME: &str = "mount.onecopy";
+
+/// Every name the binary acts as the helper under: `-t onecopy` and
+/// `-t fuse.onecopy`.
+pub const HELPER_NAMES: [&str; 2] = [HELPER_NAME, "mount.fuse.onecopy"];
 
 /// Mount options, parsed.
 #[derive(Debug, Default, PartialEq)]
@@ -50,6 +67,34 @@ fn ignored(o: &str) -> bool {
             | "silent"
     ) || o.starts_with("x-")
         || o.starts_with("comment=")
+        || no_effect(o)
+}
+
+/// Standard mount(8) options that are valid on any filesystem but change
+/// nothing on this one, so they are accepted (as on other FUSE file
+/// systems) rather than refused:
+/// - the atime policies (`relatime`, `strictatime`, `nodiratime`, ...):
+///   the kernel never updates atime on a FUSE inode itself (it marks them
+///   `S_NOATIME`); only `noatime`/`atime`, which are passed on, are kept;
+/// - `lazytime`: no timestamps are written back lazily, the store keeps them;
+/// - `iversion`: there is no i_version to maintain over FUSE;
+/// - `mand`: mandatory locking is gone from Linux (5.15) and ignored.
+fn no_effect(o: &str) -> bool {
+    matches!(
+        o,
+        "relatime"
+            | "norelatime"
+            | "strictatime"
+            | "nostrictatime"
+            | "diratime"
+            | "nodiratime"
+            | "lazytime"
+            | "nolazytime"
+            | "iversion"
+            | "noiversion"
+            | "mand"
+            | "nomand"
+    )
 }
 
 fn kernel(o: &str) -> Option<MountOption> {
@@ -90,11 +135,151 @@ pub fn parse(list: &str, sloppy: bool) -> Result<MountOpts, String> {
     Ok(opts)
 }
 
-/// True when this process was started as `mount.onecopy`.
+/// Options the FUSE kernel module shows for a mount (/proc/mounts), which
+/// mount(8) passes back on a remount given only the mount point; they can
+/// not be changed and are ignored by a remount.
+fn fuse_kernel_option(o: &str) -> bool {
+    [
+        "user_id=",
+        "group_id=",
+        "rootmode=",
+        "fd=",
+        "max_read=",
+        "blksize=",
+        "fsname=",
+        "subtype=",
+        "source=",
+    ]
+    .iter()
+    .any(|p| o.starts_with(p))
+}
+
+/// The flags for `mount(2)` `MS_REMOUNT` of a mount whose flags are now
+/// `current`, with the option list of `-o remount,...` applied. The
+/// kernel resets every flag not passed, so the current ones are kept
+/// unless an option changes them.
+fn remount_flags(current: MountFlags, list: &str, sloppy: bool) -> Result<MountFlags, String> {
+    let mut f = current;
+    for o in list.split(',') {
+        if let Some(k) = kernel(o) {
+            let (set, clear) = match k {
+                MountOption::RO => (MountFlags::RDONLY, MountFlags::empty()),
+                MountOption::NoSuid => (MountFlags::NOSUID, MountFlags::empty()),
+                MountOption::Suid => (MountFlags::empty(), MountFlags::NOSUID),
+                MountOption::NoDev => (MountFlags::NODEV, MountFlags::empty()),
+                MountOption::Dev => (MountFlags::empty(), MountFlags::NODEV),
+                MountOption::NoExec => (MountFlags::NOEXEC, MountFlags::empty()),
+                MountOption::Exec => (MountFlags::empty(), MountFlags::NOEXEC),
+                MountOption::NoAtime => (MountFlags::NOATIME, MountFlags::RELATIME),
+                MountOption::Atime => (MountFlags::empty(), MountFlags::NOATIME),
+                MountOption::Sync => (MountFlags::SYNCHRONOUS, MountFlags::empty()),
+                MountOption::DirSync => (MountFlags::DIRSYNC, MountFlags::empty()),
+                _ => (MountFlags::empty(), MountFlags::empty()),
+            };
+            f = (f - clear) | set;
+        } else if o == "rw" {
+            f -= MountFlags::RDONLY;
+        } else if o == "async" {
+            f -= MountFlags::SYNCHRONOUS;
+        } else if o.starts_with("threads=") {
+            if !sloppy {
+                return Err(format!(
+                    "{o}: the FUSE worker threads can not be changed by remount"
+                ));
+            }
+        } else if o != "remount" && !ignored(o) && !fuse_kernel_option(o) && !sloppy {
+            return Err(format!("unknown mount option {o:?}"));
+        }
+    }
+    Ok(f)
+}
+
+/// The flags of the mount on `dir` as `mount(2)` takes them.
+fn current_flags(dir: &Path) -> std::io::Result<MountFlags> {
+    let st = rustix::fs::statvfs(dir)?.f_flag;
+    let mut f = MountFlags::empty();
+    for (s, m) in [
+        (StatVfsMountFlags::RDONLY, MountFlags::RDONLY),
+        (StatVfsMountFlags::NOSUID, MountFlags::NOSUID),
+        (StatVfsMountFlags::NODEV, MountFlags::NODEV),
+        (StatVfsMountFlags::NOEXEC, MountFlags::NOEXEC),
+        (StatVfsMountFlags::SYNCHRONOUS, MountFlags::SYNCHRONOUS),
+        (StatVfsMountFlags::NOATIME, MountFlags::NOATIME),
+        (StatVfsMountFlags::NODIRATIME, MountFlags::NODIRATIME),
+        (StatVfsMountFlags::RELATIME, MountFlags::RELATIME),
+        // ST_NOSYMFOLLOW, not named by rustix.
+        (
+            StatVfsMountFlags::from_bits_retain(0x2000),
+            MountFlags::NOSYMFOLLOW,
+        ),
+    ] {
+        if st.contains(s) {
+            f |= m;
+        }
+    }
+    Ok(f)
+}
+
+/// `-o remount,...`: changes the flags of the mount on `dir` in place.
+fn remount(h: &HelperArgs) -> ExitCode {
+    let flags = current_flags(&h.dir)
+        .map_err(|e| format!("{}: {e}", h.dir.display()))
+        .and_then(|cur| remount_flags(cur, &h.options, h.sloppy));
+    let flags = match flags {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("{HELPER_NAME}: {e}");
+            return ExitCode::from(code::USAGE);
+        }
+    };
+    if h.verbose {
+        eprintln!("{HELPER_NAME}: remounting {} ({flags:?})", h.dir.display());
+    }
+    if h.fake {
+        return ExitCode::from(code::OK);
+    }
+    match rustix::mount::mount_remount(&h.dir, flags, "") {
+        Ok(()) => ExitCode::from(code::OK),
+        Err(e) => {
+            eprintln!("{HELPER_NAME}: remount {}: {e}", h.dir.display());
+            ExitCode::from(code::BUSY)
+        }
+    }
+}
+
+/// The options of a mount made by the helper: what mount(8) passed, with
+/// its defaults `dev` and `suid` (which it does not pass on) added unless
+/// it passed `nodev` / `nosuid` (both would conflict).
+fn helper_options(passed: &str) -> String {
+    let given = |o: &str| passed.split(',').any(|p| p == o);
+    let mut opts: Vec<&str> = Vec::new();
+    for (on, off) in [("dev", "nodev"), ("suid", "nosuid")] {
+        if !given(on) && !given(off) {
+            opts.push(on);
+        }
+    }
+    if !passed.is_empty() {
+        opts.push(passed);
+    }
+    opts.join(",")
+}
+
+/// The store directory SPEC names: itself, or without the `onecopy:`
+/// prefix of the source the mount shows in /proc/mounts (when SPEC as
+/// written is not a directory).
+fn store_dir(spec: &Path) -> PathBuf {
+    match spec.to_str().and_then(|s| s.strip_prefix("onecopy:")) {
+        Some(dir) if !spec.is_dir() && !dir.is_empty() => PathBuf::from(dir),
+        _ => spec.to_path_buf(),
+    }
+}
+
+/// True when this process was started as `mount.onecopy` or
+/// `mount.fuse.onecopy`.
 pub fn invoked_as_helper(argv0: &std::ffi::OsStr) -> bool {
     std::path::Path::new(argv0)
         .file_name()
-        .is_some_and(|n| n == HELPER_NAME)
+        .is_some_and(|n| HELPER_NAMES.iter().any(|h| n == *h))
 }
 
 /// What mount(8) asked for.
@@ -170,7 +355,11 @@ pub fn run(args: &[OsString]) -> ExitCode {
             return ExitCode::from(code::USAGE);
         }
     };
-    if let Err(e) = parse(&h.options, h.sloppy) {
+    if h.options.split(',').any(|o| o == "remount") {
+        return remount(&h);
+    }
+    let options = helper_options(&h.options);
+    if let Err(e) = parse(&options, h.sloppy) {
         eprintln!("{HELPER_NAME}: {e}");
         return ExitCode::from(code::USAGE);
     }
@@ -186,11 +375,11 @@ pub fn run(args: &[OsString]) -> ExitCode {
         return ExitCode::from(code::OK);
     }
     mount_cmd::run(MountArgs {
-        dir: h.spec,
+        dir: store_dir(&h.spec),
         mountpoint: h.dir,
         foreground: false,
         threads: onecopy_fuse::default_threads(),
-        options: Some(h.options),
+        options: Some(options),
         sloppy: h.sloppy,
         notify_ready: false,
     })
@@ -233,9 +422,84 @@ mod tests {
     }
 
     #[test]
+    fn standard_options_without_effect_are_accepted() {
+        // What mount(8), fstab lines and xfstests pass.
+        let o = parse(
+            "rw,relatime,nodiratime,lazytime,iversion,strictatime,norelatime,\
+             diratime,nolazytime,noiversion,nostrictatime,mand,nomand",
+            false,
+        )
+        .unwrap();
+        assert_eq!(o, MountOpts::default());
+        let o = parse("noatime,relatime,nodev", false).unwrap();
+        assert_eq!(o.kernel, vec![MountOption::NoAtime, MountOption::NoDev]);
+        // Options that would change something we can not apply stay errors.
+        assert!(parse("nosymfollow", false).is_err());
+        assert!(parse("relatime2", false).is_err());
+    }
+
+    #[test]
+    fn remount_keeps_flags_not_named() {
+        let cur = MountFlags::NOSUID | MountFlags::NODEV | MountFlags::RELATIME;
+        // mount(8) given SPEC and DIR passes only what was asked.
+        let f = remount_flags(cur, "ro,remount", false).unwrap();
+        assert_eq!(f, cur | MountFlags::RDONLY);
+        // Given only DIR it passes back what /proc/mounts shows.
+        let f = remount_flags(
+            f,
+            "rw,nosuid,nodev,relatime,remount,user_id=0,group_id=0,\
+             default_permissions,allow_other",
+            false,
+        )
+        .unwrap();
+        assert_eq!(f, cur);
+        let f = remount_flags(cur, "remount,suid,noexec,noatime,sync", false).unwrap();
+        assert_eq!(
+            f,
+            MountFlags::NODEV | MountFlags::NOEXEC | MountFlags::NOATIME | MountFlags::SYNCHRONOUS
+        );
+        assert!(remount_flags(cur, "remount,bogus", false).is_err());
+        assert_eq!(remount_flags(cur, "remount,bogus", true).unwrap(), cur);
+        assert!(remount_flags(cur, "remount,threads=2", false).is_err());
+    }
+
+    #[test]
+    fn helper_mounts_dev_suid_unless_told_otherwise() {
+        let k = |passed: &str| parse(&helper_options(passed), false).unwrap().kernel;
+        assert_eq!(k(""), vec![MountOption::Dev, MountOption::Suid]);
+        assert_eq!(k("rw"), vec![MountOption::Dev, MountOption::Suid]);
+        // Never both of a pair: fuser refuses conflicting options.
+        assert_eq!(
+            k("rw,nosuid,nodev"),
+            vec![MountOption::NoSuid, MountOption::NoDev]
+        );
+        assert_eq!(k("nosuid"), vec![MountOption::Dev, MountOption::NoSuid]);
+        assert_eq!(
+            k("nodev,noexec"),
+            vec![MountOption::Suid, MountOption::NoDev, MountOption::NoExec]
+        );
+        // `onecopy mount` itself adds nothing.
+        assert_eq!(parse("rw", false).unwrap().kernel, vec![]);
+    }
+
+    #[test]
+    fn spec_may_be_the_mount_source() {
+        let d = std::env::temp_dir();
+        let src = format!("onecopy:{}", d.display());
+        assert_eq!(store_dir(Path::new(&src)), d);
+        assert_eq!(store_dir(&d), d);
+        assert_eq!(store_dir(Path::new("/srv/s")), PathBuf::from("/srv/s"));
+        assert_eq!(store_dir(Path::new("onecopy:")), PathBuf::from("onecopy:"));
+    }
+
+    #[test]
     fn helper_name() {
         assert!(invoked_as_helper("/sbin/mount.onecopy".as_ref()));
         assert!(invoked_as_helper("mount.onecopy".as_ref()));
+        assert!(invoked_as_helper("/sbin/mount.fuse.onecopy".as_ref()));
+        assert!(invoked_as_helper("mount.fuse.onecopy".as_ref()));
         assert!(!invoked_as_helper("/usr/bin/onecopy".as_ref()));
+        assert!(!invoked_as_helper("/sbin/mount.fuse".as_ref()));
+        assert!(!invoked_as_helper("/sbin/mount.fuse.other".as_ref()));
     }
 }

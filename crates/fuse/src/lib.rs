@@ -769,9 +769,13 @@ impl Filesystem for StoreFs {
         }
     }
 
+    /// Setting an access ACL by a caller neither root nor in the file's
+    /// group clears setgid, as the kernel's `posix_acl_update_mode` does
+    /// for a disk filesystem (it would tell the filesystem with
+    /// FUSE_SETXATTR_ACL_KILL_SGID, which fuser does not parse).
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
@@ -784,11 +788,23 @@ impl Filesystem for StoreFs {
             flags & libc::XATTR_CREATE != 0,
             flags & libc::XATTR_REPLACE != 0,
         );
-        empty(
-            reply,
-            self.store
-                .setxattr(ino.0, name.as_bytes(), value, create, replace),
-        )
+        let r = self
+            .store
+            .setxattr(ino.0, name.as_bytes(), value, create, replace);
+        if r.is_ok() && name.as_bytes() == b"system.posix_acl_access" && req.uid() != 0 {
+            match self.store.getattr(ino.0) {
+                Ok(a) if a.perm & 0o2000 != 0 && !in_group(req, a.gid) => {
+                    let set = SetAttr {
+                        perm: Some(a.perm & !0o2000),
+                        ..SetAttr::default()
+                    };
+                    return empty(reply, self.store.setattr(ino.0, set).map(|_| ()));
+                }
+                Ok(_) => {}
+                Err(e) => return reply.error(errno(e)),
+            }
+        }
+        empty(reply, r)
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {

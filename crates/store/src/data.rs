@@ -461,9 +461,13 @@ impl Store {
             .ok_or(StoreError::TooBig)?;
         let size = self.getattr(ino)?.size;
         if !zero {
+            // Whole pages, as they are stored: writing any byte of the
+            // range then uses room promised here (st_blocks does not grow).
+            let p = self.page_size();
+            let (a, b) = (off / p * p, end.div_ceil(p) * p);
             let mut g = self.lock();
-            let stored = self.stored_in(&g, ino, off, end)?;
-            self.promise_room(&mut g, ino, (end - off).saturating_sub(stored))?;
+            let stored = self.stored_in(&g, ino, a, b)?;
+            self.promise_room(&mut g, ino, (b - a).saturating_sub(stored))?;
         }
         if zero {
             let zend = if keep { end.min(size) } else { end };

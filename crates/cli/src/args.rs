@@ -8,9 +8,7 @@ use clap::{Args, Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(name = "onecopy", version, propagate_version = true)]
 #[command(
-    after_help = "Exit codes: 0 done; 1 done with some per-file errors; 2 bad arguments \
-(or a path that can not be opened); 3 unsupported or read-only filesystem; 4 internal error; \
-130 interrupted."
+    after_help = crate::exit::HELP
 )]
 pub struct Cli {
     #[command(subcommand)]

@@ -159,7 +159,7 @@ fn check_args(a: &DedupeArgs) -> Result<u64, u8> {
             if e.is_usage() {
                 exit::USAGE
             } else {
-                exit::UNSUPPORTED
+                exit::REFUSED
             }
         })?;
         infos.push(info.block_size);

@@ -11,8 +11,9 @@ use std::time::Instant;
 use indicatif::HumanBytes;
 use onecopy_store::{ImportError, ImportOptions, ImportProgress, ImportReport, StoreError};
 
+use crate::exit;
 use crate::progress::Bars;
-use crate::store_cmd::{code, error_code};
+use crate::store_cmd::error_code;
 
 const TEMPLATE: &str =
     "{prefix}: [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta} {msg}";
@@ -23,7 +24,7 @@ pub fn run(dir: &Path, srcs: &[PathBuf], opts: &ImportOptions, json: bool) -> u8
         Ok(s) => s,
         Err(e @ StoreError::Locked { .. }) => {
             eprintln!("onecopy: {e}; unmount it to import, or copy into the mount");
-            return code::BUSY;
+            return exit::REFUSED;
         }
         Err(e) => {
             eprintln!("onecopy: {e}");
@@ -54,9 +55,9 @@ pub fn run(dir: &Path, srcs: &[PathBuf], opts: &ImportOptions, json: bool) -> u8
         Ok(rep) => {
             report(&rep, secs, json);
             if rep.failed.is_empty() {
-                code::OK
+                exit::OK
             } else {
-                code::PROBLEMS
+                exit::PARTIAL
             }
         }
         Err(e) => fatal(&e),
@@ -70,7 +71,7 @@ fn fatal(e: &ImportError) -> u8 {
         | ImportError::BadSource { .. }
         | ImportError::Source { .. } => {
             eprintln!("onecopy: {e}");
-            code::USAGE
+            exit::USAGE
         }
         _ if e.is_no_space() => {
             eprintln!(
@@ -78,11 +79,11 @@ fn fatal(e: &ImportError) -> u8 {
                  (consistent: after freeing space, `store fsck` finds nothing); import the \
                  rest under a new name"
             );
-            code::FATAL
+            exit::FATAL
         }
         _ => {
             eprintln!("onecopy: {e}; import stopped: the store keeps what was committed before");
-            code::FATAL
+            exit::FATAL
         }
     }
 }

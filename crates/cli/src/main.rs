@@ -6,6 +6,7 @@ mod catalog_cmd;
 mod control;
 mod dedupe_cmd;
 mod duperemove_cmd;
+mod exit;
 mod generate_cmd;
 mod import_cmd;
 mod mount_cmd;
@@ -18,22 +19,6 @@ mod watch_cmd;
 use std::process::ExitCode;
 
 use clap::Parser;
-
-/// Exit codes, documented in the README and in `--help`.
-pub mod exit {
-    /// Everything planned was done (or, with --dry-run, decided).
-    pub const OK: u8 = 0;
-    /// The run completed, but some files or ranges failed (listed at the end).
-    pub const PARTIAL: u8 = 1;
-    /// Bad arguments.
-    pub const USAGE: u8 = 2;
-    /// A root is on a filesystem that can not dedupe, or is read-only.
-    pub const UNSUPPORTED: u8 = 3;
-    /// An unexpected internal error.
-    pub const FATAL: u8 = 4;
-    /// Interrupted (SIGINT/SIGTERM); what was done so far is reported.
-    pub const INTERRUPTED: u8 = 130;
-}
 
 fn main() -> ExitCode {
     let mut argv = std::env::args_os();

@@ -12,15 +12,13 @@ use std::sync::Arc;
 use clap::Args;
 use onecopy_store::Store;
 
+use crate::exit;
 use crate::mount_helper;
-use crate::store_cmd::{code, error_code};
+use crate::store_cmd::error_code;
 
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Exit codes: 0 mounted (and, with -f, unmounted cleanly); 2 bad \
-arguments or options, not a store, or a newer store format; 3 store in use, mount point \
-already mounted on, or mount failed; 4 I/O or internal error. As mount.onecopy (a \
-symlink to this binary) it takes mount(8)'s arguments: SPEC DIR [-sfnv] [-o OPTIONS]."
+    after_help = crate::exit::HELP
 )]
 pub struct MountArgs {
     /// The store (made with `onecopy store init`).
@@ -58,11 +56,11 @@ pub fn run(a: MountArgs) -> ExitCode {
             "onecopy: {}: mount point is not a directory",
             a.mountpoint.display()
         );
-        return ExitCode::from(code::USAGE);
+        return ExitCode::from(exit::USAGE);
     }
     if let Err(e) = mount_helper::parse(a.options.as_deref().unwrap_or(""), a.sloppy) {
         eprintln!("onecopy: {e}");
-        return ExitCode::from(code::USAGE);
+        return ExitCode::from(exit::USAGE);
     }
     if let Err(e) = Store::read_config(&a.dir) {
         eprintln!("onecopy: {e}");
@@ -73,7 +71,7 @@ pub fn run(a: MountArgs) -> ExitCode {
             "onecopy: {}: already a mount point (busy); unmount it first",
             a.mountpoint.display()
         );
-        return ExitCode::from(code::BUSY);
+        return ExitCode::from(exit::REFUSED);
     }
     if a.foreground {
         foreground(&a)
@@ -121,10 +119,10 @@ fn foreground(a: &MountArgs) -> ExitCode {
     close_store(store);
     let _ = std::fs::remove_file(&pid_file);
     match r {
-        Ok(()) => ExitCode::from(code::OK),
+        Ok(()) => ExitCode::from(exit::OK),
         Err(e) => {
             eprintln!("onecopy: mount {}: {e}", a.mountpoint.display());
-            ExitCode::from(code::BUSY)
+            ExitCode::from(exit::REFUSED)
         }
     }
 }
@@ -168,9 +166,9 @@ fn daemonize(a: &MountArgs) -> ExitCode {
         Ok(f) => f,
         Err(e) => {
             let c = if a.dir.is_dir() {
-                code::FATAL
+                exit::FATAL
             } else {
-                code::USAGE
+                exit::USAGE
             };
             eprintln!("onecopy: {}: {e}", log_path.display());
             return ExitCode::from(c);
@@ -193,18 +191,18 @@ fn daemonize(a: &MountArgs) -> ExitCode {
         Ok(c) => c,
         Err(e) => {
             eprintln!("onecopy: can not start the mount process: {e}");
-            return ExitCode::from(code::FATAL);
+            return ExitCode::from(exit::FATAL);
         }
     };
     let mut line = String::new();
     let out = child.stdout.take().expect("piped");
     let _ = BufReader::new(out).read_line(&mut line);
     if line.trim() == "ready" {
-        return ExitCode::from(code::OK);
+        return ExitCode::from(exit::OK);
     }
     let status = child.wait().ok().and_then(|s| s.code()).unwrap_or(4) as u8;
     eprintln!("onecopy: mount failed: {}", last_line(&log_path));
-    ExitCode::from(if status == 0 { code::FATAL } else { status })
+    ExitCode::from(if status == 0 { exit::FATAL } else { status })
 }
 
 fn last_line(path: &Path) -> String {

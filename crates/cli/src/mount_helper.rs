@@ -24,8 +24,8 @@ use rustix::mount::MountFlags;
 
 use onecopy_fuse::MountOption;
 
+use crate::exit;
 use crate::mount_cmd::{self, MountArgs};
-use crate::store_cmd::code;
 
 /// The name mount(8) runs the helper by.
 pub const HELPER_NAME: &str = "mount.onecopy";
@@ -229,20 +229,20 @@ fn remount(h: &HelperArgs) -> ExitCode {
         Ok(f) => f,
         Err(e) => {
             eprintln!("{HELPER_NAME}: {e}");
-            return ExitCode::from(code::USAGE);
+            return ExitCode::from(exit::USAGE);
         }
     };
     if h.verbose {
         eprintln!("{HELPER_NAME}: remounting {} ({flags:?})", h.dir.display());
     }
     if h.fake {
-        return ExitCode::from(code::OK);
+        return ExitCode::from(exit::OK);
     }
     match rustix::mount::mount_remount(&h.dir, flags, "") {
-        Ok(()) => ExitCode::from(code::OK),
+        Ok(()) => ExitCode::from(exit::OK),
         Err(e) => {
             eprintln!("{HELPER_NAME}: remount {}: {e}", h.dir.display());
-            ExitCode::from(code::BUSY)
+            ExitCode::from(exit::REFUSED)
         }
     }
 }
@@ -352,7 +352,7 @@ pub fn run(args: &[OsString]) -> ExitCode {
         Ok(h) => h,
         Err(e) => {
             eprintln!("{HELPER_NAME}: {e}");
-            return ExitCode::from(code::USAGE);
+            return ExitCode::from(exit::USAGE);
         }
     };
     if h.options.split(',').any(|o| o == "remount") {
@@ -361,7 +361,7 @@ pub fn run(args: &[OsString]) -> ExitCode {
     let options = helper_options(&h.options);
     if let Err(e) = parse(&options, h.sloppy) {
         eprintln!("{HELPER_NAME}: {e}");
-        return ExitCode::from(code::USAGE);
+        return ExitCode::from(exit::USAGE);
     }
     if h.verbose {
         eprintln!(
@@ -372,7 +372,7 @@ pub fn run(args: &[OsString]) -> ExitCode {
         );
     }
     if h.fake {
-        return ExitCode::from(code::OK);
+        return ExitCode::from(exit::OK);
     }
     mount_cmd::run(MountArgs {
         dir: store_dir(&h.spec),

@@ -5,31 +5,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
-use onecopy_store::{Chunking, Store, StoreConfig, StoreError};
 
-/// Exit codes of `store` and `mount`, documented in the README and --help.
-pub mod code {
-    /// Done; nothing wrong found.
-    pub const OK: u8 = 0;
-    /// fsck or scrub found problems (listed), or import could not import
-    /// some sources (listed; the rest is imported).
-    pub const PROBLEMS: u8 = 1;
-    /// Bad arguments, or DIR is not a store (or already is one, for init),
-    /// or an import destination that exists.
-    pub const USAGE: u8 = 2;
-    /// The store is in use (mounted) or the mount failed.
-    pub const BUSY: u8 = 3;
-    /// An I/O or internal error.
-    pub const FATAL: u8 = 4;
-}
+use crate::exit;
+use onecopy_store::{Chunking, Store, StoreConfig, StoreError};
 
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Exit codes: 0 done; 1 fsck/scrub found problems, or import could not \
-import some sources (listed, the rest imported); 2 bad arguments, not a store, a newer \
-store format, init on a directory holding files, or an import destination that exists; \
-3 store in use (mounted) or mount failed; 4 I/O or internal error (for import: the \
-store keeps what was committed before)."
+    after_help = crate::exit::HELP
 )]
 pub struct StoreArgs {
     #[command(subcommand)]
@@ -140,9 +122,9 @@ pub fn error_code(e: &StoreError) -> u8 {
         | StoreError::Version { .. }
         | StoreError::Exists { .. }
         | StoreError::NotEmptyDir { .. }
-        | StoreError::BadOption(_) => code::USAGE,
-        StoreError::Locked { .. } => code::BUSY,
-        _ => code::FATAL,
+        | StoreError::BadOption(_) => exit::USAGE,
+        StoreError::Locked { .. } => exit::REFUSED,
+        _ => exit::FATAL,
     }
 }
 
@@ -187,7 +169,7 @@ fn act(action: StoreAction) -> Result<u8, StoreError> {
             };
             Store::init(&dir, &cfg)?;
             println!("created store {} ({chunking}, {compress})", dir.display());
-            Ok(code::OK)
+            Ok(exit::OK)
         }
         StoreAction::Stats { dir, json } => {
             let s = Store::stats_readonly(&dir)?;
@@ -196,7 +178,7 @@ fn act(action: StoreAction) -> Result<u8, StoreError> {
             } else {
                 print_stats(&s);
             }
-            Ok(code::OK)
+            Ok(exit::OK)
         }
         StoreAction::Gc { dir } => {
             let r = match crate::control::open_store(&dir) {
@@ -210,7 +192,7 @@ fn act(action: StoreAction) -> Result<u8, StoreError> {
                 "dropped {} chunks, deleted {} and compacted {} containers, freed {} bytes",
                 r.chunks_dropped, r.containers_deleted, r.containers_compacted, r.bytes_freed
             );
-            Ok(code::OK)
+            Ok(exit::OK)
         }
         StoreAction::Fsck { dir, repair } => {
             let r = crate::control::open_store(&dir)?.fsck(repair)?;
@@ -219,9 +201,9 @@ fn act(action: StoreAction) -> Result<u8, StoreError> {
             }
             println!("{} problems, {} repaired", r.problems.len(), r.repaired);
             Ok(if r.problems.len() as u64 > r.repaired {
-                code::PROBLEMS
+                exit::PARTIAL
             } else {
-                code::OK
+                exit::OK
             })
         }
         StoreAction::Scrub { dir } => {
@@ -236,9 +218,9 @@ fn act(action: StoreAction) -> Result<u8, StoreError> {
                 r.damaged.len()
             );
             Ok(if r.damaged.is_empty() {
-                code::OK
+                exit::OK
             } else {
-                code::PROBLEMS
+                exit::PARTIAL
             })
         }
         StoreAction::Import {
@@ -266,7 +248,7 @@ fn act(action: StoreAction) -> Result<u8, StoreError> {
                 let n = s.prune_index(age)?;
                 println!("pruned {n} entries of chunks referenced once, older than {days} days");
             }
-            Ok(code::OK)
+            Ok(exit::OK)
         }
     }
 }

@@ -869,7 +869,7 @@ fn store_is_private_locked_and_checks_permissions() {
     fsck_clean(&s.store);
 }
 
-/// The setuid/setgid/capability cases of [`setid_and_caps_after`], each
+/// The setuid/setgid/capability cases (run by [`cases_in`]), each
 /// as `name: result` lines.
 const SETID_CASES: &str = r#"
 nb() { setpriv --reuid=65534 --regid=65534 --clear-groups sh -c "$1" 2>/dev/null; }
@@ -895,8 +895,9 @@ new k3 644; setcap cap_net_raw+ep k3; truncate -s 0 k3; cap k3
 new k4 644; echo y >> k4; setcap cap_net_raw+ep k4; cap k4; echo z >> k4; cap k4
 "#;
 
-/// Runs [`SETID_CASES`] in `dir` (made reachable for user nobody).
-fn setid_and_caps_after(dir: &Path) -> String {
+/// Runs shell `script` in `dir`, made reachable (and writable) for user
+/// nobody, as root; its output.
+fn cases_in(dir: &Path, script: &str) -> String {
     let mut p = dir.to_path_buf();
     while p.pop() && p != Path::new("/") {
         let mode = std::fs::metadata(&p).unwrap().mode();
@@ -905,7 +906,7 @@ fn setid_and_caps_after(dir: &Path) -> String {
     std::fs::set_permissions(dir, PermissionsExt::from_mode(0o777)).unwrap();
     let out = Command::new("sh")
         .current_dir(dir)
-        .args(["-c", SETID_CASES])
+        .args(["-c", script])
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
@@ -927,7 +928,7 @@ fn setid_bits_and_capabilities_clear_as_on_a_local_filesystem() {
     let s = scratch(&[]);
     let native = s.mnt.with_extension("native");
     std::fs::create_dir(&native).unwrap();
-    let want = setid_and_caps_after(&native);
+    let want = cases_in(&native, SETID_CASES);
     // The cases did something: the local filesystem cleared these.
     let cleared = [
         "w1: 777",
@@ -941,7 +942,7 @@ fn setid_bits_and_capabilities_clear_as_on_a_local_filesystem() {
         assert!(want.contains(line), "{line} not in\n{want}");
     }
     let m = Mount::new(&s);
-    let got = setid_and_caps_after(&s.mnt);
+    let got = cases_in(&s.mnt, SETID_CASES);
     assert_eq!(got, want, "through the mount vs the local filesystem");
     m.unmount();
     fsck_clean(&s.store);
@@ -968,23 +969,6 @@ chmod 640 d2/f; md d2/f; fa d2/f
 mkdir d3; touch d3/f; md d3/f; fa d3/f
 "#;
 
-/// Runs [`ACL_CASES`] in `dir` (made reachable for user nobody).
-fn acl_cases_in(dir: &Path) -> String {
-    let mut p = dir.to_path_buf();
-    while p.pop() && p != Path::new("/") {
-        let mode = std::fs::metadata(&p).unwrap().mode();
-        std::fs::set_permissions(&p, PermissionsExt::from_mode(mode | 0o711)).unwrap();
-    }
-    std::fs::set_permissions(dir, PermissionsExt::from_mode(0o777)).unwrap();
-    let out = Command::new("sh")
-        .current_dir(dir)
-        .args(["-c", ACL_CASES])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    String::from_utf8(out.stdout).unwrap()
-}
-
 /// POSIX ACLs are enforced through the mount (they were stored but not
 /// checked: a user an ACL denied could read the file), default ACLs are
 /// inherited by new files and directories in place of the umask, and
@@ -1000,7 +984,7 @@ fn posix_acls_are_enforced_and_inherited_as_on_a_local_filesystem() {
     let s = scratch(&[]);
     let native = s.mnt.with_extension("native");
     std::fs::create_dir(&native).unwrap();
-    let want = acl_cases_in(&native);
+    let want = cases_in(&native, ACL_CASES);
     for line in [
         "a1 read: denied",
         "a2 write: ok",
@@ -1011,7 +995,7 @@ fn posix_acls_are_enforced_and_inherited_as_on_a_local_filesystem() {
         assert!(want.contains(line), "{line} not in the oracle:\n{want}");
     }
     let m = Mount::new(&s);
-    let got = acl_cases_in(&s.mnt);
+    let got = cases_in(&s.mnt, ACL_CASES);
     assert_eq!(got, want, "through the mount vs the local filesystem");
     m.unmount();
     // After a remount (nothing cached) the ACLs still hold.

@@ -105,6 +105,7 @@ fn foreground(a: &MountArgs) -> ExitCode {
     // The canonical path: `store gc` and `fsck` find the mount by it.
     let dir = a.dir.canonicalize().unwrap_or_else(|_| a.dir.clone());
     let name = format!("onecopy:{}", dir.display());
+    store.set_atime(opts.atime.unwrap_or(onecopy_store::Atime::Relative));
     let mut config = onecopy_fuse::mount_config(&name, opts.threads.unwrap_or(a.threads));
     config.mount_options.extend(opts.kernel);
     let notify = a.notify_ready;

@@ -41,6 +41,10 @@ pub struct MountOpts {
     pub kernel: Vec<MountOption>,
     /// `threads=N`: FUSE worker threads.
     pub threads: Option<usize>,
+    /// `relatime` (the default), `strictatime`, `noatime`: how reads move
+    /// access times, which the store keeps (the kernel leaves atime of a
+    /// FUSE inode to the filesystem).
+    pub atime: Option<onecopy_store::Atime>,
 }
 
 /// Options mount(8) and fstab use that mean nothing to the mount itself
@@ -73,18 +77,16 @@ fn ignored(o: &str) -> bool {
 /// Standard mount(8) options that are valid on any filesystem but change
 /// nothing on this one, so they are accepted (as on other FUSE file
 /// systems) rather than refused:
-/// - the atime policies (`relatime`, `strictatime`, `nodiratime`, ...):
-///   the kernel never updates atime on a FUSE inode itself (it marks them
-///   `S_NOATIME`); only `noatime`/`atime`, which are passed on, are kept;
+/// - `nodiratime`, `diratime`, `norelatime`, `nostrictatime`: directory
+///   atimes are not kept, and the file policy is set by `relatime`,
+///   `strictatime` and `noatime` (see [`MountOpts::atime`]);
 /// - `lazytime`: no timestamps are written back lazily, the store keeps them;
 /// - `iversion`: there is no i_version to maintain over FUSE;
 /// - `mand`: mandatory locking is gone from Linux (5.15) and ignored.
 fn no_effect(o: &str) -> bool {
     matches!(
         o,
-        "relatime"
-            | "norelatime"
-            | "strictatime"
+        "norelatime"
             | "nostrictatime"
             | "diratime"
             | "nodiratime"
@@ -119,6 +121,15 @@ fn kernel(o: &str) -> Option<MountOption> {
 pub fn parse(list: &str, sloppy: bool) -> Result<MountOpts, String> {
     let mut opts = MountOpts::default();
     for o in list.split(',') {
+        match o {
+            "relatime" | "atime" => opts.atime = Some(onecopy_store::Atime::Relative),
+            "strictatime" => opts.atime = Some(onecopy_store::Atime::Strict),
+            "noatime" => opts.atime = Some(onecopy_store::Atime::Never),
+            _ => {}
+        }
+        if matches!(o, "relatime" | "strictatime") {
+            continue;
+        }
         if let Some(k) = kernel(o) {
             opts.kernel.push(k);
         } else if let Some(n) = o.strip_prefix("threads=") {
@@ -187,7 +198,12 @@ fn remount_flags(current: MountFlags, list: &str, sloppy: bool) -> Result<MountF
                     "{o}: the FUSE worker threads can not be changed by remount"
                 ));
             }
-        } else if o != "remount" && !ignored(o) && !fuse_kernel_option(o) && !sloppy {
+        } else if o != "remount"
+            && !matches!(o, "relatime" | "strictatime")
+            && !ignored(o)
+            && !fuse_kernel_option(o)
+            && !sloppy
+        {
             return Err(format!("unknown mount option {o:?}"));
         }
     }
@@ -430,9 +446,21 @@ mod tests {
             false,
         )
         .unwrap();
-        assert_eq!(o, MountOpts::default());
+        let strict = Some(onecopy_store::Atime::Strict);
+        assert_eq!(
+            o,
+            MountOpts {
+                atime: strict,
+                ..MountOpts::default()
+            }
+        );
         let o = parse("noatime,relatime,nodev", false).unwrap();
         assert_eq!(o.kernel, vec![MountOption::NoAtime, MountOption::NoDev]);
+        assert_eq!(
+            o.atime,
+            Some(onecopy_store::Atime::Relative),
+            "the last one counts"
+        );
         // Options that would change something we can not apply stay errors.
         assert!(parse("nosymfollow", false).is_err());
         assert!(parse("relatime2", false).is_err());

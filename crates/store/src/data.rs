@@ -13,7 +13,7 @@ use crate::container::{self, Encoded, Hash};
 use crate::error::{Result, StoreError};
 use crate::meta::{ChunkId, ChunkLoc};
 use crate::ns::Kind;
-use crate::store::{decode_loc, time_now, Inner, Store};
+use crate::store::{decode_loc, time_now, Atime, Inner, Store};
 
 /// Buffered writes of one file: whole pages, newer than the stored chunks.
 ///
@@ -489,6 +489,27 @@ impl Store {
         Ok(())
     }
 
+    /// A read of `a`: its access time moves as the mount's policy says
+    /// (see [`Atime`]; the kernel leaves atime of FUSE inodes to the
+    /// filesystem, and asks for it again after a read).
+    fn accessed(&self, g: &Inner, a: &Attr) -> Result<()> {
+        let now = time_now();
+        let due = match self.atime_policy() {
+            Atime::Never => false,
+            Atime::Strict => now != a.atime_ns,
+            Atime::Relative => {
+                a.atime_ns <= a.mtime_ns
+                    || a.atime_ns <= a.ctime_ns
+                    || now - a.atime_ns >= 24 * 3600 * 1_000_000_000
+            }
+        };
+        if due {
+            g.db.prepare_cached("UPDATE inodes SET atime_ns = ?2 WHERE ino = ?1")?
+                .execute(params![a.ino, now])?;
+        }
+        Ok(())
+    }
+
     /// Reads up to `len` bytes at `off` (short at the end of the file).
     pub fn read(&self, ino: u64, off: u64, len: usize) -> Result<Vec<u8>> {
         match self.read_once(ino, off, len) {
@@ -506,6 +527,7 @@ impl Store {
             if a.kind == Kind::Dir {
                 return Err(StoreError::IsDir);
             }
+            self.accessed(&g, &a)?;
             let end = off.saturating_add(len as u64).min(a.size);
             if off >= end {
                 return Ok(Vec::new());

@@ -28,7 +28,7 @@ pub use import::{
 pub use maint::{FsckReport, GcReport, ScrubReport, StatFs, Stats};
 pub use meta::{ChunkIndex, ChunkLoc};
 pub use ns::{Attr, DirEntry, Kind, NewNode, RenameFlags, SetAttr, SetidKill};
-pub use store::{Store, WriteCounters};
+pub use store::{Atime, Store, WriteCounters};
 
 #[cfg(test)]
 mod tests;

@@ -30,6 +30,19 @@ pub struct WriteCounters {
     pub zero_bytes: u64,
 }
 
+/// How reads move a file's access time: the mount's atime option.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Atime {
+    /// Never (`noatime`; the default of a store opened outside a mount).
+    #[default]
+    Never,
+    /// When atime is not after mtime or ctime, or a day old (`relatime`,
+    /// the mount's default, as the kernel's).
+    Relative,
+    /// At every read (`strictatime`).
+    Strict,
+}
+
 /// Everything behind the store's lock.
 pub(crate) struct Inner {
     pub db: Connection,
@@ -104,6 +117,8 @@ pub struct Store {
     /// container sync runs holding this lock, so a sync that succeeds
     /// after another's failure consumed the error still sees the poison.
     poison: Mutex<Option<Poison>>,
+    /// The atime policy (an [`Atime`] as u8).
+    atime: std::sync::atomic::AtomicU8,
     /// Nameless inodes wait for the kernel's FORGET (see
     /// [`Store::keep_until_forgotten`]).
     pub(crate) kernel_refs: AtomicBool,
@@ -284,6 +299,7 @@ impl Store {
             poison: Mutex::new(None),
             gc_running: Mutex::new(()),
             kernel_refs: AtomicBool::new(false),
+            atime: std::sync::atomic::AtomicU8::new(Atime::Never as u8),
             reserve: Mutex::new(reserve),
             low,
             shut_down: Mutex::new(None),
@@ -291,6 +307,19 @@ impl Store {
         };
         store.remove_orphans()?;
         Ok(store)
+    }
+
+    /// Sets how reads move access times (a mount's atime option).
+    pub fn set_atime(&self, a: Atime) {
+        self.atime.store(a as u8, Ordering::Relaxed);
+    }
+
+    pub(crate) fn atime_policy(&self) -> Atime {
+        match self.atime.load(Ordering::Relaxed) {
+            x if x == Atime::Relative as u8 => Atime::Relative,
+            x if x == Atime::Strict as u8 => Atime::Strict,
+            _ => Atime::Never,
+        }
     }
 
     /// The store's settings.

@@ -990,3 +990,36 @@ fn init_refuses_a_directory_that_is_not_empty() {
     let e = Store::init(fresh.path(), &StoreConfig::default()).unwrap_err();
     assert!(matches!(e, StoreError::Exists { .. }), "{e}");
 }
+
+/// Reads move access times as the mount's atime option says: `relatime`
+/// once after each change (or a day), `strictatime` at every read,
+/// `noatime` (and a store outside a mount) never.
+#[test]
+fn reads_move_atime_as_the_policy_says() {
+    let (_d, s) = new_store("fixed:4K", "none");
+    let f = file(&s, "f", b"some bytes");
+    let atime = |s: &Store| s.getattr(f).unwrap().atime_ns;
+    let read_later = |s: &Store| {
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        s.read(f, 0, 4).unwrap();
+    };
+    let t0 = atime(&s);
+    read_later(&s);
+    assert_eq!(atime(&s), t0, "a store outside a mount keeps atime");
+    s.set_atime(crate::Atime::Relative);
+    read_later(&s);
+    let t1 = atime(&s);
+    assert!(
+        t1 > t0,
+        "relatime: the first read after a change moves atime"
+    );
+    read_later(&s);
+    assert_eq!(atime(&s), t1, "relatime: a second read does not");
+    s.set_atime(crate::Atime::Strict);
+    read_later(&s);
+    let t2 = atime(&s);
+    assert!(t2 > t1, "strictatime: every read");
+    s.set_atime(crate::Atime::Never);
+    read_later(&s);
+    assert_eq!(atime(&s), t2, "noatime: never");
+}

@@ -110,15 +110,13 @@ pub fn is_mounted(dir: &Path) -> bool {
     let Ok(dir) = dir.canonicalize() else {
         return false;
     };
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+    let Ok(mounts) = onecopy_ioctl::mounts::read() else {
         return false;
     };
-    info.lines().any(|l| {
-        let source = l.split(" - ").nth(1).and_then(|t| t.split(' ').nth(1));
-        source
-            .map(crate::mount_cmd::unescape_mountinfo)
-            .and_then(|s| s.strip_prefix("onecopy:").map(PathBuf::from))
-            .is_some_and(|p| p == dir)
+    mounts.iter().any(|m| {
+        m.source
+            .strip_prefix("onecopy:")
+            .is_some_and(|p| Path::new(p) == dir)
     })
 }
 

@@ -224,36 +224,10 @@ fn is_mount_point(path: &Path) -> bool {
     let Ok(path) = path.canonicalize() else {
         return false;
     };
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+    let Ok(mounts) = onecopy_ioctl::mounts::read() else {
         return false;
     };
-    info.lines().any(|l| {
-        let at = l.split(' ').nth(4).map(unescape_mountinfo);
-        let fstype = l.split(" - ").nth(1).and_then(|t| t.split(' ').next());
-        at.is_some_and(|m| Path::new(&m) == path) && fstype != Some("autofs")
-    })
-}
-
-/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
-pub fn unescape_mountinfo(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let oct = b
-            .get(i + 1..i + 4)
-            .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)));
-        match oct {
-            Some(d) if b[i] == b'\\' => {
-                let v = d.iter().fold(0u32, |v, c| v * 8 + u32::from(c - b'0'));
-                out.push(v as u8);
-                i += 4;
-            }
-            _ => {
-                out.push(b[i]);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    mounts
+        .iter()
+        .any(|m| m.mount_point == path && m.fstype != "autofs")
 }

@@ -139,13 +139,14 @@ fn widen_readahead(mountpoint: &Path, kb: u32) {
     let Ok(mp) = mountpoint.canonicalize() else {
         return;
     };
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+    let Ok(mounts) = onecopy_ioctl::mounts::read() else {
         return;
     };
-    let dev = info.lines().rev().find_map(|l| {
-        let f: Vec<&str> = l.split(' ').collect();
-        (f.len() > 4 && Path::new(f[4]) == mp).then(|| f[2].to_string())
-    });
+    let dev = mounts
+        .into_iter()
+        .rev()
+        .find(|m| m.mount_point == mp)
+        .map(|m| m.dev);
     if let Some(dev) = dev {
         let path = format!("/sys/class/bdi/{dev}/read_ahead_kb");
         if let Err(e) = std::fs::write(&path, kb.to_string()) {

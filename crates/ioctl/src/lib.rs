@@ -28,6 +28,7 @@ pub mod dedupe;
 pub mod fiemap;
 pub mod fs;
 pub mod handle;
+pub mod mounts;
 pub mod prefetch;
 pub mod process;
 

@@ -447,55 +447,19 @@ fn parse_btrfs_du(out: &str) -> Option<BtrfsDu> {
     })
 }
 
-/// The mount source (device) of mount point `mnt`, from /proc/self/mountinfo.
+/// The mount source (device) of mount point `mnt` (the topmost mount).
 fn mount_source(mnt: &Path) -> Option<String> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let want = mnt.to_string_lossy();
-    let mut found = None;
-    for line in info.lines() {
-        let fields: Vec<&str> = line.split(' ').collect();
-        if fields.len() > 4 && unescape_mountinfo(fields[4]) == want {
-            let sep = fields.iter().position(|f| *f == "-")?;
-            found = fields.get(sep + 2).map(|s| unescape_mountinfo(s));
-        }
-    }
-    found
+    let mounts = onecopy_ioctl::mounts::read().ok()?;
+    mounts
+        .into_iter()
+        .rev()
+        .find(|m| m.mount_point == mnt)
+        .map(|m| m.source)
 }
 
 /// Whether anything is mounted on `path` (exact mount point match).
 fn is_mounted(path: &Path) -> bool {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return false;
-    };
-    let want = path.to_string_lossy();
-    info.lines().any(|line| {
-        line.split(' ')
-            .nth(4)
-            .is_some_and(|mp| unescape_mountinfo(mp) == want)
-    })
-}
-
-/// Decodes mountinfo's octal escapes (`\040` for a space, ...).
-fn unescape_mountinfo(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 4 <= b.len() {
-            let oct = &b[i + 1..i + 4];
-            if oct.iter().all(|c| (b'0'..=b'7').contains(c)) {
-                let v = oct
-                    .iter()
-                    .fold(0u32, |acc, c| acc * 8 + u32::from(c - b'0'));
-                out.push(v as u8);
-                i += 4;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    onecopy_ioctl::mounts::read().is_ok_and(|m| m.iter().any(|m| m.mount_point == path))
 }
 
 /// Unmounts `mnt` (all stacked mounts), retrying while busy and falling back
@@ -559,13 +523,6 @@ mod tests {
             Some(BtrfsDu::default())
         );
         assert_eq!(parse_btrfs_du("garbage"), None);
-    }
-
-    #[test]
-    fn unescapes() {
-        assert_eq!(unescape_mountinfo("/a\\040b"), "/a b");
-        assert_eq!(unescape_mountinfo("/plain"), "/plain");
-        assert_eq!(unescape_mountinfo("/end\\"), "/end\\");
     }
 
     #[test]

@@ -422,8 +422,15 @@ impl Store {
 
     /// Checks the free space before a commit (see `space.rs`).
     fn adjust_space(&self) {
+        drop(self.adjusted_reserve());
+    }
+
+    /// The reserve, released or taken back for the free space now, with
+    /// `low` set to match.
+    fn adjusted_reserve(&self) -> MutexGuard<'_, Reserve> {
         let mut r = self.reserve.lock().unwrap_or_else(|e| e.into_inner());
         self.low.store(r.adjust(), Ordering::Relaxed);
+        r
     }
 
     /// `Err(LowSpace)` while the store is low on space (the reserve is
@@ -443,10 +450,8 @@ impl Store {
         if !self.low.load(Ordering::Relaxed) && held == 0 {
             return Ok(());
         }
-        let mut r = self.reserve.lock().unwrap_or_else(|e| e.into_inner());
-        let low = r.adjust();
-        self.low.store(low, Ordering::Relaxed);
-        if (low || held > 0) && !r.has_room(more, held) {
+        let r = self.adjusted_reserve();
+        if (r.is_low() || held > 0) && !r.has_room(more, held) {
             return Err(StoreError::LowSpace {
                 path: self.dir.clone(),
             });
@@ -462,12 +467,8 @@ impl Store {
             return Ok(());
         }
         let held: u64 = g.prealloc.values().sum();
-        {
-            let mut r = self.reserve.lock().unwrap_or_else(|e| e.into_inner());
-            self.low.store(r.adjust(), Ordering::Relaxed);
-            if !r.has_room(bytes, held) {
-                return Err(StoreError::NoSpace);
-            }
+        if !self.adjusted_reserve().has_room(bytes, held) {
+            return Err(StoreError::NoSpace);
         }
         *g.prealloc.entry(ino).or_default() += bytes;
         g.prealloc_dirty.insert(ino);

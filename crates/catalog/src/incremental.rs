@@ -18,7 +18,7 @@ use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 
-use onecopy_index::digest::sub_of_block;
+use onecopy_digest::sub_of_block;
 use onecopy_scan::{DigestStore, Digests, FileEntry, FsId, HashedFile, Marks, Tree};
 
 use crate::{Catalog, CatalogError, FileRecord};
@@ -209,7 +209,7 @@ pub struct Classifier<'a> {
     deleted: Vec<(String, u64, u64)>,
     renamed: u64,
     /// The block is the filesystem block: a record whose digests are not
-    /// all [`onecopy_index::digest::block_of_sub`] digests (written before
+    /// all [`onecopy_digest::block_of_sub`] digests (written before
     /// that scheme) is not trusted, so its file is read again.
     one_sub_blocks: bool,
 }
@@ -495,7 +495,7 @@ mod tests {
         let (_dir, root, mut tree, walked) = walked_files(2);
         let old = record("fs-a", &walked[0], &tree.path(walked[0].name));
         let mut new = record("fs-a", &walked[1], &tree.path(walked[1].name));
-        new.blocks = vec![onecopy_index::digest::block_of_sub(7)];
+        new.blocks = vec![onecopy_digest::block_of_sub(7)];
         let roots = [root.clone()];
         let mut store = DigestStore::new();
         let mut cl = Classifier::new(

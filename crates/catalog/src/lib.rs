@@ -53,13 +53,14 @@
 
 mod identify;
 mod incremental;
+pub mod place;
 
 pub use identify::{identify, Existing, APPLICATION_ID};
 pub use incremental::{classify, consult, Classified, Classifier, Consulted};
 
 use std::path::{Path, PathBuf};
 
-use onecopy_index::digest::{block_of_sub, sub_of_block};
+use onecopy_digest::{block_of_sub, sub_of_block};
 use rusqlite::{params, Connection, OpenFlags};
 use xxhash_rust::xxh3::Xxh3;
 
@@ -253,10 +254,7 @@ struct Meta {
 /// magic row, exactly one numeric block size, at most one numeric record
 /// count.
 fn read_meta(conn: &Connection, path: &Path) -> Result<Meta, CatalogError> {
-    let sq = |source| CatalogError::Sqlite {
-        path: path.to_path_buf(),
-        source,
-    };
+    let sq = sqlite_err(path);
     let mut st = conn
         .prepare("SELECT key, value FROM meta NOT INDEXED")
         .map_err(sq)?;
@@ -278,7 +276,7 @@ fn read_meta(conn: &Connection, path: &Path) -> Result<Meta, CatalogError> {
         });
     }
     let block_size = one_number(path, "block size", &bs)?
-        .ok_or_else(|| corrupt_meta(path, "no block size row"))?;
+        .ok_or_else(|| corrupt_err(path, "no block size row"))?;
     let records = one_number(path, "record count", &recs)?;
     Ok(Meta {
         block_size,
@@ -286,7 +284,7 @@ fn read_meta(conn: &Connection, path: &Path) -> Result<Meta, CatalogError> {
     })
 }
 
-fn corrupt_meta(path: &Path, what: &str) -> CatalogError {
+fn corrupt_err(path: &Path, what: &str) -> CatalogError {
     CatalogError::Corrupt {
         path: path.to_path_buf(),
         what: what.into(),
@@ -301,8 +299,8 @@ fn one_number(path: &Path, name: &str, rows: &[String]) -> Result<Option<u64>, C
         [one] => one
             .parse::<u64>()
             .map(Some)
-            .map_err(|_| corrupt_meta(path, &format!("{name} {one:?}"))),
-        _ => Err(corrupt_meta(path, &format!("{} {name} rows", rows.len()))),
+            .map_err(|_| corrupt_err(path, &format!("{name} {one:?}"))),
+        _ => Err(corrupt_err(path, &format!("{} {name} rows", rows.len()))),
     }
 }
 
@@ -365,30 +363,239 @@ pub fn blob_to_digests(b: &[u8]) -> Option<Vec<u128>> {
     )
 }
 
+/// The record in row `r` of [`Catalog::scan_each`]'s query, its
+/// checksum checked.
+fn row_record(r: &rusqlite::Row<'_>, path: &Path) -> Result<FileRecord, CatalogError> {
+    use std::os::unix::ffi::OsStringExt;
+    let sq = sqlite_err(path);
+    let corrupt = |what: &str| corrupt_err(path, what);
+    let whole: Vec<u8> = r.get(8).map_err(sq)?;
+    let blocks: Vec<u8> = r.get(9).map_err(sq)?;
+    let rec = FileRecord {
+        fs: r.get(0).map_err(sq)?,
+        subvol: r.get::<_, i64>(1).map_err(sq)? as u64,
+        ino: r.get::<_, i64>(2).map_err(sq)? as u64,
+        generation: r.get::<_, i64>(3).map_err(sq)? as u64,
+        path: PathBuf::from(std::ffi::OsString::from_vec(
+            r.get::<_, Vec<u8>>(4).map_err(sq)?,
+        )),
+        size: r.get::<_, i64>(5).map_err(sq)? as u64,
+        mtime_ns: r.get(6).map_err(sq)?,
+        ctime_ns: r.get(7).map_err(sq)?,
+        nlink: r.get::<_, i64>(14).map_err(sq)? as u64,
+        whole: u128::from_le_bytes(
+            whole
+                .as_slice()
+                .try_into()
+                .map_err(|_| corrupt("whole digest"))?,
+        ),
+        blocks: blob_to_digests(&blocks).ok_or_else(|| corrupt("block digests"))?,
+        flags: r.get::<_, i64>(10).map_err(sq)? as u32,
+        settled: r.get::<_, i64>(11).map_err(sq)? != 0,
+        last_seen: r.get::<_, i64>(12).map_err(sq)? as u64,
+    };
+    let sum: i64 = r.get(13).map_err(sq)?;
+    if sum != rec.checksum() {
+        return Err(corrupt("checksum mismatch"));
+    }
+    Ok(rec)
+}
+
+/// Writes `upserts`, replacing the records of the same keys.
+fn upsert_records(
+    conn: &Connection,
+    upserts: impl IntoIterator<Item = FileRecord>,
+) -> rusqlite::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut ins = conn.prepare(
+        "INSERT OR REPLACE INTO files (fs, subvol, ino, generation, path, size, mtime_ns, ctime_ns, whole, blocks, flags, settled, last_seen, checksum, nlink) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+    )?;
+    for r in upserts {
+        ins.execute(params![
+            r.fs,
+            r.subvol as i64,
+            r.ino as i64,
+            r.generation as i64,
+            r.path.as_os_str().as_bytes(),
+            r.size as i64,
+            r.mtime_ns,
+            r.ctime_ns,
+            &r.whole.to_le_bytes()[..],
+            digests_to_blob(&r.blocks),
+            r.flags as i64,
+            r.settled as i64,
+            r.last_seen as i64,
+            r.checksum(),
+            r.nlink as i64,
+        ])?;
+    }
+    Ok(())
+}
+
+/// Deletes the records of the keys (fs, subvol, ino) in `deletes`.
+fn delete_records(conn: &Connection, deletes: &[(String, u64, u64)]) -> rusqlite::Result<()> {
+    let mut del = conn.prepare("DELETE FROM files WHERE fs = ?1 AND subvol = ?2 AND ino = ?3")?;
+    for (fs, sv, ino) in deletes {
+        del.execute(params![fs, *sv as i64, *ino as i64])?;
+    }
+    Ok(())
+}
+
+/// Records run `run` over `roots`, started now.
+fn record_run(conn: &Connection, run: u64, roots: &[PathBuf]) -> rusqlite::Result<()> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    let roots: Vec<String> = roots.iter().map(|p| p.display().to_string()).collect();
+    conn.execute(
+        "INSERT OR REPLACE INTO runs VALUES (?1, ?2, ?3)",
+        params![run as i64, now, roots.join("\n")],
+    )?;
+    Ok(())
+}
+
+/// Wraps SQLite's errors with the catalog's `path`.
+fn sqlite_err(path: &Path) -> impl Fn(rusqlite::Error) -> CatalogError + Copy + '_ {
+    move |source| CatalogError::Sqlite {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Wraps I/O errors with `path`.
+fn io_err(path: &Path) -> impl Fn(std::io::Error) -> CatalogError + Copy + '_ {
+    move |source| CatalogError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Creates the directory `path` goes in.
+fn create_parent(path: &Path) -> Result<(), CatalogError> {
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => {
+            std::fs::create_dir_all(dir).map_err(io_err(dir))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Opens the database at `path` (`fresh`: a file being created) with the
+/// catalog's settings; its `user_version`. A file that is not SQLite is
+/// [`CatalogError::Foreign`].
+fn connect(path: &Path, fresh: bool) -> Result<(Connection, i64), CatalogError> {
+    let sq = sqlite_err(path);
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_CREATE
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags).map_err(sq)?;
+    conn.busy_timeout(std::time::Duration::from_secs(30))
+        .map_err(sq)?;
+    // Any non-SQLite file fails here.
+    let version: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .map_err(|e| match e {
+            rusqlite::Error::SqliteFailure(ref f, _)
+                if f.code == rusqlite::ErrorCode::NotADatabase =>
+            {
+                CatalogError::Foreign {
+                    path: path.to_path_buf(),
+                }
+            }
+            e => sq(e),
+        })?;
+    if fresh {
+        // The id goes into the main file's header first (rollback
+        // journal, committed), before WAL mode sends everything else to
+        // the `-wal`: a run killed at any later point leaves a file
+        // that is recognised as a catalog (and rebuilt), not refused.
+        conn.pragma_update(None, "application_id", APPLICATION_ID)
+            .map_err(sq)?;
+    }
+    conn.pragma_update(None, "journal_mode", "WAL")
+        .map_err(sq)?;
+    // A bounded page cache (KiB when negative): records are written in
+    // key order, so a small cache costs no extra I/O, and the run's
+    // memory stays independent of the catalog's size.
+    conn.pragma_update(None, "cache_size", -CACHE_KIB)
+        .map_err(sq)?;
+    conn.pragma_update(None, "synchronous", "NORMAL")
+        .map_err(sq)?;
+    Ok((conn, version))
+}
+
+/// Makes an empty database a catalog for `block_size`; one that holds
+/// tables already is [`CatalogError::Foreign`].
+fn create_tables(conn: &Connection, path: &Path, block_size: u64) -> Result<(), CatalogError> {
+    let sq = sqlite_err(path);
+    let has_tables: i64 = conn
+        .query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))
+        .map_err(sq)?;
+    if has_tables > 0 {
+        return Err(CatalogError::Foreign {
+            path: path.to_path_buf(),
+        });
+    }
+    conn.execute_batch(
+        "BEGIN;
+         CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+         CREATE TABLE files (
+           fs TEXT NOT NULL, subvol INTEGER NOT NULL, ino INTEGER NOT NULL,
+           generation INTEGER NOT NULL, path BLOB NOT NULL,
+           size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, ctime_ns INTEGER NOT NULL,
+           nlink INTEGER NOT NULL,
+           whole BLOB NOT NULL, blocks BLOB NOT NULL, flags INTEGER NOT NULL,
+           settled INTEGER NOT NULL, last_seen INTEGER NOT NULL, checksum INTEGER NOT NULL,
+           UNIQUE (fs, subvol, ino));
+         CREATE TABLE runs (run INTEGER PRIMARY KEY, started INTEGER NOT NULL, roots TEXT NOT NULL);
+         COMMIT;",
+    )
+    .map_err(sq)?;
+    conn.execute("INSERT INTO meta VALUES ('magic', ?1)", [MAGIC])
+        .map_err(sq)?;
+    conn.execute(
+        "INSERT INTO meta VALUES ('block_size', ?1)",
+        [block_size.to_string()],
+    )
+    .map_err(sq)?;
+    conn.pragma_update(None, "user_version", FORMAT_VERSION)
+        .map_err(sq)?;
+    conn.pragma_update(None, "application_id", APPLICATION_ID)
+        .map_err(sq)
+}
+
+/// Digests of another block size are useless: empties `files` and
+/// records `block_size`; the record count (0).
+fn reset_block_size(conn: &Connection, block_size: u64) -> rusqlite::Result<u64> {
+    conn.execute_batch("DELETE FROM files;")?;
+    conn.execute(
+        "UPDATE meta SET value = ?1 WHERE key = 'block_size'",
+        [block_size.to_string()],
+    )?;
+    store_record_count(conn)
+}
+
+/// The number of the run about to start: one past the last recorded.
+fn next_run(conn: &Connection) -> rusqlite::Result<u64> {
+    let last = conn.query_row(
+        "SELECT coalesce(max(CAST(run AS INTEGER)), 0) FROM runs",
+        [],
+        |r| r.get::<_, i64>(0),
+    )?;
+    Ok(last as u64 + 1)
+}
+
 impl Catalog {
     /// Opens the catalog at `path` for `block_size`, creating it if absent.
     /// A catalog of another format, block size, or that is not a catalog,
     /// is an error: see [`Catalog::open_or_rebuild`].
     pub fn open(path: &Path, block_size: u64) -> Result<Catalog, CatalogError> {
-        let sq = |source| CatalogError::Sqlite {
-            path: path.to_path_buf(),
-            source,
-        };
-        if let Some(dir) = path.parent() {
-            if !dir.as_os_str().is_empty() {
-                std::fs::create_dir_all(dir).map_err(|source| CatalogError::Io {
-                    path: dir.to_path_buf(),
-                    source,
-                })?;
-            }
-        }
-        let io = |source| CatalogError::Io {
-            path: path.to_path_buf(),
-            source,
-        };
+        let sq = sqlite_err(path);
+        create_parent(path)?;
         // Never open another program's file read-write: SQLite would
         // switch its journal mode, create a WAL and change its times.
-        let fresh = match identify(path).map_err(io)? {
+        let fresh = match identify(path).map_err(io_err(path))? {
             Existing::Foreign => {
                 return Err(CatalogError::NotACatalog {
                     path: path.to_path_buf(),
@@ -397,80 +604,9 @@ impl Catalog {
             Existing::Nothing => true,
             Existing::Catalog => false,
         };
-        let conn = Connection::open_with_flags(
-            path,
-            OpenFlags::SQLITE_OPEN_READ_WRITE
-                | OpenFlags::SQLITE_OPEN_CREATE
-                | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )
-        .map_err(sq)?;
-        conn.busy_timeout(std::time::Duration::from_secs(30))
-            .map_err(sq)?;
-        // Any non-SQLite file fails here.
-        let version: i64 = conn
-            .query_row("PRAGMA user_version", [], |r| r.get(0))
-            .map_err(|e| match e {
-                rusqlite::Error::SqliteFailure(ref f, _)
-                    if f.code == rusqlite::ErrorCode::NotADatabase =>
-                {
-                    CatalogError::Foreign {
-                        path: path.to_path_buf(),
-                    }
-                }
-                e => sq(e),
-            })?;
-        if fresh {
-            // The id goes into the main file's header first (rollback
-            // journal, committed), before WAL mode sends everything else to
-            // the `-wal`: a run killed at any later point leaves a file
-            // that is recognised as a catalog (and rebuilt), not refused.
-            conn.pragma_update(None, "application_id", APPLICATION_ID)
-                .map_err(sq)?;
-        }
-        conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(sq)?;
-        // A bounded page cache (KiB when negative): records are written in
-        // key order, so a small cache costs no extra I/O, and the run's
-        // memory stays independent of the catalog's size.
-        conn.pragma_update(None, "cache_size", -CACHE_KIB)
-            .map_err(sq)?;
-        conn.pragma_update(None, "synchronous", "NORMAL")
-            .map_err(sq)?;
+        let (conn, version) = connect(path, fresh)?;
         if fresh || version == 0 {
-            let has_tables: i64 = conn
-                .query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))
-                .map_err(sq)?;
-            if has_tables > 0 {
-                return Err(CatalogError::Foreign {
-                    path: path.to_path_buf(),
-                });
-            }
-            conn.execute_batch(
-                "BEGIN;
-                 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-                 CREATE TABLE files (
-                   fs TEXT NOT NULL, subvol INTEGER NOT NULL, ino INTEGER NOT NULL,
-                   generation INTEGER NOT NULL, path BLOB NOT NULL,
-                   size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, ctime_ns INTEGER NOT NULL,
-                   nlink INTEGER NOT NULL,
-                   whole BLOB NOT NULL, blocks BLOB NOT NULL, flags INTEGER NOT NULL,
-                   settled INTEGER NOT NULL, last_seen INTEGER NOT NULL, checksum INTEGER NOT NULL,
-                   UNIQUE (fs, subvol, ino));
-                 CREATE TABLE runs (run INTEGER PRIMARY KEY, started INTEGER NOT NULL, roots TEXT NOT NULL);
-                 COMMIT;",
-            )
-            .map_err(sq)?;
-            conn.execute("INSERT INTO meta VALUES ('magic', ?1)", [MAGIC])
-                .map_err(sq)?;
-            conn.execute(
-                "INSERT INTO meta VALUES ('block_size', ?1)",
-                [block_size.to_string()],
-            )
-            .map_err(sq)?;
-            conn.pragma_update(None, "user_version", FORMAT_VERSION)
-                .map_err(sq)?;
-            conn.pragma_update(None, "application_id", APPLICATION_ID)
-                .map_err(sq)?;
+            create_tables(&conn, path, block_size)?;
         } else if version == 4 {
             // Format 5 only adds packed blobs: a format 4 catalog is one
             // already (older binaries then see 5 and rebuild theirs).
@@ -483,28 +619,14 @@ impl Catalog {
             });
         }
         let meta = read_meta(&conn, path)?;
-        let (bs, mut records) = (meta.block_size, meta.records);
+        let mut records = meta.records;
         // Catalogs from before the application id get it now.
         conn.pragma_update(None, "application_id", APPLICATION_ID)
             .map_err(sq)?;
-        if bs != block_size {
-            // Digests of another block size are useless: start over in place.
-            conn.execute_batch("DELETE FROM files;").map_err(sq)?;
-            conn.execute(
-                "UPDATE meta SET value = ?1 WHERE key = 'block_size'",
-                [block_size.to_string()],
-            )
-            .map_err(sq)?;
-            records = Some(store_record_count(&conn).map_err(sq)?);
+        if meta.block_size != block_size {
+            records = Some(reset_block_size(&conn, block_size).map_err(sq)?);
         }
-        let run: u64 = conn
-            .query_row(
-                "SELECT coalesce(max(CAST(run AS INTEGER)), 0) FROM runs",
-                [],
-                |r| r.get::<_, i64>(0),
-            )
-            .map_err(sq)? as u64
-            + 1;
+        let run = next_run(&conn).map_err(sq)?;
         Ok(Catalog {
             conn,
             path: path.to_path_buf(),
@@ -520,10 +642,7 @@ impl Catalog {
             path,
             OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )
-        .map_err(|source| CatalogError::Sqlite {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        .map_err(sqlite_err(path))?;
         let bs = read_meta(&conn, path)?.block_size;
         drop(conn);
         Catalog::open(path, bs)
@@ -690,11 +809,7 @@ impl Catalog {
     }
 
     fn scan_each(&self, f: &mut dyn FnMut(FileRecord)) -> Result<(), CatalogError> {
-        use std::os::unix::ffi::OsStringExt;
-        let sq = |source| CatalogError::Sqlite {
-            path: self.path.clone(),
-            source,
-        };
+        let sq = sqlite_err(&self.path);
         let mut st = self
             .conn
             .prepare(
@@ -705,39 +820,7 @@ impl Catalog {
         let mut rows = st.query([]).map_err(sq)?;
         let mut keys = KeySum::default();
         while let Some(r) = rows.next().map_err(sq)? {
-            let corrupt = |what: &str| CatalogError::Corrupt {
-                path: self.path.clone(),
-                what: what.into(),
-            };
-            let whole: Vec<u8> = r.get(8).map_err(sq)?;
-            let blocks: Vec<u8> = r.get(9).map_err(sq)?;
-            let rec = FileRecord {
-                fs: r.get(0).map_err(sq)?,
-                subvol: r.get::<_, i64>(1).map_err(sq)? as u64,
-                ino: r.get::<_, i64>(2).map_err(sq)? as u64,
-                generation: r.get::<_, i64>(3).map_err(sq)? as u64,
-                path: PathBuf::from(std::ffi::OsString::from_vec(
-                    r.get::<_, Vec<u8>>(4).map_err(sq)?,
-                )),
-                size: r.get::<_, i64>(5).map_err(sq)? as u64,
-                mtime_ns: r.get(6).map_err(sq)?,
-                ctime_ns: r.get(7).map_err(sq)?,
-                nlink: r.get::<_, i64>(14).map_err(sq)? as u64,
-                whole: u128::from_le_bytes(
-                    whole
-                        .as_slice()
-                        .try_into()
-                        .map_err(|_| corrupt("whole digest"))?,
-                ),
-                blocks: blob_to_digests(&blocks).ok_or_else(|| corrupt("block digests"))?,
-                flags: r.get::<_, i64>(10).map_err(sq)? as u32,
-                settled: r.get::<_, i64>(11).map_err(sq)? != 0,
-                last_seen: r.get::<_, i64>(12).map_err(sq)? as u64,
-            };
-            let sum: i64 = r.get(13).map_err(sq)?;
-            if sum != rec.checksum() {
-                return Err(corrupt("checksum mismatch"));
-            }
+            let rec = row_record(r, &self.path)?;
             keys.add(&rec.fs, rec.subvol, rec.ino, r.get(15).map_err(sq)?);
             f(rec);
         }
@@ -786,57 +869,11 @@ impl Catalog {
         upserts: impl IntoIterator<Item = FileRecord>,
         deletes: &[(String, u64, u64)],
     ) -> Result<(), CatalogError> {
-        use std::os::unix::ffi::OsStrExt;
-        let path = self.path.clone();
-        let sq = |source| CatalogError::Sqlite {
-            path: path.clone(),
-            source,
-        };
+        let sq = sqlite_err(&self.path);
         let tx = self.conn.transaction().map_err(sq)?;
-        {
-            let mut ins = tx
-                .prepare(
-                    "INSERT OR REPLACE INTO files (fs, subvol, ino, generation, path, size, mtime_ns, ctime_ns, whole, blocks, flags, settled, last_seen, checksum, nlink) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
-                )
-                .map_err(sq)?;
-            for r in upserts {
-                ins.execute(params![
-                    r.fs,
-                    r.subvol as i64,
-                    r.ino as i64,
-                    r.generation as i64,
-                    r.path.as_os_str().as_bytes(),
-                    r.size as i64,
-                    r.mtime_ns,
-                    r.ctime_ns,
-                    &r.whole.to_le_bytes()[..],
-                    digests_to_blob(&r.blocks),
-                    r.flags as i64,
-                    r.settled as i64,
-                    r.last_seen as i64,
-                    r.checksum(),
-                    r.nlink as i64,
-                ])
-                .map_err(sq)?;
-            }
-            let mut del = tx
-                .prepare("DELETE FROM files WHERE fs = ?1 AND subvol = ?2 AND ino = ?3")
-                .map_err(sq)?;
-            for (fs, sv, ino) in deletes {
-                del.execute(params![fs, *sv as i64, *ino as i64])
-                    .map_err(sq)?;
-            }
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs() as i64)
-                .unwrap_or(0);
-            let roots: Vec<String> = roots.iter().map(|p| p.display().to_string()).collect();
-            tx.execute(
-                "INSERT OR REPLACE INTO runs VALUES (?1, ?2, ?3)",
-                params![self.run as i64, now, roots.join("\n")],
-            )
-            .map_err(sq)?;
-        }
+        upsert_records(&tx, upserts).map_err(sq)?;
+        delete_records(&tx, deletes).map_err(sq)?;
+        record_run(&tx, self.run, roots).map_err(sq)?;
         let records = store_record_count(&tx).map_err(sq)?;
         tx.commit().map_err(sq)?;
         self.records = Some(records);

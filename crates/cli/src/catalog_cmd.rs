@@ -1,10 +1,10 @@
 //! `onecopy catalog`: statistics and forgetting paths.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use indicatif::HumanBytes;
-use onecopy_catalog::Catalog;
+use onecopy_catalog::{place, Catalog};
 
 use crate::args::{CatalogAction, CatalogArgs};
 use crate::exit;
@@ -13,17 +13,7 @@ fn catalogs(a: &CatalogArgs) -> Vec<PathBuf> {
     if let Some(p) = &a.hashfile {
         return vec![p.clone()];
     }
-    let dir = crate::dedupe_cmd::default_catalog_dir();
-    let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .map(|rd| {
-            rd.flatten()
-                .map(|e| e.path())
-                .filter(|p| p.extension().is_some_and(|x| x == "sqlite"))
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort();
-    v
+    place::catalogs_in(&place::default_dir())
 }
 
 pub fn run(a: CatalogArgs) -> Result<u8> {
@@ -46,60 +36,71 @@ pub fn run(a: CatalogArgs) -> Result<u8> {
                 continue;
             }
         };
-        match &a.action {
-            CatalogAction::Stats => match cat.stats() {
-                Ok(s) => out.push(serde_json::to_value(&s)?),
-                Err(e) => {
-                    eprintln!("onecopy: {e}");
-                    failed = true;
-                }
-            },
-            CatalogAction::Forget { paths: forget } => {
-                let mut cat = cat;
-                let mut total = 0;
-                for f in forget {
-                    let abs = std::fs::canonicalize(f).unwrap_or_else(|_| f.clone());
-                    match cat.forget(&abs) {
-                        Ok(n) => total += n,
-                        Err(e) => {
-                            eprintln!("onecopy: {e}");
-                            failed = true;
-                        }
-                    }
-                }
-                out.push(
-                    serde_json::json!({ "path": p.display().to_string(), "forgotten": total }),
-                );
-            }
-        }
+        let (value, ok) = act(cat, &a.action, p)?;
+        out.extend(value);
+        failed |= !ok;
     }
     if a.json {
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else if paths.is_empty() {
-        println!(
-            "No catalogs in {}",
-            crate::dedupe_cmd::default_catalog_dir().display()
-        );
+        println!("No catalogs in {}", place::default_dir().display());
     } else {
-        for v in &out {
-            if let Some(n) = v.get("forgotten") {
-                println!("{}: forgot {} files", v["path"].as_str().unwrap_or(""), n);
-            } else {
-                println!(
-                    "{}: {} files, {} blocks, {} of file data; {} on disk; {} runs, last at {}",
-                    v["path"].as_str().unwrap_or(""),
-                    v["files"],
-                    v["blocks"],
-                    HumanBytes(v["bytes"].as_u64().unwrap_or(0)),
-                    HumanBytes(v["file_size_on_disk"].as_u64().unwrap_or(0)),
-                    v["runs"],
-                    v["last_run_unix"]
-                        .as_i64()
-                        .map(|t| format!("unix time {t}"))
-                        .unwrap_or_else(|| "never".into()),
-                );
-            }
-        }
+        out.iter().for_each(print_text);
     }
     Ok(if failed { exit::PARTIAL } else { exit::OK })
+}
+
+/// Carries out `action` on the catalog `cat` at `p`: what to report (if
+/// anything), and whether it all went well (errors are printed).
+fn act(
+    mut cat: Catalog,
+    action: &CatalogAction,
+    p: &Path,
+) -> Result<(Option<serde_json::Value>, bool)> {
+    match action {
+        CatalogAction::Stats => match cat.stats() {
+            Ok(s) => Ok((Some(serde_json::to_value(&s)?), true)),
+            Err(e) => {
+                eprintln!("onecopy: {e}");
+                Ok((None, false))
+            }
+        },
+        CatalogAction::Forget { paths: forget } => {
+            let mut ok = true;
+            let mut total = 0;
+            for f in forget {
+                let abs = std::fs::canonicalize(f).unwrap_or_else(|_| f.clone());
+                match cat.forget(&abs) {
+                    Ok(n) => total += n,
+                    Err(e) => {
+                        eprintln!("onecopy: {e}");
+                        ok = false;
+                    }
+                }
+            }
+            let v = serde_json::json!({ "path": p.display().to_string(), "forgotten": total });
+            Ok((Some(v), ok))
+        }
+    }
+}
+
+/// One catalog's line of text output.
+fn print_text(v: &serde_json::Value) {
+    if let Some(n) = v.get("forgotten") {
+        println!("{}: forgot {} files", v["path"].as_str().unwrap_or(""), n);
+        return;
+    }
+    println!(
+        "{}: {} files, {} blocks, {} of file data; {} on disk; {} runs, last at {}",
+        v["path"].as_str().unwrap_or(""),
+        v["files"],
+        v["blocks"],
+        HumanBytes(v["bytes"].as_u64().unwrap_or(0)),
+        HumanBytes(v["file_size_on_disk"].as_u64().unwrap_or(0)),
+        v["runs"],
+        v["last_run_unix"]
+            .as_i64()
+            .map(|t| format!("unix time {t}"))
+            .unwrap_or_else(|| "never".into()),
+    );
 }

@@ -6,17 +6,18 @@
 //! (`onecopy_dedupe::roots`), what the catalog knows
 //! (`onecopy_catalog::consult`), who may be a source or destination and
 //! where re-homing copies go (`onecopy_dedupe::fsrun`), what a run leaves
-//! settled and which records it writes (`onecopy_dedupe::policy`).
+//! settled and which records it writes (`onecopy_dedupe::policy`), where
+//! catalogs and spill files go (`onecopy_catalog::place`).
 
 use std::collections::BTreeMap;
 use std::os::fd::AsFd;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Result;
-use onecopy_catalog::{Catalog, Classifier, FileRecord};
+use onecopy_catalog::{place, Catalog, Classifier, FileRecord};
 use onecopy_dedupe::{fsrun, policy, roots, ExecOptions, ExecProgress};
 use onecopy_ioctl::fs::fs_info;
 use onecopy_plan::TableBudget;
@@ -233,7 +234,7 @@ fn consult(
             append_moving(&mut to_read, walked);
             continue;
         }
-        let path = catalog_path(a, &run.key);
+        let path = place::catalog_path(a.hashfile.as_deref(), &run.key);
         let fs = (run.fs, run.fs_block);
         let classifier = Classifier::new(&run.key, fs, walked, (&mut *tree, &mut *store), roots);
         let c = onecopy_catalog::consult(&path, a.block(), a.hashfile.is_none(), classifier);
@@ -446,7 +447,7 @@ impl FsRun {
         FsRun {
             fs: d.fs,
             fs_block: d.block,
-            key: fs_key(d.fs),
+            key: place::fs_key(d.fs),
             walked,
             files: Vec::new(),
             known: 0,
@@ -454,6 +455,11 @@ impl FsRun {
             catalog: None,
         }
     }
+}
+
+/// Where this run's spill files go (`onecopy_catalog::place`).
+fn spill_dir(a: &DedupeArgs) -> PathBuf {
+    place::spill_dir(a.hashfile.as_deref(), a.no_catalog)
 }
 
 /// Appends `more` to `to`, moving the list instead of copying it when `to`
@@ -466,55 +472,12 @@ fn append_moving<T>(to: &mut Vec<T>, mut more: Vec<T>) {
     }
 }
 
-/// A filesystem identity that survives remounts: `FsInfo::fsid` is derived
-/// from the filesystem's UUID on btrfs and XFS.
-fn fs_key(fsid: FsId) -> String {
-    format!("fs-{fsid:016x}")
-}
-
-/// Where the catalogs live by default: `$ONECOPY_CACHE_DIR` if set, else
-/// `/var/cache/onecopy` for root, `$XDG_CACHE_HOME/onecopy` (or
-/// `~/.cache/onecopy`) for others.
-pub fn default_catalog_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("ONECOPY_CACHE_DIR").filter(|d| !d.is_empty()) {
-        return PathBuf::from(d);
-    }
-    if rustix::process::geteuid().is_root() {
-        return PathBuf::from("/var/cache/onecopy");
-    }
-    if let Some(x) = std::env::var_os("XDG_CACHE_HOME").filter(|x| !x.is_empty()) {
-        return PathBuf::from(x).join("onecopy");
-    }
-    let home = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("."));
-    home.join(".cache").join("onecopy")
-}
-
 /// `--hashfile` names an existing file that is not a catalog: refused
 /// before anything runs, and the file is left untouched.
 fn foreign_hashfile(a: &DedupeArgs) -> Option<String> {
     let path = a.hashfile.as_ref().filter(|_| !a.no_catalog)?;
     (onecopy_catalog::identify(path).ok()? == onecopy_catalog::Existing::Foreign)
         .then(|| onecopy_catalog::CatalogError::NotACatalog { path: path.clone() }.to_string())
-}
-
-/// Where a block table too large for `--memory` goes: next to the
-/// catalogs (never in a user's tree; tmpfs would hold it in RAM).
-fn spill_dir(a: &DedupeArgs) -> PathBuf {
-    a.hashfile
-        .as_ref()
-        .filter(|_| !a.no_catalog)
-        .and_then(|h| h.parent())
-        .filter(|p| !p.as_os_str().is_empty())
-        .map_or_else(default_catalog_dir, Path::to_path_buf)
-}
-
-fn catalog_path(a: &DedupeArgs, key: &str) -> PathBuf {
-    match &a.hashfile {
-        Some(p) => p.clone(),
-        None => default_catalog_dir().join(format!("{key}.sqlite")),
-    }
 }
 
 /// Free bytes summed over the distinct filesystems of `paths`, after

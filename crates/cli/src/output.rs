@@ -197,35 +197,7 @@ impl Ui {
         if self.quiet {
             return;
         }
-        let h = |b: u64| HumanBytes(b).to_string();
-        println!(
-            "Scanned {} files ({}), read {} ({}) in {:.1}s",
-            r.files_scanned,
-            h(r.bytes_scanned),
-            r.files_read,
-            h(r.bytes_read),
-            r.elapsed_secs
-        );
-        if r.files_known > 0 {
-            println!(
-                "Known from the catalog, not read: {} files ({} renamed or moved)",
-                r.files_known, r.files_renamed
-            );
-        }
-        if !r.files_skipped.is_empty() {
-            let parts: Vec<String> = r
-                .files_skipped
-                .iter()
-                .map(|(k, v)| format!("{v} {}", skip_name(*k)))
-                .collect();
-            println!("Skipped files: {}", parts.join(", "));
-        }
-        if r.files_source_only > 0 {
-            println!(
-                "Used as sources only: {} files you may read but not change (not yours, no write permission)",
-                r.files_source_only
-            );
-        }
+        print_files(r);
         println!(
             "Found {} identical-file groups ({} copies) and {} block runs ({})",
             r.plan.whole_file_groups,
@@ -241,59 +213,101 @@ impl Ui {
                 h(r.exec.bytes_already_shared)
             );
         } else {
-            println!(
-                "Shared {} in {} ranges with {} dedupe calls; {} were already shared",
-                h(r.exec.bytes_deduped),
-                r.exec.ranges_deduped,
-                r.exec.dedupe_ioctls,
-                h(r.exec.bytes_already_shared)
-            );
-            print!("Freed {}", h(r.exec.bytes_freed));
-            if r.exec.rehome_bytes_written > 0 {
-                print!(
-                    ", after writing {} to re-home",
-                    h(r.exec.rehome_bytes_written)
-                );
-            }
-            if let Some(d) = r.fs_free_delta {
-                print!(
-                    " (filesystem free space changed by {}{})",
-                    if d < 0 { "-" } else { "+" },
-                    h(d.unsigned_abs())
-                );
-            }
-            println!();
-            if r.exec.rehome_ranges > 0 {
-                println!(
-                    "Re-homed {} remainders: wrote {} to release {} partly referenced extents ({}); the freed figure is net of the bytes written",
-                    r.exec.rehome_ranges,
-                    h(r.exec.rehome_bytes_written),
-                    r.exec.rehome_extents,
-                    h(r.exec.rehome_bytes_released)
-                );
-            }
-            if r.exec.rehome_over_budget > 0 {
-                println!(
-                    "{} partly referenced extents stay allocated: re-homing them would pass --rehome-max-write",
-                    r.exec.rehome_over_budget
-                );
-            }
-            if let Some(why) = &r.exec.rehome_unavailable {
-                println!("Re-homing skipped: {why}");
-            }
+            print_shared(r);
+            print_rehomed(&r.exec);
         }
         if !r.exec.skipped.is_empty() {
-            let parts: Vec<String> = r
-                .exec
-                .skipped
-                .iter()
-                .map(|(k, v)| format!("{v} {}", dest_name(*k)))
-                .collect();
-            println!("Ranges not deduped: {}", parts.join(", "));
+            println!("Ranges not deduped: {}", counts(&r.exec.skipped, dest_name));
         }
         if r.interrupted {
             println!("Interrupted: the figures above cover the work done before the signal.");
         }
+    }
+}
+
+fn h(b: u64) -> String {
+    HumanBytes(b).to_string()
+}
+
+/// `N name` for each entry of `m`, comma-separated.
+fn counts<K: Copy>(m: &BTreeMap<K, u64>, name: fn(K) -> &'static str) -> String {
+    let parts: Vec<String> = m.iter().map(|(k, v)| format!("{v} {}", name(*k))).collect();
+    parts.join(", ")
+}
+
+/// The summary's lines about files: scanned and read, known, skipped,
+/// sources only.
+fn print_files(r: &Report) {
+    println!(
+        "Scanned {} files ({}), read {} ({}) in {:.1}s",
+        r.files_scanned,
+        h(r.bytes_scanned),
+        r.files_read,
+        h(r.bytes_read),
+        r.elapsed_secs
+    );
+    if r.files_known > 0 {
+        println!(
+            "Known from the catalog, not read: {} files ({} renamed or moved)",
+            r.files_known, r.files_renamed
+        );
+    }
+    if !r.files_skipped.is_empty() {
+        println!("Skipped files: {}", counts(&r.files_skipped, skip_name));
+    }
+    if r.files_source_only > 0 {
+        println!(
+            "Used as sources only: {} files you may read but not change (not yours, no write permission)",
+            r.files_source_only
+        );
+    }
+}
+
+/// The summary's lines about what a real run shared and freed.
+fn print_shared(r: &Report) {
+    println!(
+        "Shared {} in {} ranges with {} dedupe calls; {} were already shared",
+        h(r.exec.bytes_deduped),
+        r.exec.ranges_deduped,
+        r.exec.dedupe_ioctls,
+        h(r.exec.bytes_already_shared)
+    );
+    print!("Freed {}", h(r.exec.bytes_freed));
+    if r.exec.rehome_bytes_written > 0 {
+        print!(
+            ", after writing {} to re-home",
+            h(r.exec.rehome_bytes_written)
+        );
+    }
+    if let Some(d) = r.fs_free_delta {
+        print!(
+            " (filesystem free space changed by {}{})",
+            if d < 0 { "-" } else { "+" },
+            h(d.unsigned_abs())
+        );
+    }
+    println!();
+}
+
+/// The summary's lines about re-homing.
+fn print_rehomed(e: &ExecStats) {
+    if e.rehome_ranges > 0 {
+        println!(
+            "Re-homed {} remainders: wrote {} to release {} partly referenced extents ({}); the freed figure is net of the bytes written",
+            e.rehome_ranges,
+            h(e.rehome_bytes_written),
+            e.rehome_extents,
+            h(e.rehome_bytes_released)
+        );
+    }
+    if e.rehome_over_budget > 0 {
+        println!(
+            "{} partly referenced extents stay allocated: re-homing them would pass --rehome-max-write",
+            e.rehome_over_budget
+        );
+    }
+    if let Some(why) = &e.rehome_unavailable {
+        println!("Re-homing skipped: {why}");
     }
 }
 

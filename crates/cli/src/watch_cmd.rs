@@ -6,8 +6,12 @@
 //! changed files are read, and it is what carries the state across
 //! restarts (the first pass after a start catches up on what changed while
 //! stopped). SIGTERM/SIGINT end the run in progress cleanly, then exit 0.
+//!
+//! This module handles arguments, signals, the pass's child process and
+//! the lines it prints; the rules (when a batch is due, which files are
+//! too fresh, search or walk, the saved generations) are `onecopy_watch`'s.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -15,7 +19,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
-use onecopy_watch::{Batch, Change, ChangeSource, Debounce, Mode};
+use onecopy_catalog::place;
+use onecopy_watch::{fresh, Batch, Change, ChangeSource, Debounce, LastPass, Look, Mode, OwnFiles};
 
 use crate::exit;
 
@@ -119,10 +124,9 @@ pub fn run(a: WatchArgs) -> anyhow::Result<u8> {
         roots,
         stop,
         debounce: Debounce::new(secs(a.settle), secs(a.max_delay)),
-        generations: Vec::new(),
-        since_wall: 0,
+        last: LastPass::default(),
         held: false,
-        own: own_files(&a),
+        own: OwnFiles::new(place::default_dir(), a.hashfile.clone()),
     };
     w.note(&format!(
         "watching {} path(s) with {}",
@@ -133,27 +137,7 @@ pub fn run(a: WatchArgs) -> anyhow::Result<u8> {
             None => "periodic looks",
         }
     ));
-    // Catch up on what changed while not running: on btrfs, when the last
-    // run left its generations, a tree search since them; else a pass over
-    // every PATH (cheap: the catalog).
-    let saved: Vec<Option<(u64, u64)>> = w.roots.iter().map(|r| load_generation(r)).collect();
-    let caught_up = saved.iter().all(Option::is_some) && {
-        w.generations = saved.iter().map(|s| s.map(|(g, _)| g)).collect();
-        w.since_wall = saved.iter().flatten().map(|&(_, t)| t).min().unwrap_or(0);
-        let settled = Instant::now() - secs(a.settle);
-        match w.look() {
-            Look::Nothing => true,
-            Look::Files(v) => {
-                v.into_iter()
-                    .for_each(|p| w.debounce.touch(Some(p), settled));
-                true
-            }
-            Look::Walk => false,
-        }
-    };
-    if !caught_up {
-        w.debounce.touch(None, Instant::now() - secs(a.max_delay));
-    }
+    w.catch_up();
     w.run(source.as_ref())
 }
 
@@ -173,28 +157,36 @@ struct Watcher<'a> {
     roots: Vec<PathBuf>,
     stop: Arc<AtomicBool>,
     debounce: Debounce,
-    /// btrfs generations of the roots' filesystems when the last pass
-    /// started (None where unknown: not btrfs, or an old kernel).
-    generations: Vec<Option<u64>>,
-    /// Wall-clock seconds when the last pass began: a tree search keeps
-    /// files whose ctime is at least this minus [`CLOCK_SLACK`].
-    since_wall: u64,
+    /// Where the last pass began (generations empty before the first).
+    last: LastPass,
     /// A batch is held back by the load limit (noted once per hold).
     held: bool,
-    /// onecopy's own catalog directory and file: a pass writes them, and
-    /// seeing that as a change would start a pass again, forever.
-    own: Vec<PathBuf>,
+    own: OwnFiles,
 }
 
-/// More changed files than this from a tree search: walk instead.
-const TREE_SEARCH_LIMIT: usize = 10_000;
-/// Bytes of file names a pass is given on its command line at most (well
-/// under ARG_MAX); a larger batch runs over the whole PATHs.
-const PASS_ARGS_MAX: usize = 256 << 10;
-
 impl Watcher<'_> {
-    fn is_own(&self, p: &std::path::Path) -> bool {
-        self.own.iter().any(|o| p.starts_with(o))
+    /// Catches up on what changed while not running: on btrfs, when the
+    /// last run left its generations, a tree search since them; else a
+    /// pass over every PATH (cheap: the catalog).
+    fn catch_up(&mut self) {
+        let caught_up = match LastPass::saved(&place::default_dir(), &self.roots) {
+            Some(last) => {
+                self.last = last;
+                let settled = Instant::now() - secs(self.a.settle);
+                match self.look() {
+                    Some(v) => v
+                        .into_iter()
+                        .for_each(|p| self.debounce.touch(Some(p), settled)),
+                    None => self.debounce.touch(None, settled),
+                }
+                true
+            }
+            None => false,
+        };
+        if !caught_up {
+            self.debounce
+                .touch(None, Instant::now() - secs(self.a.max_delay));
+        }
     }
 
     fn stopped(&self) -> bool {
@@ -212,34 +204,11 @@ impl Watcher<'_> {
         let mut next_full = Instant::now() + secs(self.a.full_interval);
         while !self.stopped() {
             match source {
-                Some(s) => {
-                    let now = Instant::now();
-                    for c in s.wait(TICK)? {
-                        match c {
-                            Change::Written(p) if self.is_own(&p) => {}
-                            Change::Written(p) => self.debounce.touch(Some(p), now),
-                            Change::Lost => self.debounce.touch(None, now),
-                        }
-                    }
-                }
+                Some(s) => self.wait_changes(s)?,
                 None => {
                     std::thread::sleep(TICK);
                     if Instant::now() >= next_look {
-                        let settled = Instant::now() - secs(self.a.settle);
-                        if Instant::now() >= next_full {
-                            self.debounce.touch(None, settled);
-                            next_full = Instant::now() + secs(self.a.full_interval);
-                        } else {
-                            match self.look() {
-                                Look::Nothing => {}
-                                Look::Files(v) => {
-                                    for p in v {
-                                        self.debounce.touch(Some(p), settled);
-                                    }
-                                }
-                                Look::Walk => self.debounce.touch(None, settled),
-                            }
-                        }
+                        self.periodic_look(&mut next_full);
                         next_look = Instant::now() + secs(self.a.interval);
                     }
                 }
@@ -253,57 +222,73 @@ impl Watcher<'_> {
         Ok(exit::OK)
     }
 
-    /// A periodic look. Where every root is on btrfs and was seen by a
-    /// previous pass: nothing when no filesystem generation moved since
-    /// that pass began (one ioctl per root), else the files a tree search
-    /// finds changed since then. Otherwise (or when the search fails or
-    /// finds too many), a walk.
-    fn look(&self) -> Look {
-        let t = Instant::now();
-        let now = generations(&self.roots);
-        if !now.iter().all(Option::is_some) || self.generations.len() != self.roots.len() {
-            return Look::Walk;
-        }
-        if now == self.generations {
-            self.note(&format!(
-                "nothing committed since the last pass (btrfs generation checked in {:.0?}): no walk",
-                t.elapsed()
-            ));
-            return Look::Nothing;
-        }
-        let mut files = Vec::new();
-        for (root, since) in self.roots.iter().zip(&self.generations) {
-            let since = since.unwrap_or(0);
-            let min_ctime = self.since_wall.saturating_sub(CLOCK_SLACK);
-            match onecopy_watch::changed_files(root, since, min_ctime, TREE_SEARCH_LIMIT) {
-                Ok(Some(v)) => {
-                    files.extend(v.into_iter().filter(|p| !in_tmp_dir(p) && !self.is_own(p)))
-                }
-                Ok(None) => return Look::Walk,
-                Err(e) => {
-                    self.note(&format!("tree search of {}: {e}; walking", root.display()));
-                    return Look::Walk;
-                }
+    /// Up to a tick of fanotify's changes into the batch.
+    fn wait_changes(&mut self, s: &ChangeSource) -> anyhow::Result<()> {
+        let now = Instant::now();
+        for c in s.wait(TICK)? {
+            match c {
+                Change::Written(p) if self.own.contains(&p) => {}
+                Change::Written(p) => self.debounce.touch(Some(p), now),
+                Change::Lost => self.debounce.touch(None, now),
             }
         }
-        self.note(&format!(
-            "btrfs tree search since generation {}: {} changed file(s) in {:.1?}{}",
-            self.generations.iter().flatten().min().unwrap_or(&0),
-            files.len(),
-            t.elapsed(),
-            if files.is_empty() { ": no walk" } else { "" },
-        ));
-        if files.is_empty() {
-            Look::Nothing
-        } else {
-            Look::Files(files)
+        Ok(())
+    }
+
+    /// Without fanotify: a walk every `--full-interval`, else a look.
+    fn periodic_look(&mut self, next_full: &mut Instant) {
+        let settled = Instant::now() - secs(self.a.settle);
+        if Instant::now() >= *next_full {
+            self.debounce.touch(None, settled);
+            *next_full = Instant::now() + secs(self.a.full_interval);
+            return;
+        }
+        match self.look() {
+            Some(v) => v
+                .into_iter()
+                .for_each(|p| self.debounce.touch(Some(p), settled)),
+            None => self.debounce.touch(None, settled),
+        }
+    }
+
+    /// A look since the last pass ([`LastPass::look`]), noted: the files
+    /// changed (maybe none), or None for a walk.
+    fn look(&self) -> Option<Vec<PathBuf>> {
+        let t = Instant::now();
+        let skip = |p: &Path| onecopy_watch::in_tmp_dir(p) || self.own.contains(p);
+        match self.last.look(&self.roots, skip) {
+            Look::Walk => None,
+            Look::Unchanged => {
+                self.note(&format!(
+                    "nothing committed since the last pass (btrfs generation checked in {:.0?}): no walk",
+                    t.elapsed()
+                ));
+                Some(Vec::new())
+            }
+            Look::Failed { root, error } => {
+                self.note(&format!(
+                    "tree search of {}: {error}; walking",
+                    root.display()
+                ));
+                None
+            }
+            Look::Searched(files) => {
+                self.note(&format!(
+                    "btrfs tree search since generation {}: {} changed file(s) in {:.1?}{}",
+                    self.last.generations.iter().flatten().min().unwrap_or(&0),
+                    files.len(),
+                    t.elapsed(),
+                    if files.is_empty() { ": no walk" } else { "" },
+                ));
+                Some(files)
+            }
         }
     }
 
     /// Whether the load average allows a pass now (noted once per hold).
     fn load_ok(&mut self) -> bool {
-        let load = load_average();
-        let ok = self.a.max_load <= 0.0 || load.is_none_or(|l| l <= self.a.max_load);
+        let load = onecopy_watch::load_average();
+        let ok = onecopy_watch::load_allows(self.a.max_load, load);
         if !ok && !self.held {
             self.note(&format!(
                 "load average {:.2} above --max-load {}: holding the batch",
@@ -315,49 +300,56 @@ impl Watcher<'_> {
         ok
     }
 
-    /// One incremental dedupe: over every root for an unnamed change,
-    /// else over the batch's files that still exist (the catalog supplies
-    /// the rest of the filesystem as sources, without a walk).
+    /// One incremental dedupe: over every root for an unnamed change or a
+    /// batch too large to name, else over the batch's files that still
+    /// exist and have settled (the catalog supplies the rest of the
+    /// filesystem as sources, without a walk); too fresh ones wait.
     fn pass(&mut self, batch: Batch) -> anyhow::Result<()> {
-        // A file changed within the catalog's racy margin would be read but
-        // not recorded, and a later pass naming only new files could not
-        // match against it: it waits for the next batch.
-        let mut named = Vec::new();
-        for p in &batch.paths {
-            match changed_within(p, RACY) {
-                None => {}
-                Some(true) => self.debounce.touch(Some(p.clone()), Instant::now()),
-                Some(false) => named.push(p),
-            }
+        let settled = fresh::settled(&batch.paths);
+        for p in settled.fresh {
+            self.debounce.touch(Some(p.clone()), Instant::now());
         }
-        let arg_bytes: usize = named.iter().map(|p| p.as_os_str().len() + 1).sum();
-        let walk = batch.unknown || arg_bytes > PASS_ARGS_MAX;
+        let walk = onecopy_watch::pass_walks(batch.unknown, &settled.ready);
         let roots: Vec<&PathBuf> = if walk {
             self.roots.iter().collect()
         } else {
-            named
+            settled.ready
         };
         if roots.is_empty() {
             return Ok(());
         }
         let started = Instant::now();
-        self.generations = generations(&self.roots);
-        self.since_wall = wall_secs();
+        self.last = LastPass::begin(&self.roots);
         let child = self.spawn_dedupe(&roots, walk)?;
         let Some(out) = self.wait_child(child)? else {
             return Ok(());
         };
         let report: serde_json::Value = serde_json::from_slice(&out).unwrap_or_default();
-        let n = |k: &str| report[k].as_u64().unwrap_or(0);
         let what = if walk {
             "look over every path".to_string()
         } else {
-            format!(
-                "{} changed file(s), first {:.2}s ago",
-                roots.len(),
-                batch.since.map_or(0.0, |s| s.elapsed().as_secs_f64())
-            )
+            let first = batch.since.map_or(0.0, |s| s.elapsed().as_secs_f64());
+            format!("{} changed file(s), first {first:.2}s ago", roots.len())
         };
+        self.note_pass(&what, &report, started);
+        // A walk reads whatever it meets, racy files too: read them again
+        // once settled, so that the catalog holds them.
+        let read = report["read_paths"].as_array().into_iter().flatten();
+        let read = read.map(|p| PathBuf::from(p.as_str().unwrap_or_default()));
+        for p in fresh::read_while_fresh(read, started.elapsed()) {
+            self.debounce.touch(Some(p), Instant::now());
+        }
+        // Everything changed before the pass began is deduped or recorded:
+        // the next start searches from there (only when nothing waits).
+        if !self.debounce.pending() {
+            self.last.save(&place::default_dir(), &self.roots);
+        }
+        Ok(())
+    }
+
+    /// The line of a pass, from its `--json` report.
+    fn note_pass(&self, what: &str, report: &serde_json::Value, started: Instant) {
+        let n = |k: &str| report[k].as_u64().unwrap_or(0);
         self.note(&format!(
             "{what}: scanned {}, read {} file(s), shared {} bytes in {:.2}s",
             n("files_scanned"),
@@ -365,27 +357,6 @@ impl Watcher<'_> {
             n("bytes_deduped"),
             started.elapsed().as_secs_f64(),
         ));
-        let at_start = self.generations.clone();
-        let wall_at_start = self.since_wall;
-        // A walk reads whatever it meets, racy files too: read them again
-        // once settled, so that the catalog holds them.
-        let since = started.elapsed() + RACY;
-        for p in report["read_paths"].as_array().into_iter().flatten() {
-            let p = PathBuf::from(p.as_str().unwrap_or_default());
-            if changed_within(&p, since) == Some(true) {
-                self.debounce.touch(Some(p), Instant::now());
-            }
-        }
-        // Everything changed before the pass began is deduped or recorded:
-        // the next start searches from there (only when nothing waits).
-        if !self.debounce.pending() {
-            for (r, g) in self.roots.iter().zip(&at_start) {
-                if let Some(g) = g {
-                    save_generation(r, *g, wall_at_start);
-                }
-            }
-        }
-        Ok(())
     }
 
     /// A dedupe pass over `roots`; with `list_read`, its report names the
@@ -437,116 +408,4 @@ impl Watcher<'_> {
         let out = reader.join().unwrap_or_default();
         Ok((!signalled).then_some(out))
     }
-}
-
-/// The catalog's racy margin ([`onecopy_scan::RACY_MARGIN_NS`]) and a
-/// little more for the coarse clock.
-const RACY: Duration = Duration::from_millis(onecopy_scan::RACY_MARGIN_NS as u64 / 1_000_000 + 100);
-
-/// Whether `p`'s mtime or ctime lies within `d` of now (None: gone).
-fn changed_within(p: &std::path::Path, d: Duration) -> Option<bool> {
-    use std::os::unix::fs::MetadataExt;
-    let m = std::fs::symlink_metadata(p).ok()?;
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .ok()?
-        .as_nanos() as i128;
-    let t = (m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128)
-        .max(m.ctime() as i128 * 1_000_000_000 + m.ctime_nsec() as i128);
-    Some(now - t < d.as_nanos() as i128)
-}
-
-/// The catalog directory (and `--hashfile`), canonical where they exist.
-fn own_files(a: &WatchArgs) -> Vec<PathBuf> {
-    let mut v = vec![crate::dedupe_cmd::default_catalog_dir()];
-    v.extend(a.hashfile.clone());
-    v.into_iter()
-        .map(|p| std::fs::canonicalize(&p).unwrap_or(p))
-        .collect()
-}
-
-/// Where the generation a root's last pass began at is kept: the catalog
-/// directory, one file per root (named by a hash of its path), holding
-/// the filesystem's UUID and the generation.
-fn generation_file(root: &std::path::Path) -> PathBuf {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    root.hash(&mut h);
-    crate::dedupe_cmd::default_catalog_dir().join(format!("watch-{:016x}.generation", h.finish()))
-}
-
-fn fs_uuid_hex(root: &std::path::Path) -> Option<String> {
-    let f = std::fs::File::open(root).ok()?;
-    let u = onecopy_ioctl::btrfs::fs_uuid(std::os::fd::AsFd::as_fd(&f)).ok()?;
-    Some(u.iter().map(|b| format!("{b:02x}")).collect())
-}
-
-/// The saved generation of `root` and the wall-clock second of that
-/// pass's start, if they were saved for this filesystem.
-fn load_generation(root: &std::path::Path) -> Option<(u64, u64)> {
-    let text = std::fs::read_to_string(generation_file(root)).ok()?;
-    let mut f = text.split_whitespace();
-    let (uuid, gen, wall) = (f.next()?, f.next()?, f.next()?);
-    (Some(uuid.to_string()) == fs_uuid_hex(root)).then_some(())?;
-    Some((gen.parse().ok()?, wall.parse().ok()?))
-}
-
-/// Seconds since the epoch.
-fn wall_secs() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
-/// Seconds a ctime may lag the wall clock read before it (coarse clock,
-/// rounding to seconds).
-const CLOCK_SLACK: u64 = 2;
-
-/// Saves `gen` for `root` (atomically; a failure only costs a walk at the
-/// next start).
-fn save_generation(root: &std::path::Path, gen: u64, wall: u64) {
-    let Some(uuid) = fs_uuid_hex(root) else {
-        return;
-    };
-    let path = generation_file(root);
-    if let Some(dir) = path.parent() {
-        let _ = std::fs::create_dir_all(dir);
-    }
-    let tmp = path.with_extension("tmp");
-    if std::fs::write(&tmp, format!("{uuid} {gen} {wall}\n")).is_ok() {
-        let _ = std::fs::rename(&tmp, &path);
-    }
-}
-
-/// What a periodic look found.
-enum Look {
-    Nothing,
-    Files(Vec<PathBuf>),
-    Walk,
-}
-
-/// Inside one of onecopy's own temporary directories.
-fn in_tmp_dir(p: &std::path::Path) -> bool {
-    p.components().any(|c| {
-        c.as_os_str()
-            .to_string_lossy()
-            .starts_with(onecopy_scan::TMP_DIR_PREFIX)
-    })
-}
-
-/// The btrfs generation of each root's filesystem, where known.
-fn generations(roots: &[PathBuf]) -> Vec<Option<u64>> {
-    roots
-        .iter()
-        .map(|r| {
-            let f = std::fs::File::open(r).ok()?;
-            onecopy_ioctl::btrfs::fs_generation(std::os::fd::AsFd::as_fd(&f)).ok()
-        })
-        .collect()
-}
-
-/// The 1-minute load average from /proc/loadavg.
-fn load_average() -> Option<f64> {
-    let s = std::fs::read_to_string("/proc/loadavg").ok()?;
-    s.split_whitespace().next()?.parse().ok()
 }

@@ -22,7 +22,9 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 
-pub use onecopy_index::{BlockCursor, BlockRef, BlockTable, Blocks, FingerprintTable, TableBudget};
+use onecopy_blocktable::TableStats;
+pub use onecopy_blocktable::{BlockRef, BlockTable, FingerprintTable, TableBudget};
+pub use onecopy_digest::{BlockCursor, Blocks};
 
 /// One file as the planner sees it.
 #[derive(Debug, Clone, Copy)]
@@ -251,6 +253,72 @@ fn extend(
     len
 }
 
+/// The digests of the block-sized windows of one file, by position: a
+/// sub-block (of `sub` bytes), or a block when stepping by whole blocks.
+struct Windows<'a> {
+    f: PlanFile<'a>,
+    cursor: RefCell<BlockCursor<'a>>,
+    bs: u64,
+    sub: u64,
+    /// Positions per block.
+    k: usize,
+    /// Positions in the file.
+    n: usize,
+}
+
+impl<'a> Windows<'a> {
+    fn new(f: PlanFile<'a>, bs: u64, sub: u64) -> Windows<'a> {
+        let k = (bs / sub) as usize;
+        Windows {
+            f,
+            cursor: RefCell::new(BlockCursor::new(f.blocks)),
+            bs,
+            sub,
+            k,
+            n: if k == 1 { f.blocks.len() } else { f.subs.len() },
+        }
+    }
+
+    /// Digest of the block-sized window starting at position `s`.
+    fn get(&self, s: usize) -> Option<u128> {
+        if s >= self.n {
+            return None;
+        }
+        if s.is_multiple_of(self.k) {
+            return self.cursor.borrow_mut().get(s / self.k);
+        }
+        onecopy_digest::window_at(self.f.subs, s, self.bs, self.sub, self.f.size)
+    }
+}
+
+/// Where the table first saw `d`. With `at` (an aligned block of a file
+/// that may be a source), `d` is inserted there if new, and its bit set.
+fn first_seen(
+    (table, first, base): (&mut BlockTable, &mut FirstBits<'_>, u64),
+    d: u128,
+    at: Option<BlockRef>,
+) -> Option<BlockRef> {
+    let Some(at) = at else {
+        return table.get(d);
+    };
+    let earlier = table.insert_first(d, at);
+    if earlier.is_none() {
+        first.set(base + at.block as u64);
+    }
+    earlier
+}
+
+/// Blocks a run whose source starts at `src_off` may take: within one
+/// file (`same_file`) the source must end before the destination at
+/// `dst_off` starts.
+fn run_limit(same_file: bool, src_off: u64, dst_off: u64, bs: u64) -> usize {
+    if same_file {
+        (dst_off.saturating_sub(src_off) / bs) as usize
+    } else {
+        usize::MAX
+    }
+}
+
 /// Block runs of `files[fi]` starting at every multiple of `step` bytes:
 /// the sub-block size when the file's sub-digests are at hand (the digest
 /// of the block-sized window at each offset is computed from them, so data
@@ -265,69 +333,39 @@ fn match_runs<F: PlanInput + ?Sized>(
     emit: &mut dyn FnMut(u32, u64, u32, u64, u64),
 ) {
     let f = files.file(fi);
-    let cursor = RefCell::new(BlockCursor::new(f.blocks));
-    let bs = opts.block_size;
-    let sub = step;
-    let k = (bs / sub) as usize;
-    // Positions: sub-blocks, or blocks when stepping by whole blocks.
-    let nsub = if k == 1 { f.blocks.len() } else { f.subs.len() };
-    // Digest of the block-sized window starting at sub-block `s`.
-    let win = |s: usize| -> Option<u128> {
-        if s >= nsub {
-            return None;
-        }
-        if s.is_multiple_of(k) {
-            return cursor.borrow_mut().get(s / k);
-        }
-        onecopy_index::digest::window_at(f.subs, s, bs, sub, f.size)
-    };
+    let w = Windows::new(f, opts.block_size, step);
+    let (bs, k) = (opts.block_size, w.k);
     let mut s = 0usize;
-    while s < nsub {
-        let Some(d) = win(s) else { break };
-        if d == opts.zero_digest {
-            s += 1;
-            continue;
-        }
-        let aligned = s.is_multiple_of(k);
-        let found = if aligned && f.can_be_src {
-            let at = BlockRef {
-                file: fi,
-                block: (s / k) as u32,
-            };
-            let earlier = table.insert_first(d, at);
-            if earlier.is_none() {
-                first.set(base + at.block as u64);
-            }
-            earlier
+    while s < w.n {
+        let Some(d) = w.get(s) else { break };
+        let at = (s.is_multiple_of(k) && f.can_be_src).then(|| BlockRef {
+            file: fi,
+            block: (s / k) as u32,
+        });
+        let found = if d == opts.zero_digest {
+            None
         } else {
-            table.get(d)
+            first_seen((&mut *table, &mut *first, base), d, at)
         };
         let Some(src) = found else {
             s += 1;
             continue;
         };
         let g = files.file(src.file);
-        let kb = src.block as usize;
-        let dst_off = s as u64 * sub;
-        let src_off = kb as u64 * bs;
-        // Within one file the source must end before the destination starts.
-        let limit = if src.file == fi {
-            (dst_off.saturating_sub(src_off) / bs) as usize
-        } else {
-            usize::MAX
-        };
+        let (dst_off, src_off) = (s as u64 * step, src.block as u64 * bs);
+        let limit = run_limit(src.file == fi, src_off, dst_off, bs);
         if !f.can_be_dest || !g.can_be_src || limit == 0 {
             s += 1;
             continue;
         }
         let src_base = first.base(files, src.file);
         let len = extend(
-            (table, first, src_base),
+            (&mut *table, &*first, src_base),
             &g,
             src,
             limit,
             opts.zero_digest,
-            &|j| win(s + j * k),
+            &|j| w.get(s + j * k),
         );
         let bytes = (len as u64 * bs)
             .min(g.size - src_off)
@@ -351,115 +389,15 @@ pub fn plan_input<F: PlanInput + ?Sized>(
     budget: &TableBudget,
 ) -> Plan {
     let mut stats = PlanStats::default();
-    let mut ops = Vec::new();
-    let bs = opts.block_size;
-
     // Pass 1: whole files.
-    // Groups of equal (size, whole digest) as runs of one sorted index
-    // list: 4 bytes per file, no map of per-group lists.
-    let mut order: Vec<u32> = (0..files.len() as u32)
-        .filter(|&i| !files.file(i).blocks.is_empty())
-        .collect();
-    let key = |i: u32| {
-        let f = files.file(i);
-        (f.size, f.whole)
-    };
-    order.sort_unstable_by_key(|&i| (key(i), i));
-    let mut groups: Vec<&[u32]> = order
-        .chunk_by(|&a, &b| key(a) == key(b))
-        .filter(|g| g.len() > 1)
-        .collect();
-    let mut covered = vec![false; files.len()];
-    // A canonical copy -> its whole-file op (whose destinations are its
-    // copies): no second list of the copies.
-    let mut copies_of: HashMap<u32, u32> = HashMap::new();
-    groups.sort_unstable_by_key(|g| g[0]);
-    for g in groups {
-        let Some(&src) = g.iter().find(|&&i| files.file(i).can_be_src) else {
-            continue;
-        };
-        let dests: Vec<Dest> = g
-            .iter()
-            .filter(|&&i| i != src && files.file(i).can_be_dest)
-            .map(|&i| Dest { file: i, offset: 0 })
-            .collect();
-        if dests.is_empty() {
-            continue;
-        }
-        for d in &dests {
-            covered[d.file as usize] = true;
-        }
-        copies_of.insert(src, ops.len() as u32);
-        stats.whole_file_groups += 1;
-        stats.whole_file_dests += dests.len() as u64;
-        let len = files.file(src).size;
-        stats.whole_file_bytes += len * dests.len() as u64;
-        ops.push(Op {
-            kind: OpKind::WholeFile,
-            src,
-            src_offset: 0,
-            len,
-            dests,
-        });
-    }
-
-    // The sort order (4 B per file) is not needed past pass 1; freed
-    // before the block table is built, it does not add to the peak.
-    drop(order);
-
+    let whole = whole_files(files, &mut stats);
     // Pass 2: block runs over everything not already a whole-file copy.
-    let (mut first, total_blocks) = FirstBits::new(files, &covered);
-    let mut table = BlockTable::new(total_blocks as usize, budget);
-    // Runs keyed by source range, so equal ranges share one op.
-    let mut runs: HashMap<(u32, u64, u64), Vec<Dest>> = HashMap::new();
-    // A canonical copy that is itself a block-run destination takes its
-    // whole-file copies along: they get the same run, so that all of them
-    // end on the run's source extent instead of pinning the old one.
-    let whole_ops = &ops;
-    let copies = |dst: u32| {
-        let op = copies_of.get(&dst).map(|&k| &whole_ops[k as usize]);
-        op.into_iter().flat_map(|o| o.dests.iter().map(|d| d.file))
-    };
-    let mut emit =
-        |src: u32, src_off: u64, dst: u32, dst_off: u64, bytes: u64, stats: &mut PlanStats| {
-            if bytes >= opts.min_run.max(1) {
-                let e = runs.entry((src, src_off, bytes)).or_default();
-                for file in std::iter::once(dst).chain(copies(dst)) {
-                    e.push(Dest {
-                        file,
-                        offset: dst_off,
-                    });
-                    stats.block_runs += 1;
-                    stats.block_run_bytes += bytes;
-                }
-            }
-        };
-    // File `fi`'s first bit ([`FirstBits::base`], kept as the files go).
-    let mut base = 0u64;
-    for fi in 0..files.len() as u32 {
-        if covered[fi as usize] {
-            continue;
-        }
-        let f = files.file(fi);
-        debug_assert_eq!(base, first.base(files, fi));
-        let shifted = !f.subs.is_empty() && opts.sub_size > 0 && opts.sub_size < bs;
-        let step = if shifted { opts.sub_size } else { bs };
-        match_runs(
-            files,
-            fi,
-            opts,
-            step,
-            (&mut table, &mut first, base),
-            &mut |s, so, d, dof, n| emit(s, so, d, dof, n, &mut stats),
-        );
-        base += f.blocks.len() as u64;
-    }
-    let ts = table.stats();
-    drop(table);
+    let (runs, ts) = block_runs(files, opts, budget, &whole, &mut stats);
     stats.index_entries = ts.entries;
     stats.index_memory_bytes = ts.memory_bytes;
     stats.index_spilled = u64::from(ts.spilled);
     stats.index_disk_reads = ts.disk_reads;
+    let mut ops = whole.ops;
     for ((src, src_offset, len), dests) in runs {
         ops.push(Op {
             kind: OpKind::BlockRun,
@@ -479,6 +417,152 @@ pub fn plan_input<F: PlanInput + ?Sized>(
         ops,
         stats,
         table_error: ts.error,
+    }
+}
+
+/// What pass 1 leaves: its ops, which files they cover as destinations,
+/// and each canonical copy's op (whose destinations are its copies): no
+/// second list of the copies.
+struct WholeFiles {
+    ops: Vec<Op>,
+    covered: Vec<bool>,
+    copies_of: HashMap<u32, u32>,
+}
+
+impl WholeFiles {
+    /// The whole-file copies of `file`, if it is a canonical copy.
+    fn copies(&self, file: u32) -> impl Iterator<Item = u32> + '_ {
+        let op = self.copies_of.get(&file).map(|&k| &self.ops[k as usize]);
+        op.into_iter().flat_map(|o| o.dests.iter().map(|d| d.file))
+    }
+}
+
+/// Pass 1: one whole-file op per group of equal (size, whole digest).
+fn whole_files<F: PlanInput + ?Sized>(files: &F, stats: &mut PlanStats) -> WholeFiles {
+    let mut w = WholeFiles {
+        ops: Vec::new(),
+        covered: vec![false; files.len()],
+        copies_of: HashMap::new(),
+    };
+    for_each_group(files, |g| {
+        let Some(op) = whole_file_op(files, g) else {
+            return;
+        };
+        for d in &op.dests {
+            w.covered[d.file as usize] = true;
+        }
+        w.copies_of.insert(op.src, w.ops.len() as u32);
+        stats.whole_file_groups += 1;
+        stats.whole_file_dests += op.dests.len() as u64;
+        stats.whole_file_bytes += op.candidate_bytes();
+        w.ops.push(op);
+    });
+    w
+}
+
+/// Calls `each` with every group of two or more non-empty files of equal
+/// (size, whole digest), in the order of their first members. The groups
+/// are runs of one sorted index list: 4 bytes per file, no map of
+/// per-group lists, freed before the block table is built.
+fn for_each_group<F: PlanInput + ?Sized>(files: &F, mut each: impl FnMut(&[u32])) {
+    let mut order: Vec<u32> = (0..files.len() as u32)
+        .filter(|&i| !files.file(i).blocks.is_empty())
+        .collect();
+    let key = |i: u32| {
+        let f = files.file(i);
+        (f.size, f.whole)
+    };
+    order.sort_unstable_by_key(|&i| (key(i), i));
+    let mut groups: Vec<&[u32]> = order
+        .chunk_by(|&a, &b| key(a) == key(b))
+        .filter(|g| g.len() > 1)
+        .collect();
+    groups.sort_unstable_by_key(|g| g[0]);
+    groups.into_iter().for_each(&mut each);
+}
+
+/// The whole-file op of group `g`: its first member that may be a source,
+/// into every other member that may be a destination (None: no source,
+/// or no destination).
+fn whole_file_op<F: PlanInput + ?Sized>(files: &F, g: &[u32]) -> Option<Op> {
+    let &src = g.iter().find(|&&i| files.file(i).can_be_src)?;
+    let dests: Vec<Dest> = g
+        .iter()
+        .filter(|&&i| i != src && files.file(i).can_be_dest)
+        .map(|&i| Dest { file: i, offset: 0 })
+        .collect();
+    (!dests.is_empty()).then(|| Op {
+        kind: OpKind::WholeFile,
+        src,
+        src_offset: 0,
+        len: files.file(src).size,
+        dests,
+    })
+}
+
+/// Block runs keyed by source range (file, offset, bytes), so equal
+/// ranges share one op.
+type Runs = HashMap<(u32, u64, u64), Vec<Dest>>;
+
+/// Pass 2: the block runs of every file `whole` does not cover; the
+/// figures of the block table, dropped before returning.
+fn block_runs<F: PlanInput + ?Sized>(
+    files: &F,
+    opts: &PlanOptions,
+    budget: &TableBudget,
+    whole: &WholeFiles,
+    stats: &mut PlanStats,
+) -> (Runs, TableStats) {
+    let (mut first, total_blocks) = FirstBits::new(files, &whole.covered);
+    let mut table = BlockTable::new(total_blocks as usize, budget);
+    let mut runs = Runs::new();
+    // File `fi`'s first bit ([`FirstBits::base`], kept as the files go).
+    let mut base = 0u64;
+    for fi in 0..files.len() as u32 {
+        if whole.covered[fi as usize] {
+            continue;
+        }
+        let f = files.file(fi);
+        debug_assert_eq!(base, first.base(files, fi));
+        let bs = opts.block_size;
+        let shifted = !f.subs.is_empty() && opts.sub_size > 0 && opts.sub_size < bs;
+        let step = if shifted { opts.sub_size } else { bs };
+        match_runs(
+            files,
+            fi,
+            opts,
+            step,
+            (&mut table, &mut first, base),
+            &mut |s, so, d, dof, n| add_run(&mut runs, whole, opts, (s, so, d, dof, n), stats),
+        );
+        base += f.blocks.len() as u64;
+    }
+    (runs, table.stats())
+}
+
+/// Adds a run of `bytes` from `src` at `src_off` to `dst` at `dst_off`
+/// (unless shorter than `min_run`). A canonical copy that is itself a
+/// block-run destination takes its whole-file copies along: they get the
+/// same run, so that all of them end on the run's source extent instead
+/// of pinning the old one.
+fn add_run(
+    runs: &mut Runs,
+    whole: &WholeFiles,
+    opts: &PlanOptions,
+    (src, src_off, dst, dst_off, bytes): (u32, u64, u32, u64, u64),
+    stats: &mut PlanStats,
+) {
+    if bytes < opts.min_run.max(1) {
+        return;
+    }
+    let e = runs.entry((src, src_off, bytes)).or_default();
+    for file in std::iter::once(dst).chain(whole.copies(dst)) {
+        e.push(Dest {
+            file,
+            offset: dst_off,
+        });
+        stats.block_runs += 1;
+        stats.block_run_bytes += bytes;
     }
 }
 
@@ -614,7 +698,7 @@ mod tests {
             .enumerate()
             .map(|(i, c)| {
                 let len = bs.min(size - i as u64 * bs);
-                onecopy_index::window_digest(c, len, len == bs)
+                onecopy_digest::window_digest(c, len, len == bs)
             })
             .collect()
     }

@@ -10,11 +10,11 @@ use std::sync::Mutex;
 
 use crate::{FileEntry, Marks, Progress, ScanError, SkipReason, Tree};
 
-// The digest scheme lives in `onecopy_index::digest`; re-exported for
+// The digest scheme lives in `onecopy_digest`; re-exported for
 // callers of the reader.
-use onecopy_index::digest::sub_of_block;
-use onecopy_index::digest::{digest_block, whole_digest};
-pub use onecopy_index::digest::{
+use onecopy_digest::sub_of_block;
+use onecopy_digest::{digest_block, whole_digest};
+pub use onecopy_digest::{
     window_digest, zero_block_digest, BlockDigest, Blocks, PagedDigests, SubDigest,
 };
 
@@ -453,7 +453,7 @@ impl SpillFile {
 impl PagedDigests for Spill {
     fn words(&self, i: u64, out: &mut [u64]) -> usize {
         let mut f = self.file.lock().unwrap_or_else(|e| e.into_inner());
-        onecopy_index::digest::fill_words(out, |n| f.word((i + n) * 8))
+        onecopy_digest::fill_words(out, |n| f.word((i + n) * 8))
     }
 }
 
@@ -623,29 +623,10 @@ fn hash_one(
 ) -> Outcome {
     let path = tree.path(entry.name);
     let device = tree.device(entry.dev);
-    let mut f = match open_noatime(&path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Outcome::Skip(SkipReason::Vanished)
-        }
-        Err(source) => return Outcome::Error(ScanError::Open { path, source }),
+    let (mut f, mut entry) = match open_listed(entry, &path, device.dev) {
+        Ok(opened) => opened,
+        Err(outcome) => return outcome,
     };
-    let meta = match f.metadata() {
-        Ok(m) => m,
-        Err(source) => return Outcome::Error(ScanError::Stat { path, source }),
-    };
-    if !meta.is_file() {
-        return Outcome::Skip(SkipReason::NotRegular);
-    }
-    // Another file moved in from another device: not the file listed.
-    if meta.dev() != device.dev {
-        return Outcome::Skip(SkipReason::Vanished);
-    }
-    let mut entry = FileEntry::from_meta(entry.name, entry.dev, &meta);
-    let path = &path;
-    if entry.size == 0 {
-        return Outcome::Skip(SkipReason::TooSmall);
-    }
     let read_start = now_ns();
     advise_sequential(&f);
     let inode_flags = onecopy_ioctl::fs::inode_flags(f.as_fd()).unwrap_or(0);
@@ -655,20 +636,77 @@ fn hash_one(
     // At a block of one sub-block, a window at a sub-block offset is a
     // block: the sub-digests would only repeat what `blocks` says.
     let keep_subs = sub < bs;
+    let total = match digest_all(&mut f, buf, (bs, sub, keep_subs), scratch, progress) {
+        Ok(total) => total,
+        Err(source) => return Outcome::Error(ScanError::Read { path, source }),
+    };
+    match f.metadata() {
+        Ok(m) if entry.unchanged(device.dev, &m) && total == entry.size => {}
+        Ok(_) => return Outcome::Skip(SkipReason::ChangedWhileReading),
+        Err(source) => return Outcome::Error(ScanError::Stat { path, source }),
+    }
+    let whole = whole_digest(&scratch.blocks, total);
+    if !keep_subs {
+        scratch.subs.clear();
+    }
+    let racy = entry.mtime_ns.max(entry.ctime_ns) >= read_start - RACY_MARGIN_NS;
+    entry.marks.set(Marks::RACY, racy);
+    let f = HashedFile::new(entry, Digests::default(), whole, inode_flags, generation);
+    Outcome::Done(f, total)
+}
+
+/// Opens the file `entry` lists at `path` and checks that it still is a
+/// regular, non-empty file on device `dev`: the file and its entry as
+/// now, else the outcome to report.
+fn open_listed(
+    entry: FileEntry,
+    path: &std::path::Path,
+    dev: u64,
+) -> Result<(File, FileEntry), Outcome> {
+    let f = match open_noatime(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(Outcome::Skip(SkipReason::Vanished))
+        }
+        Err(source) => {
+            let path = path.to_path_buf();
+            return Err(Outcome::Error(ScanError::Open { path, source }));
+        }
+    };
+    let meta = f.metadata().map_err(|source| {
+        let path = path.to_path_buf();
+        Outcome::Error(ScanError::Stat { path, source })
+    })?;
+    if !meta.is_file() {
+        return Err(Outcome::Skip(SkipReason::NotRegular));
+    }
+    // Another file moved in from another device: not the file listed.
+    if meta.dev() != dev {
+        return Err(Outcome::Skip(SkipReason::Vanished));
+    }
+    let entry = FileEntry::from_meta(entry.name, entry.dev, &meta);
+    if entry.size == 0 {
+        return Err(Outcome::Skip(SkipReason::TooSmall));
+    }
+    Ok((f, entry))
+}
+
+/// Reads `f` to its end through `buf`, digesting every block of `bs`
+/// bytes (sub-blocks of `sub`) into `scratch` (its sub-digests only
+/// with `keep_subs`); the bytes read.
+fn digest_all(
+    f: &mut File,
+    buf: &mut [u8],
+    (bs, sub, keep_subs): (usize, usize, bool),
+    scratch: &mut Scratch,
+    progress: &Progress,
+) -> std::io::Result<u64> {
     let Scratch { blocks, subs } = scratch;
     blocks.clear();
     subs.clear();
     let mut total = 0u64;
     loop {
-        let n = match read_full(&mut f, buf) {
-            Ok(n) => n,
-            Err(source) => {
-                return Outcome::Error(ScanError::Read {
-                    path: path.clone(),
-                    source,
-                })
-            }
-        };
+        let n = read_full(f, buf)?;
         for chunk in buf[..n].chunks(bs) {
             blocks.push(digest_block(chunk, bs, sub, subs));
             if !keep_subs {
@@ -678,27 +716,9 @@ fn hash_one(
         total += n as u64;
         progress.bytes_done.fetch_add(n as u64, Ordering::Relaxed);
         if n < buf.len() {
-            break;
+            return Ok(total);
         }
     }
-    match f.metadata() {
-        Ok(m) if entry.unchanged(device.dev, &m) && total == entry.size => {}
-        Ok(_) => return Outcome::Skip(SkipReason::ChangedWhileReading),
-        Err(source) => {
-            return Outcome::Error(ScanError::Stat {
-                path: path.clone(),
-                source,
-            })
-        }
-    }
-    let whole = whole_digest(blocks, total);
-    if !keep_subs {
-        subs.clear();
-    }
-    let racy = entry.mtime_ns.max(entry.ctime_ns) >= read_start - RACY_MARGIN_NS;
-    entry.marks.set(Marks::RACY, racy);
-    let f = HashedFile::new(entry, Digests::default(), whole, inode_flags, generation);
-    Outcome::Done(f, total)
 }
 
 /// Reads until `buf` is full or end of file; returns the bytes read.
@@ -790,7 +810,7 @@ mod tests {
         assert!(matches!(small.blocks(&store), Blocks::OneSub(_)));
         for (i, b) in small.blocks(&store).iter().enumerate() {
             let sub = big.subs(&store)[i];
-            assert_eq!(b, onecopy_index::digest::block_of_sub(sub), "block {i}");
+            assert_eq!(b, onecopy_digest::block_of_sub(sub), "block {i}");
         }
     }
 
@@ -861,7 +881,7 @@ mod digests_tests {
             assert_eq!(store.subs(d), &subs[..]);
         }
         // Blocks of one sub-block each keep as sub-digests.
-        let one: Vec<u128> = (0..9u64).map(onecopy_index::digest::block_of_sub).collect();
+        let one: Vec<u128> = (0..9u64).map(onecopy_digest::block_of_sub).collect();
         let d = store.push(&one, &[]);
         assert!(matches!(store.blocks(&d), Blocks::OneSub(s) if s.len() == 9));
         assert_eq!(store.blocks(&d).to_vec(), one);
@@ -883,7 +903,7 @@ mod digests_tests {
             let len = (n * 37 % 900) as usize;
             let blocks: Vec<u128> = if n % 3 == 0 {
                 (0..len as u64)
-                    .map(|i| onecopy_index::digest::block_of_sub(i ^ n << 20))
+                    .map(|i| onecopy_digest::block_of_sub(i ^ n << 20))
                     .collect()
             } else {
                 (0..len as u128)

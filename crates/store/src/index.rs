@@ -30,10 +30,11 @@ use std::time::{Duration, Instant};
 use onecopy_fpindex::{Config, Index, Inserted, Mode};
 use rusqlite::{params, Connection, OptionalExtension};
 
+use crate::chunks::Chunks;
 use crate::config::StoreConfig;
 use crate::container::Hash;
 use crate::error::{Result, StoreError};
-use crate::meta::{ChunkId, ChunkIndex, ChunkLoc, SqlIndex};
+use crate::meta::{ChunkId, ChunkLoc};
 
 /// The index's directory inside the store.
 pub const INDEX_DIR: &str = "index";
@@ -271,16 +272,9 @@ impl StoreIndex {
             };
             self.apply(db, Op::Drop(u128::from_le_bytes(k), id))?;
         }
-        let mut st =
-            db.prepare("SELECT id, hash FROM chunks WHERE id > ?1 AND indexed = 1 ORDER BY id")?;
-        let mut rows = st.query([self.synced])?;
-        while let Some(r) = rows.next()? {
-            let (id, hash): (ChunkId, Vec<u8>) = (r.get(0)?, r.get(1)?);
-            if let Ok(h) = Hash::try_from(hash.as_slice()) {
-                self.apply(db, Op::Insert(key_of(&h), id))?;
-            }
-        }
-        Ok(())
+        Chunks(db).each_indexed(self.synced, |id, h| {
+            self.apply(db, Op::Insert(key_of(&h), id))
+        })
     }
 
     /// The row whose chunk is `hash`, if the index (or a waiting insert)
@@ -523,9 +517,8 @@ impl StoreIndex {
         self.synced = self.synced.max(self.applied_max);
         set_meta(db, "index_synced", self.synced)?;
         {
-            let mut st = db.prepare_cached("UPDATE chunks SET indexed = 0 WHERE id = ?1")?;
             for id in self.refused.drain(..) {
-                st.execute([id])?;
+                Chunks(db).mark_unindexed(id)?;
             }
             let mut st = db.prepare_cached("DELETE FROM index_drops WHERE id = ?1")?;
             for id in self.drops_applied.drain(..) {
@@ -572,19 +565,16 @@ impl StoreIndex {
             .map_err(idx_err(&self.path))?;
         let mut n = 0;
         for e in cands {
-            let row: Option<(Vec<u8>, i64)> = db
-                .prepare_cached("SELECT hash, refs FROM chunks WHERE id = ?1")?
-                .query_row([e.loc], |r| Ok((r.get(0)?, r.get(1)?)))
-                .optional()?;
-            let Some((h, refs)) = row else { continue };
+            let Some((h, refs)) = Chunks(db).fingerprint_refs(e.loc)? else {
+                continue;
+            };
             let Ok(h) = Hash::try_from(h.as_slice()) else {
                 continue;
             };
             if key_of(&h) != e.key || refs > 1 {
                 continue;
             }
-            db.prepare_cached("UPDATE chunks SET indexed = 0 WHERE id = ?1")?
-                .execute([e.loc])?;
+            Chunks(db).mark_unindexed(e.loc)?;
             self.dropped(db, &h, e.loc)?;
             n += 1;
         }
@@ -643,7 +633,7 @@ impl StoreIndex {
         db: &Connection,
         problems: &mut Vec<String>,
     ) -> Result<Option<u64>> {
-        let mut st = db.prepare_cached("SELECT hash, indexed FROM chunks WHERE id = ?1")?;
+        let rows = Chunks(db);
         let mut valid = 0;
         let mut failed = None;
         for e in self.fp.entries() {
@@ -657,14 +647,12 @@ impl StoreIndex {
             if e.is_tombstone() {
                 continue;
             }
-            let row: Option<(Vec<u8>, i64)> = st
-                .query_row([e.loc], |r| Ok((r.get(0)?, r.get(1)?)))
-                .optional()?;
+            let row = rows.fingerprint(e.loc)?;
             let same = row
                 .as_ref()
                 .and_then(|(h, _)| Hash::try_from(h.as_slice()).ok());
             match (same.map(|h| key_of(&h)), row.map(|r| r.1)) {
-                (Some(k), Some(0)) if k == e.key => problems.push(format!(
+                (Some(k), Some(false)) if k == e.key => problems.push(format!(
                     "chunk {} is marked not indexed but is in the fingerprint index",
                     e.loc
                 )),
@@ -685,21 +673,13 @@ impl StoreIndex {
     /// Names the indexed rows the index does not find at their id (one
     /// lookup per row: only when the counts showed some are missing).
     fn name_missing(&mut self, db: &Connection, problems: &mut Vec<String>) -> Result<()> {
-        let mut st = db.prepare(
-            "SELECT id, hash FROM chunks WHERE indexed != 0 AND length(hash) = 32 ORDER BY id",
-        )?;
-        let mut rows = st.query([])?;
-        while let Some(r) = rows.next()? {
-            let (id, hash): (ChunkId, Vec<u8>) = (r.get(0)?, r.get(1)?);
-            let Ok(h) = Hash::try_from(hash.as_slice()) else {
-                continue;
-            };
+        Chunks(db).each_indexed(0, |id, h| {
             let got = self.fp.get(key_of(&h));
             if self.fp_ok(got)?.flatten().map(|e| e.loc) != Some(id) {
                 problems.push(format!("chunk {id} is missing from the fingerprint index"));
             }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
     /// Builds the index again from the chunk rows (fsck --repair, or a
@@ -729,18 +709,15 @@ pub(crate) fn reset_watermark(db: &Connection) -> Result<()> {
 
 /// Whether row `id` exists, is indexed and has key `k`.
 fn indexed_row_has(db: &Connection, id: ChunkId, k: u128) -> Result<bool> {
-    let row: Option<(Vec<u8>, i64)> = db
-        .prepare_cached("SELECT hash, indexed FROM chunks WHERE id = ?1")?
-        .query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))
-        .optional()?;
+    let row = Chunks(db).fingerprint(id)?;
     Ok(row.is_some_and(|(h, indexed)| {
-        indexed != 0 && Hash::try_from(h.as_slice()).is_ok_and(|h| key_of(&h) == k)
+        indexed && Hash::try_from(h.as_slice()).is_ok_and(|h| key_of(&h) == k)
     }))
 }
 
 /// Row `id` if it holds exactly `hash`.
 fn confirm(db: &Connection, id: ChunkId, hash: &Hash) -> Result<Option<(ChunkId, ChunkLoc)>> {
-    Ok(SqlIndex(db)
+    Ok(Chunks(db)
         .row(id)?
         .filter(|(h, _)| h == hash)
         .map(|(_, loc)| (id, loc)))

@@ -1,4 +1,7 @@
-//! The fingerprint index: "where did I first see this block?".
+//! The block table of one planning pass: "where did I first see this
+//! block?". Named for [`BlockTable`], not "index": the persistent
+//! fingerprint index is `onecopy-fpindex` (which a table too large for
+//! RAM spills to), and the digest scheme is `onecopy-digest`.
 //!
 //! [`FingerprintTable`] maps a block digest to the first location it was
 //! inserted at. Digests are already uniformly distributed, so the table
@@ -13,10 +16,8 @@
 
 use std::collections::HashMap;
 
-pub mod digest;
 pub mod table;
 
-pub use digest::{window_digest, BlockCursor, BlockDigest, Blocks, PagedDigests, SubDigest};
 pub use table::{BlockTable, TableBudget, TableStats};
 
 use std::hash::{BuildHasherDefault, Hasher};

@@ -1,5 +1,5 @@
 //! The digest scheme, in one place: how bytes become sub-block, block,
-//! window and whole-file digests. The reader (scan), the index and the
+//! window and whole-file digests. The reader (scan), the catalog and the
 //! planner all go through these functions, so a block digested while
 //! reading and a window re-derived while planning can never disagree.
 //!

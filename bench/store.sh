@@ -159,25 +159,7 @@ mkdir -p "$work/versions/v1"
 cp -a /usr/include /usr/lib/python3* "$work/versions/v1/" 2>/dev/null || true
 for i in 2 3 4; do
     cp -a "$work/versions/v$((i-1))" "$work/versions/v$i"
-    python3 - "$work/versions/v$i" "$i" <<'PY'
-import os, random, sys
-root, seed = sys.argv[1], int(sys.argv[2])
-rnd = random.Random(seed)
-files = sorted(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs
-               if os.path.isfile(os.path.join(d, f)) and not os.path.islink(os.path.join(d, f)))
-for n, path in enumerate(files):
-    r = rnd.random()
-    if r < 0.05:
-        data = open(path, "rb").read()
-        at = rnd.randrange(len(data) + 1)
-        open(path, "wb").write(data[:at] + rnd.randbytes(rnd.randrange(1, 200)) + data[at:])
-    elif r < 0.07:
-        open(path, "ab").write(rnd.randbytes(1000))
-    elif r < 0.08:
-        os.remove(path)
-for k in range(20):
-    open(os.path.join(root, f"new-{seed}-{k}"), "wb").write(rnd.randbytes(50000))
-PY
+    python3 bench/mutate-tree.py "$work/versions/v$i" "$i"
 done
 # COMPRESS_SWEEP (e.g. "lz4 auto auto:6 zstd"): `store import` of the
 # versions into a fresh store per --compress setting: stored MiB, wall and

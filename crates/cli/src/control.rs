@@ -125,22 +125,47 @@ pub fn socket_path(dir: &Path) -> PathBuf {
     dir.join("control.sock")
 }
 
-/// Serves requests for `store` on its socket, from a thread of its own,
-/// until the process exits. Holds the store weakly: once the mount ends a
-/// late request is answered with an error. Called with the store's lock
-/// held, so a socket file already there is a dead mount's and is
-/// replaced. The socket is removed by [`Listening`]'s drop.
-pub fn listen(store: &Arc<Store>) -> std::io::Result<Listening> {
+/// A request to the mount, one JSON line.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case")]
+pub enum Request {
+    Gc,
+    /// Store what programs wrote (`syncfs` of the mount) and snapshot it.
+    SnapshotCreate {
+        name: String,
+    },
+    SnapshotDelete {
+        name: String,
+    },
+    SnapshotList,
+    SnapshotDiff {
+        old: String,
+        new: String,
+    },
+    SnapshotForget {
+        keep: onecopy_store::Keep,
+        dry_run: bool,
+    },
+}
+
+/// Serves requests for `store`, mounted on `mountpoint`, on its socket,
+/// from a thread of its own, until the process exits. Holds the store
+/// weakly: once the mount ends a late request is answered with an error.
+/// Called with the store's lock held, so a socket file already there is a
+/// dead mount's and is replaced. The socket is removed by [`Listening`]'s
+/// drop.
+pub fn listen(store: &Arc<Store>, mountpoint: &Path) -> std::io::Result<Listening> {
     use std::os::unix::fs::PermissionsExt;
     let path = socket_path(store.dir());
     let _ = std::fs::remove_file(&path);
     let listener = UnixListener::bind(&path)?;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
     let weak = Arc::downgrade(store);
+    let mountpoint = mountpoint.to_path_buf();
     std::thread::spawn(move || {
         for conn in listener.incoming().flatten() {
-            let weak = weak.clone();
-            std::thread::spawn(move || answer(conn, &weak));
+            let (weak, mnt) = (weak.clone(), mountpoint.clone());
+            std::thread::spawn(move || answer(conn, &weak, &mnt));
         }
     });
     Ok(Listening { path })
@@ -158,59 +183,101 @@ impl Drop for Listening {
     }
 }
 
-fn answer(conn: UnixStream, store: &Weak<Store>) {
+fn answer(conn: UnixStream, store: &Weak<Store>, mountpoint: &Path) {
     let mut line = String::new();
     if BufReader::new(&conn).read_line(&mut line).is_err() {
         return;
     }
-    let reply = match (line.trim(), store.upgrade()) {
-        ("gc", Some(store)) => gc(&store),
+    let reply = match (serde_json::from_str::<Request>(&line), store.upgrade()) {
+        (Ok(req), Some(store)) => serve(&store, req, mountpoint),
         (_, None) => serde_json::json!({ "error": "the mount is ending" }),
-        (other, _) => serde_json::json!({ "error": format!("unknown request {other:?}") }),
+        (Err(e), _) => serde_json::json!({ "error": format!("unknown request: {e}") }),
     };
     let _ = writeln!(&conn, "{reply}");
 }
 
-fn gc(store: &Store) -> serde_json::Value {
-    let report = match store.gc() {
-        Ok(r) => serde_json::to_value(r).expect("serializes"),
-        Err(e) => serde_json::json!({ "error": e.to_string() }),
+/// Runs one request; its JSON answer.
+fn serve(store: &Store, req: Request, mountpoint: &Path) -> serde_json::Value {
+    let r = match req {
+        Request::Gc => store.gc().map(|r| {
+            // What gc freed goes back to the kernel now, not when the
+            // allocator next happens to trim.
+            onecopy_ioctl::process::release_free_memory();
+            serde_json::to_value(r)
+        }),
+        Request::SnapshotCreate { name } => {
+            sync_mount(mountpoint).and_then(|_| store.snapshot_create(&name).map(to_json))
+        }
+        Request::SnapshotDelete { name } => store.snapshot_delete(&name).map(to_json),
+        Request::SnapshotList => store.snapshot_list().map(to_json),
+        Request::SnapshotDiff { old, new } => store.snapshot_diff(&old, &new).map(to_json),
+        Request::SnapshotForget { keep, dry_run } => {
+            store.snapshot_forget(keep, dry_run).map(to_json)
+        }
     };
-    // What gc freed goes back to the kernel now, not when the allocator
-    // next happens to trim.
-    onecopy_ioctl::process::release_free_memory();
-    report
+    match r {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => serde_json::json!({ "error": e.to_string() }),
+        Err(e) => serde_json::json!({ "error": e.to_string(), "errno": e.errno() }),
+    }
 }
 
-/// Asks the mount of the store in `dir` to run gc and waits for its
-/// report. `None` when no mount answers (no socket, or a stale one); an
-/// error when the mount's gc failed or the mount died meanwhile.
-pub fn request_gc(dir: &Path) -> Option<Result<GcReport, StoreError>> {
+fn to_json<T: serde::Serialize>(v: T) -> serde_json::Result<serde_json::Value> {
+    serde_json::to_value(v)
+}
+
+/// Has the kernel send what programs wrote to the mount (its writeback
+/// cache) to the store: `syncfs` on the mount point. Runs on a thread of
+/// the control channel, never one serving FUSE requests, which the sync
+/// waits for.
+fn sync_mount(mountpoint: &Path) -> Result<(), StoreError> {
+    let io = |source| StoreError::Io {
+        path: mountpoint.into(),
+        source,
+    };
+    let f = std::fs::File::open(mountpoint).map_err(io)?;
+    rustix::fs::syncfs(&f).map_err(|e| io(e.into()))
+}
+
+/// Asks the mount of the store in `dir` to run `req` and waits for its
+/// answer. `None` when no mount answers (no socket, or a stale one); an
+/// error when the request failed or the mount died meanwhile.
+pub fn request<T: serde::de::DeserializeOwned>(
+    dir: &Path,
+    req: &Request,
+) -> Option<Result<T, StoreError>> {
     let conn = UnixStream::connect(socket_path(dir)).ok()?;
     let failed = |why: String| StoreError::Io {
         path: dir.into(),
-        source: std::io::Error::other(format!("online gc: {why}")),
+        source: std::io::Error::other(format!("the mount: {why}")),
     };
-    if writeln!(&conn, "gc").is_err() {
-        return Some(Err(failed(
-            "the mount process did not take the request".into(),
-        )));
+    let line = serde_json::to_string(req).expect("serializes");
+    if writeln!(&conn, "{line}").is_err() {
+        return Some(Err(failed("it did not take the request".into())));
     }
     let mut line = String::new();
     let read = BufReader::new(&conn).read_line(&mut line);
     if read.is_err() || line.is_empty() {
-        return Some(Err(failed(
-            "the mount process ended before answering".into(),
-        )));
+        return Some(Err(failed("it ended before answering".into())));
     }
     let v: serde_json::Value = match serde_json::from_str(&line) {
         Ok(v) => v,
         Err(e) => return Some(Err(failed(format!("unreadable answer: {e}")))),
     };
     if let Some(e) = v.get("error") {
-        return Some(Err(failed(e.as_str().unwrap_or_default().to_string())));
+        let text = e.as_str().unwrap_or_default().to_string();
+        return Some(Err(match v.get("errno").and_then(|n| n.as_i64()) {
+            Some(n) if n == libc::ENOENT as i64 => StoreError::NotFound,
+            Some(n) if n == libc::EEXIST as i64 => StoreError::AlreadyExists,
+            _ => failed(text),
+        }));
     }
-    Some(serde_json::from_value(v).map_err(|e| failed(format!("unreadable report: {e}"))))
+    Some(serde_json::from_value(v).map_err(|e| failed(format!("unreadable answer: {e}"))))
+}
+
+/// Asks the mount of the store in `dir` to run gc (see [`request`]).
+pub fn request_gc(dir: &Path) -> Option<Result<GcReport, StoreError>> {
+    request(dir, &Request::Gc)
 }
 
 #[cfg(test)]
@@ -226,7 +293,7 @@ mod tests {
         let dir = d.path().join("s");
         Store::init(&dir, &Default::default()).unwrap();
         let store = Arc::new(Store::open(&dir).unwrap());
-        let listening = listen(&store).unwrap();
+        let listening = listen(&store, d.path()).unwrap();
         let mode = std::fs::metadata(socket_path(&dir)).unwrap();
         assert_eq!(
             std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o777,
@@ -234,6 +301,17 @@ mod tests {
         );
         let rep = request_gc(&dir).expect("the mount answers").unwrap();
         assert_eq!(rep.chunks_dropped, 0);
+        let create = |name: &str| {
+            let req = Request::SnapshotCreate { name: name.into() };
+            request::<serde_json::Value>(&dir, &req).expect("answers")
+        };
+        assert_eq!(create("mon").unwrap()["name"], "mon");
+        assert!(matches!(create("mon"), Err(StoreError::AlreadyExists)));
+        let list: serde_json::Value = request(&dir, &Request::SnapshotList).unwrap().unwrap();
+        assert_eq!(list[0]["name"], "mon");
+        let gone = Request::SnapshotDelete { name: "tue".into() };
+        let r = request::<serde_json::Value>(&dir, &gone).unwrap();
+        assert!(matches!(r, Err(StoreError::NotFound)), "{r:?}");
         drop(listening);
         assert!(request_gc(&dir).is_none(), "no socket: nobody to ask");
         // A socket file nobody listens on (a mount killed with -9).

@@ -13,6 +13,7 @@ mod mount_cmd;
 mod mount_helper;
 mod output;
 mod progress;
+mod snapshot_cmd;
 mod store_cmd;
 mod watch_cmd;
 

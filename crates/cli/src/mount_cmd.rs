@@ -39,6 +39,9 @@ pub struct MountArgs {
     /// Skip unknown mount options instead of refusing them (mount -s).
     #[arg(long, hide = true)]
     pub sloppy: bool,
+    /// Mount snapshot NAME alone, read-only, instead of the live tree.
+    #[arg(long, value_name = "NAME")]
+    pub snapshot: Option<String>,
     /// Internal: print "ready" on stdout once mounted.
     #[arg(long, hide = true)]
     pub notify_ready: bool,
@@ -90,7 +93,7 @@ fn foreground(a: &MountArgs) -> ExitCode {
     };
     let pid_file = a.dir.join("mount.pid");
     let _ = std::fs::write(&pid_file, std::process::id().to_string());
-    let control = match crate::control::listen(&store) {
+    let control = match crate::control::listen(&store, &a.mountpoint) {
         Ok(c) => Some(c),
         Err(e) => {
             eprintln!(
@@ -109,7 +112,20 @@ fn foreground(a: &MountArgs) -> ExitCode {
     let mut config = onecopy_fuse::mount_config(&name, opts.threads.unwrap_or(a.threads));
     config.mount_options.extend(opts.kernel);
     let notify = a.notify_ready;
-    let r = onecopy_fuse::serve_store(store.clone(), &a.mountpoint, &config, || {
+    let root = match &a.snapshot {
+        None => 1,
+        Some(name) => match store.snapshot_root(name) {
+            Ok(r) => r,
+            Err(_) => {
+                eprintln!("onecopy: {}: no snapshot named {name:?}", a.dir.display());
+                drop(control);
+                close_store(store);
+                let _ = std::fs::remove_file(&pid_file);
+                return ExitCode::from(exit::USAGE);
+            }
+        },
+    };
+    let r = onecopy_fuse::serve_store_at(store.clone(), root, &a.mountpoint, &config, || {
         if notify {
             let mut out = std::io::stdout();
             let _ = writeln!(out, "ready");
@@ -183,6 +199,7 @@ fn daemonize(a: &MountArgs) -> ExitCode {
         .args(["-f", "--notify-ready", "--threads", &a.threads.to_string()])
         .args(a.options.iter().flat_map(|o| ["-o", o.as_str()]))
         .args(a.sloppy.then_some("--sloppy"))
+        .args(a.snapshot.iter().flat_map(|n| ["--snapshot", n.as_str()]))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(log)

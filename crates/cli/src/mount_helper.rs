@@ -398,6 +398,7 @@ pub fn run(args: &[OsString]) -> ExitCode {
         options: Some(options),
         sloppy: h.sloppy,
         notify_ready: false,
+        snapshot: None,
     })
 }
 

@@ -1,7 +1,7 @@
 //! `onecopy store ...`: create and maintain inline dedupe stores. Thin
 //! glue over `onecopy-store`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
@@ -51,6 +51,14 @@ pub enum StoreAction {
         /// sorted run (about 80 bytes each; default 65536).
         #[arg(long, value_name = "N", hide = true)]
         index_memtable: Option<usize>,
+    },
+    /// Delete the snapshots a retention policy does not keep (as `restic
+    /// forget`); `store gc` then frees what only they held.
+    Forget(crate::snapshot_cmd::ForgetArgs),
+    /// Snapshots: create, list, delete.
+    Snapshot {
+        #[command(subcommand)]
+        action: crate::snapshot_cmd::SnapshotAction,
     },
     /// Logical and stored bytes, dedupe and compression ratios, chunks.
     Stats {
@@ -140,6 +148,7 @@ pub fn run(args: StoreArgs) -> ExitCode {
     }
 }
 
+/// One store command; its exit code (from `exit.rs`).
 fn act(action: StoreAction) -> Result<u8, StoreError> {
     match action {
         StoreAction::Init {
@@ -151,78 +160,24 @@ fn act(action: StoreAction) -> Result<u8, StoreError> {
             index_quota,
             index_memtable,
         } => {
-            if index_memtable == Some(0) {
-                return Err(StoreError::BadOption(
-                    "--index-memtable must be at least 1".into(),
-                ));
-            }
-            let (codec, zstd_level) = onecopy_store::config::parse_compress(&compress)?;
-            let cfg = StoreConfig {
-                chunking: chunking.parse::<Chunking>()?,
-                compress: codec,
-                zstd_level,
+            let cfg = init_config(
+                &chunking,
+                &compress,
                 verify,
-                container_size: onecopy_store::config::parse_size(&container_size)? as u64,
+                &container_size,
                 index_quota,
                 index_memtable,
-                ..StoreConfig::default()
-            };
+            )?;
             Store::init(&dir, &cfg)?;
             println!("created store {} ({chunking}, {compress})", dir.display());
             Ok(exit::OK)
         }
-        StoreAction::Stats { dir, json } => {
-            let s = Store::stats_readonly(&dir)?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&s).expect("serializes"));
-            } else {
-                print_stats(&s);
-            }
-            Ok(exit::OK)
-        }
-        StoreAction::Gc { dir } => {
-            let r = match crate::control::open_store(&dir) {
-                Ok(s) => s.gc()?,
-                Err(StoreError::Locked { path }) => {
-                    crate::control::request_gc(&dir).ok_or(StoreError::Locked { path })??
-                }
-                Err(e) => return Err(e),
-            };
-            println!(
-                "dropped {} chunks, deleted {} and compacted {} containers, freed {} bytes",
-                r.chunks_dropped, r.containers_deleted, r.containers_compacted, r.bytes_freed
-            );
-            Ok(exit::OK)
-        }
-        StoreAction::Fsck { dir, repair } => {
-            let r = crate::control::open_store(&dir)?.fsck(repair)?;
-            for p in &r.problems {
-                println!("{p}");
-            }
-            println!("{} problems, {} repaired", r.problems.len(), r.repaired);
-            Ok(if r.problems.len() as u64 > r.repaired {
-                exit::PARTIAL
-            } else {
-                exit::OK
-            })
-        }
-        StoreAction::Scrub { dir } => {
-            let r = crate::control::open_store(&dir)?.scrub()?;
-            for d in &r.damaged {
-                println!("{d}");
-            }
-            println!(
-                "checked {} chunks ({} bytes), {} damaged",
-                r.chunks_checked,
-                r.bytes_checked,
-                r.damaged.len()
-            );
-            Ok(if r.damaged.is_empty() {
-                exit::OK
-            } else {
-                exit::PARTIAL
-            })
-        }
+        StoreAction::Stats { dir, json } => stats(&dir, json),
+        StoreAction::Snapshot { action } => crate::snapshot_cmd::run(action),
+        StoreAction::Forget(a) => crate::snapshot_cmd::forget(a),
+        StoreAction::Gc { dir } => gc(&dir),
+        StoreAction::Fsck { dir, repair } => fsck(&dir, repair),
+        StoreAction::Scrub { dir } => scrub(&dir),
         StoreAction::Import {
             dir,
             srcs,
@@ -239,18 +194,104 @@ fn act(action: StoreAction) -> Result<u8, StoreError> {
             };
             Ok(crate::import_cmd::run(&dir, &srcs, &opts, json))
         }
-        StoreAction::Prune { dir, days } => {
-            let s = crate::control::open_store(&dir)?;
-            let n = s.prune()?;
-            println!("pruned {n} unreferenced index entries");
-            if let Some(days) = days {
-                let age = std::time::Duration::from_secs(days.saturating_mul(86_400));
-                let n = s.prune_index(age)?;
-                println!("pruned {n} entries of chunks referenced once, older than {days} days");
-            }
-            Ok(exit::OK)
-        }
+        StoreAction::Prune { dir, days } => prune(&dir, days),
     }
+}
+
+/// The settings `store init` was given.
+fn init_config(
+    chunking: &str,
+    compress: &str,
+    verify: bool,
+    container_size: &str,
+    index_quota: Option<u64>,
+    index_memtable: Option<usize>,
+) -> Result<StoreConfig, StoreError> {
+    if index_memtable == Some(0) {
+        return Err(StoreError::BadOption(
+            "--index-memtable must be at least 1".into(),
+        ));
+    }
+    let (codec, zstd_level) = onecopy_store::config::parse_compress(compress)?;
+    Ok(StoreConfig {
+        chunking: chunking.parse::<Chunking>()?,
+        compress: codec,
+        zstd_level,
+        verify,
+        container_size: onecopy_store::config::parse_size(container_size)? as u64,
+        index_quota,
+        index_memtable,
+        ..StoreConfig::default()
+    })
+}
+
+fn stats(dir: &Path, json: bool) -> Result<u8, StoreError> {
+    let s = Store::stats_readonly(dir)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&s).expect("serializes"));
+    } else {
+        print_stats(&s);
+    }
+    Ok(exit::OK)
+}
+
+/// gc in this process, or by the mount serving the store.
+fn gc(dir: &Path) -> Result<u8, StoreError> {
+    let r = match crate::control::open_store(dir) {
+        Ok(s) => s.gc()?,
+        Err(StoreError::Locked { path }) => {
+            crate::control::request_gc(dir).ok_or(StoreError::Locked { path })??
+        }
+        Err(e) => return Err(e),
+    };
+    println!(
+        "dropped {} chunks, deleted {} and compacted {} containers, freed {} bytes",
+        r.chunks_dropped, r.containers_deleted, r.containers_compacted, r.bytes_freed
+    );
+    Ok(exit::OK)
+}
+
+fn fsck(dir: &Path, repair: bool) -> Result<u8, StoreError> {
+    let r = crate::control::open_store(dir)?.fsck(repair)?;
+    for p in &r.problems {
+        println!("{p}");
+    }
+    println!("{} problems, {} repaired", r.problems.len(), r.repaired);
+    Ok(if r.problems.len() as u64 > r.repaired {
+        exit::PARTIAL
+    } else {
+        exit::OK
+    })
+}
+
+fn scrub(dir: &Path) -> Result<u8, StoreError> {
+    let r = crate::control::open_store(dir)?.scrub()?;
+    for d in &r.damaged {
+        println!("{d}");
+    }
+    println!(
+        "checked {} chunks ({} bytes), {} damaged",
+        r.chunks_checked,
+        r.bytes_checked,
+        r.damaged.len()
+    );
+    Ok(if r.damaged.is_empty() {
+        exit::OK
+    } else {
+        exit::PARTIAL
+    })
+}
+
+fn prune(dir: &Path, days: Option<u64>) -> Result<u8, StoreError> {
+    let s = crate::control::open_store(dir)?;
+    let n = s.prune()?;
+    println!("pruned {n} unreferenced index entries");
+    if let Some(days) = days {
+        let age = std::time::Duration::from_secs(days.saturating_mul(86_400));
+        let n = s.prune_index(age)?;
+        println!("pruned {n} entries of chunks referenced once, older than {days} days");
+    }
+    Ok(exit::OK)
 }
 
 fn print_stats(s: &onecopy_store::Stats) {

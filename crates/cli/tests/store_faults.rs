@@ -1188,6 +1188,62 @@ fn a_later_file_never_has_an_earlier_time() {
     m.unmount();
 }
 
+/// The times a program saw stay after a remount. Under the writeback
+/// cache the kernel owns a file's mtime and ctime and sends them at close
+/// (SETATTR) after the pages (WRITE, queued in the background); when the
+/// store's threads ran that WRITE last it stamped its own clock over them
+/// and a file's times moved at the next mount (xfstests generic/003, one
+/// run in three).
+#[test]
+fn times_a_program_saw_survive_a_remount() {
+    use std::os::unix::fs::MetadataExt;
+    require_fuse();
+    let s = scratch(&[]);
+    let times = |p: &Path| {
+        let md = std::fs::metadata(p).unwrap();
+        (md.mtime(), md.mtime_nsec(), md.ctime(), md.ctime_nsec())
+    };
+    let mut seen = Vec::new();
+    // The first writes of a mount are the slowest to run (statements
+    // not yet prepared): each round starts a new one.
+    for round in 0..12 {
+        let m = Mount::new(&s);
+        for i in 0..10 {
+            let p = s.mnt.join(format!("f{round}-{i}"));
+            std::fs::write(&p, format!("{i}\n")).unwrap();
+            seen.push((p.clone(), times(&p)));
+        }
+        m.unmount();
+    }
+    let m = Mount::new(&s);
+    let moved: Vec<_> = seen
+        .iter()
+        .filter(|(p, t)| times(p) != *t)
+        .map(|(p, t)| (p.file_name().unwrap().to_owned(), *t, times(p)))
+        .collect();
+    assert!(moved.is_empty(), "times changed by a remount: {moved:?}");
+    m.unmount();
+}
+
+/// `sync -f` after `rm -r` succeeds. The kernel writes back a removed
+/// file's times (its unlink moved the cached ctime) after the store has
+/// deleted the file; that SETATTR got ENOENT, which the next `syncfs`
+/// reported as an error.
+#[test]
+fn syncfs_after_removing_a_tree_reports_no_error() {
+    require_fuse();
+    let s = scratch(&[]);
+    let m = Mount::new(&s);
+    let mnt = s.mnt.display();
+    let out = sh(&format!(
+        "mkdir -p {mnt}/t/u && for i in 1 2 3; do echo $i > {mnt}/t/u/f$i; done && \
+         sync -f {mnt} && rm -r {mnt}/t && sync -f {mnt} && echo synced"
+    ));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "synced");
+    m.unmount();
+    fsck_clean(&s.store);
+}
+
 // ---------------------------------------------------------------------
 // Hostile input.
 // ---------------------------------------------------------------------

@@ -226,7 +226,8 @@ fn stats_reports_every_figure() {
     ok(&onecopy(&["mount", st, mt]), "mount");
     // 4 MiB of random data (64 fixed 64 KiB chunks), then the same again.
     write_random(&mnt.join("a"), 4 * MIB, 11).unwrap();
-    std::fs::copy(mnt.join("a"), mnt.join("b")).unwrap();
+    // Written, not copied: copy_file_range would share the chunks.
+    std::fs::write(mnt.join("b"), std::fs::read(mnt.join("a")).unwrap()).unwrap();
     assert_eq!(
         checksum_file(&mnt.join("b")).unwrap(),
         checksum_file(&mnt.join("a")).unwrap()
@@ -398,7 +399,8 @@ fn index_quota_and_prune_through_the_cli() {
         "mount again",
     );
     let sum = checksum_file(&mnt.join("a")).unwrap();
-    std::fs::copy(mnt.join("a"), mnt.join("b")).unwrap();
+    // Written, not copied: copy_file_range would share the chunks.
+    std::fs::write(mnt.join("b"), std::fs::read(mnt.join("a")).unwrap()).unwrap();
     assert_eq!(checksum_file(&mnt.join("b")).unwrap(), sum);
     umount_and_check(&store, &mnt);
     // Nothing was indexed any more, so the copy was stored again.

@@ -32,11 +32,54 @@ const TTL: Duration = Duration::from_secs(1);
 /// The store as a FUSE filesystem.
 pub struct StoreFs {
     store: Arc<Store>,
+    /// The store inode the mount's root (FUSE inode 1) stands for: the
+    /// store's root, or a snapshot's (`onecopy mount --snapshot`).
+    root: u64,
 }
 
 impl StoreFs {
     pub fn new(store: Arc<Store>) -> Self {
-        StoreFs { store }
+        StoreFs { store, root: 1 }
+    }
+
+    /// A read-only mount of one snapshot: its root is the mount's root.
+    pub fn of_snapshot(store: Arc<Store>, root: u64) -> Self {
+        StoreFs { store, root }
+    }
+
+    /// The store inode a FUSE inode number names.
+    fn ino(&self, x: INodeNo) -> u64 {
+        if x.0 == 1 {
+            self.root
+        } else {
+            x.0
+        }
+    }
+
+    /// The FUSE inode number of a store inode: the root's is 1 (and so,
+    /// in a snapshot's mount, is the directory above it, which `..` of
+    /// the root names).
+    fn out(&self, ino: u64) -> u64 {
+        let above = self.root != 1 && ino == onecopy_store::SNAPSHOTS_DIR_INO;
+        if ino == self.root || above {
+            1
+        } else {
+            ino
+        }
+    }
+
+    fn fattr(&self, a: &Attr) -> FileAttr {
+        FileAttr {
+            ino: INodeNo(self.out(a.ino)),
+            ..fattr(a)
+        }
+    }
+
+    fn entry(&self, reply: ReplyEntry, r: Result<Attr, StoreError>) {
+        match r {
+            Ok(a) => reply.entry(&TTL, &self.fattr(&a), Generation(0)),
+            Err(e) => reply.error(errno(e)),
+        }
     }
 }
 
@@ -94,8 +137,25 @@ pub fn serve_store(
     config: &Config,
     ready: impl FnOnce(),
 ) -> std::io::Result<()> {
+    serve_store_at(store, 1, mountpoint, config, ready)
+}
+
+/// [`serve_store`] with store inode `root` as the mount's root: 1, or a
+/// snapshot's root (`Store::snapshot_root`), then mounted read-only.
+pub fn serve_store_at(
+    store: Arc<Store>,
+    root: u64,
+    mountpoint: &Path,
+    config: &Config,
+    ready: impl FnOnce(),
+) -> std::io::Result<()> {
     store.keep_until_forgotten();
-    let session = fuser::Session::new(StoreFs::new(store.clone()), mountpoint, config)?;
+    let mut config = config.clone();
+    if root != 1 {
+        config.mount_options.push(fuser::MountOption::RO);
+    }
+    let fs = StoreFs::of_snapshot(store.clone(), root);
+    let session = fuser::Session::new(fs, mountpoint, &config)?;
     widen_readahead(mountpoint, READAHEAD_KB);
     ready();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -227,6 +287,28 @@ pub(crate) fn flush_reply(reply: ReplyEmpty) {
     reply.error(Errno::ENOSYS)
 }
 
+/// What a times-only SETATTR of an inode the store has deleted gets. The
+/// kernel sends one when it writes back a removed file's times (the
+/// unlink moved its cached ctime) after the store deleted the nameless,
+/// closed file; nobody can see those times any more, and an ENOENT there
+/// became an error of the next `syncfs` (`sync -f` after `rm -r` failed).
+fn gone(ino: u64) -> Attr {
+    Attr {
+        ino,
+        kind: Kind::File,
+        perm: 0,
+        uid: 0,
+        gid: 0,
+        nlink: 0,
+        size: 0,
+        atime_ns: 0,
+        mtime_ns: 0,
+        ctime_ns: 0,
+        rdev: 0,
+        data: 0,
+    }
+}
+
 fn errno(e: StoreError) -> Errno {
     Errno::from_i32(e.errno())
 }
@@ -297,13 +379,6 @@ fn fattr(a: &Attr) -> FileAttr {
     }
 }
 
-fn entry(reply: ReplyEntry, r: Result<Attr, StoreError>) {
-    match r {
-        Ok(a) => reply.entry(&TTL, &fattr(&a), Generation(0)),
-        Err(e) => reply.error(errno(e)),
-    }
-}
-
 fn empty(reply: ReplyEmpty, r: Result<(), StoreError>) {
     match r {
         Ok(()) => reply.ok(),
@@ -356,6 +431,16 @@ fn node(req: &Request, mode: u32, umask: u32, rdev: u32) -> NewNode {
 /// Answers EIO and returns when the store has shut down (a rolled-back
 /// commit: see `Store::check_live`), so the mount serves nothing of a
 /// namespace that lost acknowledged work.
+/// Answers EROFS and returns when a request would change a snapshot or
+/// the directories above them (inode numbers the store calls read-only).
+macro_rules! writable {
+    ($reply:expr, $($ino:expr),+) => {
+        if $(onecopy_store::is_read_only($ino))||+ {
+            return $reply.error(Errno::EROFS);
+        }
+    };
+}
+
 macro_rules! live {
     ($fs:expr, $reply:expr) => {
         if let Err(e) = $fs.store.check_live() {
@@ -367,6 +452,12 @@ macro_rules! live {
 impl Filesystem for StoreFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         tune(config);
+        if config
+            .capabilities()
+            .contains(InitFlags::FUSE_WRITEBACK_CACHE)
+        {
+            self.store.leave_file_times_to_kernel();
+        }
         Ok(())
     }
 
@@ -380,8 +471,8 @@ impl Filesystem for StoreFs {
     /// inode at a time: fuser does not export its type): a nameless one is
     /// deleted now (see `Store::keep_until_forgotten`).
     fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
-        if let Err(e) = self.store.forget(&[ino.0]) {
-            eprintln!("onecopy: forgetting inode {}: {e}", ino.0);
+        if let Err(e) = self.store.forget(&[self.ino(ino)]) {
+            eprintln!("onecopy: forgetting inode {}: {e}", self.ino(ino));
         }
     }
 
@@ -390,13 +481,18 @@ impl Filesystem for StoreFs {
         if name.len() > 255 {
             return reply.error(Errno::ENAMETOOLONG);
         }
-        entry(reply, self.store.lookup(parent.0, name.as_bytes()))
+        let parent = self.ino(parent);
+        if parent == self.root && self.root != 1 && name.as_bytes() == b".." {
+            // A snapshot's mount: nothing above its root.
+            return self.entry(reply, self.store.getattr(parent));
+        }
+        self.entry(reply, self.store.lookup(parent, name.as_bytes()))
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         live!(self, reply);
-        match self.store.getattr(ino.0) {
-            Ok(a) => reply.attr(&TTL, &fattr(&a)),
+        match self.store.getattr(self.ino(ino)) {
+            Ok(a) => reply.attr(&TTL, &self.fattr(&a)),
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -420,13 +516,14 @@ impl Filesystem for StoreFs {
         reply: ReplyAttr,
     ) {
         live!(self, reply);
+        writable!(reply, self.ino(ino));
         // chmod by a non-root caller outside the file's group drops setgid
         // (what the VFS does for local filesystems).
         let mode = mode.map(|m| {
             if req.uid() == 0 || m & 0o2000 == 0 {
                 return m;
             }
-            match self.store.getattr(ino.0) {
+            match self.store.getattr(self.ino(ino)) {
                 Ok(a) if !in_group(req, a.gid) => m & !0o2000,
                 _ => m,
             }
@@ -441,16 +538,21 @@ impl Filesystem for StoreFs {
             ctime_ns: ctime.map(ns),
             kill_setid: SetidKill::Keep,
         };
-        set.kill_setid = setid_kill(&self.store, req, ino.0, &set, false);
-        match self.store.setattr(ino.0, set) {
-            Ok(a) => reply.attr(&TTL, &fattr(&a)),
+        set.kill_setid = setid_kill(&self.store, req, self.ino(ino), &set, false);
+        let times_only =
+            set.perm.is_none() && set.size.is_none() && set.uid.is_none() && set.gid.is_none();
+        match self.store.setattr(self.ino(ino), set) {
+            Ok(a) => reply.attr(&TTL, &self.fattr(&a)),
+            Err(StoreError::NotFound) if times_only => {
+                reply.attr(&TTL, &self.fattr(&gone(self.ino(ino))))
+            }
             Err(e) => reply.error(errno(e)),
         }
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         live!(self, reply);
-        data(reply, self.store.readlink(ino.0))
+        data(reply, self.store.readlink(self.ino(ino)))
     }
 
     fn mknod(
@@ -464,8 +566,12 @@ impl Filesystem for StoreFs {
         reply: ReplyEntry,
     ) {
         live!(self, reply);
+        writable!(reply, self.ino(parent));
         let n = node(req, mode, umask, rdev);
-        entry(reply, self.store.mknod(parent.0, name.as_bytes(), n))
+        self.entry(
+            reply,
+            self.store.mknod(self.ino(parent), name.as_bytes(), n),
+        )
     }
 
     fn mkdir(
@@ -478,18 +584,24 @@ impl Filesystem for StoreFs {
         reply: ReplyEntry,
     ) {
         live!(self, reply);
+        writable!(reply, self.ino(parent));
         let n = node(req, mode | libc::S_IFDIR, umask, 0);
-        entry(reply, self.store.mknod(parent.0, name.as_bytes(), n))
+        self.entry(
+            reply,
+            self.store.mknod(self.ino(parent), name.as_bytes(), n),
+        )
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         live!(self, reply);
-        empty(reply, self.store.unlink(parent.0, name.as_bytes()))
+        writable!(reply, self.ino(parent));
+        empty(reply, self.store.unlink(self.ino(parent), name.as_bytes()))
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         live!(self, reply);
-        empty(reply, self.store.rmdir(parent.0, name.as_bytes()))
+        writable!(reply, self.ino(parent));
+        empty(reply, self.store.rmdir(self.ino(parent), name.as_bytes()))
     }
 
     fn symlink(
@@ -501,11 +613,12 @@ impl Filesystem for StoreFs {
         reply: ReplyEntry,
     ) {
         live!(self, reply);
+        writable!(reply, self.ino(parent));
         let t = target.as_os_str().as_bytes();
-        entry(
+        self.entry(
             reply,
             self.store
-                .symlink(parent.0, name.as_bytes(), t, req.uid(), req.gid()),
+                .symlink(self.ino(parent), name.as_bytes(), t, req.uid(), req.gid()),
         )
     }
 
@@ -520,6 +633,7 @@ impl Filesystem for StoreFs {
         reply: ReplyEmpty,
     ) {
         live!(self, reply);
+        writable!(reply, self.ino(parent), self.ino(newparent));
         if flags.contains(fuser::RenameFlags::RENAME_WHITEOUT) {
             return reply.error(Errno::EINVAL);
         }
@@ -528,9 +642,9 @@ impl Filesystem for StoreFs {
             exchange: flags.contains(fuser::RenameFlags::RENAME_EXCHANGE),
         };
         let r = self.store.rename(
-            parent.0,
+            self.ino(parent),
             name.as_bytes(),
-            newparent.0,
+            self.ino(newparent),
             newname.as_bytes(),
             f,
         );
@@ -546,15 +660,20 @@ impl Filesystem for StoreFs {
         reply: ReplyEntry,
     ) {
         live!(self, reply);
-        entry(
+        writable!(reply, self.ino(ino), self.ino(newparent));
+        self.entry(
             reply,
-            self.store.link(ino.0, newparent.0, newname.as_bytes()),
+            self.store
+                .link(self.ino(ino), self.ino(newparent), newname.as_bytes()),
         )
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         live!(self, reply);
-        match self.store.open_file(ino.0) {
+        if flags.0 & (libc::O_WRONLY | libc::O_RDWR | libc::O_TRUNC) != 0 {
+            writable!(reply, self.ino(ino));
+        }
+        match self.store.open_file(self.ino(ino)) {
             Ok(_) => reply.opened(FileHandle(0), FopenFlags::empty()),
             Err(e) => reply.error(errno(e)),
         }
@@ -565,7 +684,7 @@ impl Filesystem for StoreFs {
     /// until closed, as on a disk filesystem.
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         live!(self, reply);
-        match self.store.open_file(ino.0) {
+        match self.store.open_file(self.ino(ino)) {
             Ok(_) => reply.opened(FileHandle(0), FopenFlags::empty()),
             Err(e) => reply.error(errno(e)),
         }
@@ -579,7 +698,7 @@ impl Filesystem for StoreFs {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        empty(reply, self.store.release_file(ino.0))
+        empty(reply, self.store.release_file(self.ino(ino)))
     }
 
     fn create(
@@ -593,11 +712,12 @@ impl Filesystem for StoreFs {
         reply: ReplyCreate,
     ) {
         live!(self, reply);
+        writable!(reply, self.ino(parent));
         let n = node(req, mode, umask, 0);
-        match self.store.create_open(parent.0, name.as_bytes(), n) {
+        match self.store.create_open(self.ino(parent), name.as_bytes(), n) {
             Ok(a) => reply.created(
                 &TTL,
-                &fattr(&a),
+                &self.fattr(&a),
                 Generation(0),
                 FileHandle(0),
                 FopenFlags::empty(),
@@ -618,7 +738,7 @@ impl Filesystem for StoreFs {
         reply: ReplyData,
     ) {
         live!(self, reply);
-        data(reply, self.store.read(ino.0, offset, size as usize))
+        data(reply, self.store.read(self.ino(ino), offset, size as usize))
     }
 
     fn write(
@@ -634,14 +754,15 @@ impl Filesystem for StoreFs {
         reply: ReplyWrite,
     ) {
         live!(self, reply);
+        writable!(reply, self.ino(ino));
         if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
             let mut kill = SetAttr::default();
-            kill.kill_setid = setid_kill(&self.store, req, ino.0, &kill, true);
-            if let Err(e) = self.store.setattr(ino.0, kill) {
+            kill.kill_setid = setid_kill(&self.store, req, self.ino(ino), &kill, true);
+            if let Err(e) = self.store.setattr(self.ino(ino), kill) {
                 return reply.error(errno(e));
             }
         }
-        match self.store.write(ino.0, offset, data) {
+        match self.store.write(self.ino(ino), offset, data) {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(errno(e)),
         }
@@ -669,7 +790,7 @@ impl Filesystem for StoreFs {
         reply: ReplyEmpty,
     ) {
         live!(self, reply);
-        empty(reply, self.store.release_file(ino.0))
+        empty(reply, self.store.release_file(self.ino(ino)))
     }
 
     fn fsync(
@@ -681,7 +802,7 @@ impl Filesystem for StoreFs {
         reply: ReplyEmpty,
     ) {
         live!(self, reply);
-        empty(reply, self.store.fsync(ino.0))
+        empty(reply, self.store.fsync(self.ino(ino)))
     }
 
     fn readdir(
@@ -693,11 +814,16 @@ impl Filesystem for StoreFs {
         mut reply: ReplyDirectory,
     ) {
         live!(self, reply);
-        match self.store.readdir(ino.0, offset as i64, 256) {
+        match self.store.readdir(self.ino(ino), offset as i64, 256) {
             Ok(entries) => {
                 for e in entries {
                     let name = OsStr::from_bytes(&e.name);
-                    if reply.add(INodeNo(e.ino), e.next as u64, file_type(e.kind), name) {
+                    if reply.add(
+                        INodeNo(self.out(e.ino)),
+                        e.next as u64,
+                        file_type(e.kind),
+                        name,
+                    ) {
                         break;
                     }
                 }
@@ -719,17 +845,58 @@ impl Filesystem for StoreFs {
         mut reply: ReplyDirectoryPlus,
     ) {
         live!(self, reply);
-        match self.store.readdir_plus(ino.0, offset as i64, 128) {
+        match self.store.readdir_plus(self.ino(ino), offset as i64, 128) {
             Ok(entries) => {
                 for (e, a) in entries {
                     let name = OsStr::from_bytes(&e.name);
-                    let (next, attr) = (e.next as u64, fattr(&a));
-                    if reply.add(INodeNo(e.ino), next, name, &TTL, &attr, Generation(0)) {
+                    let (next, attr) = (e.next as u64, self.fattr(&a));
+                    if reply.add(
+                        INodeNo(self.out(e.ino)),
+                        next,
+                        name,
+                        &TTL,
+                        &attr,
+                        Generation(0),
+                    ) {
                         break;
                     }
                 }
                 reply.ok()
             }
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    /// `copy_file_range` (coreutils `cp`, among others): whole chunks are
+    /// shared, not copied (`Store::copy_range`). A store error the
+    /// kernel could retry as a plain copy (a range overlapping itself)
+    /// answers EOPNOTSUPP so that it does.
+    #[allow(clippy::too_many_arguments)]
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        ino_in: INodeNo,
+        _fh_in: FileHandle,
+        offset_in: u64,
+        ino_out: INodeNo,
+        _fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        _flags: fuser::CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        live!(self, reply);
+        writable!(reply, self.ino(ino_out));
+        let r = self.store.copy_range(
+            self.ino(ino_in),
+            offset_in,
+            self.ino(ino_out),
+            offset_out,
+            len,
+        );
+        match r {
+            Ok(n) => reply.written(n.min(u32::MAX as u64) as u32),
+            Err(StoreError::Invalid) => reply.error(Errno::EOPNOTSUPP),
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -745,7 +912,11 @@ impl Filesystem for StoreFs {
         reply: ReplyEmpty,
     ) {
         live!(self, reply);
-        empty(reply, self.store.fallocate(ino.0, offset, length, mode))
+        writable!(reply, self.ino(ino));
+        empty(
+            reply,
+            self.store.fallocate(self.ino(ino), offset, length, mode),
+        )
     }
 
     fn fsyncdir(
@@ -785,21 +956,22 @@ impl Filesystem for StoreFs {
         reply: ReplyEmpty,
     ) {
         live!(self, reply);
+        writable!(reply, self.ino(ino));
         let (create, replace) = (
             flags & libc::XATTR_CREATE != 0,
             flags & libc::XATTR_REPLACE != 0,
         );
         let r = self
             .store
-            .setxattr(ino.0, name.as_bytes(), value, create, replace);
+            .setxattr(self.ino(ino), name.as_bytes(), value, create, replace);
         if r.is_ok() && name.as_bytes() == b"system.posix_acl_access" && req.uid() != 0 {
-            match self.store.getattr(ino.0) {
+            match self.store.getattr(self.ino(ino)) {
                 Ok(a) if a.perm & 0o2000 != 0 && !in_group(req, a.gid) => {
                     let set = SetAttr {
                         perm: Some(a.perm & !0o2000),
                         ..SetAttr::default()
                     };
-                    return empty(reply, self.store.setattr(ino.0, set).map(|_| ()));
+                    return empty(reply, self.store.setattr(self.ino(ino), set).map(|_| ()));
                 }
                 Ok(_) => {}
                 Err(e) => return reply.error(errno(e)),
@@ -810,12 +982,16 @@ impl Filesystem for StoreFs {
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         live!(self, reply);
-        xattr_reply(reply, size, self.store.getxattr(ino.0, name.as_bytes()))
+        xattr_reply(
+            reply,
+            size,
+            self.store.getxattr(self.ino(ino), name.as_bytes()),
+        )
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         live!(self, reply);
-        let r = self.store.listxattr(ino.0).map(|names| {
+        let r = self.store.listxattr(self.ino(ino)).map(|names| {
             names
                 .into_iter()
                 .flat_map(|mut n| {
@@ -829,6 +1005,10 @@ impl Filesystem for StoreFs {
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         live!(self, reply);
-        empty(reply, self.store.removexattr(ino.0, name.as_bytes()))
+        writable!(reply, self.ino(ino));
+        empty(
+            reply,
+            self.store.removexattr(self.ino(ino), name.as_bytes()),
+        )
     }
 }

@@ -3,6 +3,7 @@
 //! FastCDC), dedupes them and updates the file map.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use rusqlite::{params, OptionalExtension};
@@ -71,7 +72,7 @@ fn most_buffered_over_total(dirty: &HashMap<u64, DirtyFile>, page: u64) -> Optio
 }
 
 /// A stored extent: file offset, length, and where its chunk is.
-type Planned = (u64, u64, ChunkLoc);
+pub(crate) type Planned = (u64, u64, ChunkLoc);
 /// A buffered page: file offset and bytes.
 type Page = (u64, Arc<Vec<u8>>);
 
@@ -84,6 +85,61 @@ pub(crate) fn is_zero(b: &[u8]) -> bool {
         && words
             .into_iter()
             .all(|w| u64::from_ne_bytes(w.try_into().expect("8 bytes")) == 0)
+}
+
+/// Where each record of a span lands in a buffer covering
+/// `[at, end_at)` when it can be read in place: stored raw, used whole,
+/// wholly inside, and after the one before (the plan is in file order and
+/// extents never overlap). `None`: read aside and decoded.
+fn direct_places(recs: &[Planned], at: u64, end_at: u64) -> Vec<Option<usize>> {
+    let mut next = 0usize;
+    recs.iter()
+        .map(|&(o, l, lk)| {
+            let raw = lk.raw_len as u64;
+            let place = (l == raw
+                && o >= at
+                && o + raw <= end_at
+                && lk.stored_len as u64 == container::RECORD_HEADER as u64 + raw
+                && (o - at) as usize >= next)
+                .then(|| (o - at) as usize);
+            if let Some(d) = place {
+                next = d + raw as usize;
+            }
+            place
+        })
+        .collect()
+}
+
+/// The vectored read's buffers for a span, in container order: for a
+/// record read in place its header (one of `headers`) then its place in
+/// `buf`; for the others their stretch of `aside`.
+fn span_buffers<'a>(
+    buf: &'a mut [u8],
+    recs: &[Planned],
+    direct: &[Option<usize>],
+    headers: &'a mut [[u8; container::RECORD_HEADER]],
+    aside: &'a mut [u8],
+) -> Vec<&'a mut [u8]> {
+    let mut bufs: Vec<&mut [u8]> = Vec::with_capacity(2 * recs.len());
+    let mut hdrs = headers.iter_mut();
+    let (mut rest, mut rest_at) = (buf, 0usize);
+    let mut rest_aside = aside;
+    for (r, d) in recs.iter().zip(direct) {
+        if let Some(d) = *d {
+            bufs.push(&mut hdrs.next().expect("one header per direct record")[..]);
+            let tail = std::mem::take(&mut rest);
+            let (_, tail) = tail.split_at_mut(d - rest_at);
+            let (dst, tail) = tail.split_at_mut(r.2.raw_len as usize);
+            bufs.push(dst);
+            (rest, rest_at) = (tail, d + r.2.raw_len as usize);
+        } else {
+            let tail = std::mem::take(&mut rest_aside);
+            let (rec, tail) = tail.split_at_mut(r.2.stored_len as usize);
+            bufs.push(rec);
+            rest_aside = tail;
+        }
+    }
+    bufs
 }
 
 /// Copies the part of `src` (at file offset `src_off`) that falls in
@@ -109,6 +165,9 @@ impl Store {
     /// A file (or directory) is opened: it stays alive while open even if
     /// unlinked (a directory removed while open reads as empty, `nlink` 0).
     pub fn open_file(&self, ino: u64) -> Result<Attr> {
+        if crate::view::is_read_only(ino) {
+            return self.view_getattr(ino);
+        }
         let mut g = self.lock();
         let a = g.attr(ino)?;
         *g.open_count.entry(ino).or_default() += 1;
@@ -118,6 +177,9 @@ impl Store {
     /// A file (or directory) handle is closed: a file's buffer is written
     /// to chunks; a node with no name and no open handle left is deleted.
     pub fn release_file(&self, ino: u64) -> Result<()> {
+        if crate::view::is_read_only(ino) {
+            return Ok(());
+        }
         let r = self.flush_file(ino);
         let mut g = self.lock();
         let n = g.open_count.entry(ino).or_default();
@@ -308,12 +370,12 @@ impl Store {
             self.drop_extents(g, ino, done[i].0, done[j - 1].0 + 1)?;
             i = j;
         }
-        let mut st = g
-            .db
-            .prepare_cached("INSERT INTO extents (ino, off, len, chunk) VALUES (?1, ?2, ?3, ?4)")?;
+        let mut st = g.db.prepare_cached(
+            "INSERT INTO extents (ino, off, len, chunk, born) VALUES (?1, ?2, ?3, ?4, ?5)",
+        )?;
         for &(off, len, chunk) in done {
             if let Some(id) = chunk {
-                st.execute(params![ino, off, len, id])?;
+                st.execute(params![ino, off, len, id, g.epoch])?;
             }
         }
         Ok(())
@@ -390,10 +452,17 @@ impl Store {
             copy_overlap(Arc::make_mut(page).as_mut_slice(), ps, data, off);
         }
         let size = a.size.max(end);
-        g.db.prepare_cached(
-            "UPDATE inodes SET size = ?2, mtime_ns = ?3, ctime_ns = ?3 WHERE ino = ?1",
-        )?
-        .execute(params![ino, size, time_now()])?;
+        if self.kernel_times.load(Ordering::Relaxed) {
+            if size != a.size {
+                g.db.prepare_cached("UPDATE inodes SET size = ?2 WHERE ino = ?1")?
+                    .execute(params![ino, size])?;
+            }
+        } else {
+            g.db.prepare_cached(
+                "UPDATE inodes SET size = ?2, mtime_ns = ?3, ctime_ns = ?3 WHERE ino = ?1",
+            )?
+            .execute(params![ino, size, time_now()])?;
+        }
         let d = &g.dirty[&ino];
         let buffered = d.pages.len() as u64 * p;
         if buffered >= DIRTY_LIMIT && !d.flushing {
@@ -512,6 +581,9 @@ impl Store {
 
     /// Reads up to `len` bytes at `off` (short at the end of the file).
     pub fn read(&self, ino: u64, off: u64, len: usize) -> Result<Vec<u8>> {
+        if crate::view::is_read_only(ino) {
+            return self.view_read(ino, off, len);
+        }
         match self.read_once(ino, off, len) {
             // gc may have moved a chunk and deleted its old container
             // between planning and reading: plan again once.
@@ -561,7 +633,7 @@ impl Store {
              WHERE e.ino = ?1 AND e.off >= ?2 AND e.off < ?3 ORDER BY e.off",
         )?;
         let rows = st.query_map(params![ino, from, end], |r| {
-            Ok((r.get(0)?, r.get(1)?, crate::meta::loc_of(r, 2)?))
+            Ok((r.get(0)?, r.get(1)?, crate::chunks::loc_of(r, 2)?))
         })?;
         let mut out = Vec::new();
         for row in rows {
@@ -581,7 +653,7 @@ impl Store {
     /// its header (`preadv`: no copy at all), a compressed one is decoded
     /// into place; only a chunk the read covers in part is decoded aside
     /// and cached, for the read that wants its other part.
-    fn fill(&self, buf: &mut [u8], at: u64, plan: &[Planned]) -> Result<()> {
+    pub(crate) fn fill(&self, buf: &mut [u8], at: u64, plan: &[Planned]) -> Result<()> {
         let mut i = 0;
         while i < plan.len() {
             let (o, l, loc) = plan[i];
@@ -607,28 +679,11 @@ impl Store {
         Ok(())
     }
 
-    /// [`Store::fill`] for records adjacent in one container.
+    /// [`Store::fill`] for records adjacent in one container, read with
+    /// one vectored call: stored-raw records wholly inside `buf` land in
+    /// place (their headers aside), the others aside to be decoded.
     fn fill_span(&self, buf: &mut [u8], at: u64, recs: &[Planned]) -> Result<()> {
-        let end_at = at + buf.len() as u64;
-        // Where each raw record wholly inside `buf` lands (ascending, as
-        // the plan is in file order and extents never overlap).
-        let mut next = 0usize;
-        let direct: Vec<Option<usize>> = recs
-            .iter()
-            .map(|&(o, l, lk)| {
-                let raw = lk.raw_len as u64;
-                let place = (l == raw
-                    && o >= at
-                    && o + raw <= end_at
-                    && lk.stored_len as u64 == container::RECORD_HEADER as u64 + raw
-                    && (o - at) as usize >= next)
-                    .then(|| (o - at) as usize);
-                if let Some(d) = place {
-                    next = d + raw as usize;
-                }
-                place
-            })
-            .collect();
+        let direct = direct_places(recs, at, at + buf.len() as u64);
         let n_direct = direct.iter().flatten().count();
         let mut headers = vec![[0u8; container::RECORD_HEADER]; n_direct];
         let aside_len: usize = recs
@@ -639,31 +694,29 @@ impl Store {
             .sum();
         let mut aside = vec![0u8; aside_len];
         {
-            let mut bufs: Vec<&mut [u8]> = Vec::with_capacity(2 * recs.len());
-            let mut hdrs = headers.iter_mut();
-            let (mut rest, mut rest_at) = (&mut buf[..], 0usize);
-            let mut rest_aside = &mut aside[..];
-            for (r, d) in recs.iter().zip(&direct) {
-                if let Some(d) = *d {
-                    bufs.push(&mut hdrs.next().expect("one header per direct record")[..]);
-                    let tail = std::mem::take(&mut rest);
-                    let (_, tail) = tail.split_at_mut(d - rest_at);
-                    let (dst, tail) = tail.split_at_mut(r.2.raw_len as usize);
-                    bufs.push(dst);
-                    (rest, rest_at) = (tail, d + r.2.raw_len as usize);
-                } else {
-                    let tail = std::mem::take(&mut rest_aside);
-                    let (rec, tail) = tail.split_at_mut(r.2.stored_len as usize);
-                    bufs.push(rec);
-                    rest_aside = tail;
-                }
-            }
+            let mut bufs = span_buffers(buf, recs, &direct, &mut headers, &mut aside);
             let first = recs[0].2;
             self.containers
                 .read_into(first.container, first.offset, &mut bufs)?;
         }
+        self.finish_span(buf, at, recs, &direct, &headers, &aside)
+    }
+
+    /// Checks the records [`Store::fill_span`] read in place and decodes
+    /// the ones read aside into `buf` (a record only partly inside it is
+    /// decoded whole, its overlap copied, and kept in the cache).
+    fn finish_span(
+        &self,
+        buf: &mut [u8],
+        at: u64,
+        recs: &[Planned],
+        direct: &[Option<usize>],
+        headers: &[[u8; container::RECORD_HEADER]],
+        aside: &[u8],
+    ) -> Result<()> {
+        let end_at = at + buf.len() as u64;
         let (mut h, mut a) = (0, 0);
-        for (&(o, l, lk), d) in recs.iter().zip(&direct) {
+        for (&(o, l, lk), d) in recs.iter().zip(direct) {
             if let Some(d) = *d {
                 let payload = &buf[d..d + lk.raw_len as usize];
                 container::check_raw(&headers[h], payload, lk.container, lk.offset)?;
@@ -791,7 +844,7 @@ impl Store {
     }
 
     /// Drops the extents starting in `[start, end)` and their references.
-    fn drop_extents(&self, g: &Inner, ino: u64, start: u64, end: u64) -> Result<()> {
+    pub(crate) fn drop_extents(&self, g: &Inner, ino: u64, start: u64, end: u64) -> Result<()> {
         let refs: Vec<(ChunkId, u64)> = {
             let mut st = g.db.prepare_cached(
                 "SELECT chunk, COUNT(*) FROM extents WHERE ino = ?1 AND off >= ?2 AND off < ?3
@@ -818,9 +871,9 @@ impl Store {
         self.drop_extents(g, ino, off, off + 1)?;
         if let Some(id) = new {
             g.db.prepare_cached(
-                "INSERT INTO extents (ino, off, len, chunk) VALUES (?1, ?2, ?3, ?4)",
+                "INSERT INTO extents (ino, off, len, chunk, born) VALUES (?1, ?2, ?3, ?4, ?5)",
             )?
-            .execute(params![ino, off, data.len() as u64, id])?;
+            .execute(params![ino, off, data.len() as u64, id, g.epoch])?;
         }
         Ok(())
     }
@@ -875,13 +928,13 @@ impl Store {
             made.push((a + c.offset as u64, c.length as u64, chunk));
         }
         self.drop_extents(g, ino, a, b)?;
-        let mut st = g
-            .db
-            .prepare_cached("INSERT INTO extents (ino, off, len, chunk) VALUES (?1, ?2, ?3, ?4)")?;
+        let mut st = g.db.prepare_cached(
+            "INSERT INTO extents (ino, off, len, chunk, born) VALUES (?1, ?2, ?3, ?4, ?5)",
+        )?;
         for &(off, len, chunk) in &made {
             match chunk {
                 Some(id) => {
-                    st.execute(params![ino, off, len, id])?;
+                    st.execute(params![ino, off, len, id, g.epoch])?;
                 }
                 None => g.counters.zero_bytes += len,
             }

@@ -582,7 +582,8 @@ impl Store {
         let is_dir = a.kind == Kind::Dir;
         g.db.prepare_cached(
             "INSERT INTO inodes (kind, perm, uid, gid, nlink, size, atime_ns, mtime_ns, ctime_ns,
-             rdev, target, parent) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+             rdev, target, parent, born)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
         )?
         .execute(params![
             a.kind as i64,
@@ -596,7 +597,8 @@ impl Store {
             time_now(),
             a.rdev,
             target,
-            is_dir.then_some(parent)
+            is_dir.then_some(parent),
+            g.epoch
         ])?;
         let ino = g.db.last_insert_rowid() as u64;
         if nlink > 0 {
@@ -631,9 +633,10 @@ impl Store {
                 self.has_caps.store(true, Ordering::Relaxed);
             }
             g.db.prepare_cached(
-                "INSERT OR REPLACE INTO xattrs (ino, name, value) VALUES (?1, ?2, ?3)",
+                "INSERT INTO xattrs (ino, name, value, born) VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT (ino, name) DO UPDATE SET value = excluded.value",
             )?
-            .execute(params![ino, name, value])?;
+            .execute(params![ino, name, value, g.epoch])?;
         }
         Ok(())
     }
@@ -905,9 +908,9 @@ impl Store {
             };
             let id = self.put_hashed(&mut g, h, data, encoded.remove(&i))?;
             g.db.prepare_cached(
-                "INSERT INTO extents (ino, off, len, chunk) VALUES (?1, ?2, ?3, ?4)",
+                "INSERT INTO extents (ino, off, len, chunk, born) VALUES (?1, ?2, ?3, ?4, ?5)",
             )?
-            .execute(params![ino, off, data.len() as u64, id])?;
+            .execute(params![ino, off, data.len() as u64, id, g.epoch])?;
         }
         g.db.prepare_cached("UPDATE inodes SET size = MAX(size, ?2) WHERE ino = ?1")?
             .execute(params![ino, end])?;

@@ -7,28 +7,40 @@
 
 mod acl;
 mod cache;
+mod chunks;
 pub mod config;
 pub mod container;
+mod copy;
 mod data;
+mod diff;
 pub mod error;
+mod forget;
 mod import;
 mod index;
 mod maint;
 pub mod meta;
 mod migrate;
 mod ns;
+mod restore;
+mod snap;
 mod space;
 mod store;
+mod view;
 
 pub use config::{Chunking, Compress, StoreConfig};
+pub use diff::Change;
 pub use error::{Result, StoreError};
+pub use forget::{plan as forget_plan, ForgetReport, Keep};
 pub use import::{
     measure as import_measure, ImportError, ImportOptions, ImportProgress, ImportReport,
 };
 pub use maint::{FsckReport, GcReport, ScrubReport, StatFs, Stats};
-pub use meta::{ChunkIndex, ChunkLoc};
+pub use meta::ChunkLoc;
 pub use ns::{Attr, DirEntry, Kind, NewNode, RenameFlags, SetAttr, SetidKill};
+pub use restore::RestoreReport;
+pub use snap::{split_view, view_ino, Snapshot, SnapshotInfo, VIEW_SHIFT};
 pub use store::{Atime, Store, WriteCounters};
+pub use view::{is_read_only, META_DIR_INO, META_DIR_NAME, SNAPSHOTS_DIR_INO};
 
 #[cfg(test)]
 mod tests;

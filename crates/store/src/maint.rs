@@ -3,9 +3,9 @@
 
 use std::collections::HashMap;
 
-use rusqlite::params;
 use serde::Serialize;
 
+use crate::chunks::Chunks;
 use crate::container::{self, Hash, CONTAINER_HEADER};
 use crate::error::{Result, StoreError};
 use crate::index::{set_meta, IndexFigures};
@@ -13,7 +13,7 @@ use crate::meta::ChunkLoc;
 use crate::store::{Inner, Store};
 
 /// Unreferenced chunk rows `prune` reads at a time.
-const PRUNE_BATCH: i64 = 4096;
+const PRUNE_BATCH: u64 = 4096;
 
 /// What `store stats` reports.
 #[derive(Debug, Clone, Serialize)]
@@ -70,6 +70,9 @@ pub struct StatFs {
 /// What `gc` did.
 #[derive(Debug, Clone, Default, Serialize, serde::Deserialize)]
 pub struct GcReport {
+    /// History rows no kept snapshot sees any more.
+    #[serde(default)]
+    pub history_dropped: u64,
     pub chunks_dropped: u64,
     pub containers_deleted: u64,
     pub containers_compacted: u64,
@@ -200,27 +203,18 @@ impl Store {
         // crash between batches leaves the rest to the next gc.
         loop {
             let mut g = self.lock();
-            let dead: Vec<(u64, Vec<u8>)> = {
-                let mut st = g.db.prepare_cached(
-                    "SELECT id, hash FROM chunks WHERE id > ?1 AND refs <= 0 ORDER BY id LIMIT ?2",
-                )?;
-                let rows =
-                    st.query_map(params![after, PRUNE_BATCH], |r| Ok((r.get(0)?, r.get(1)?)))?;
-                rows.collect::<rusqlite::Result<_>>()?
-            };
+            let dead = Chunks(&g.db).unreferenced(after, PRUNE_BATCH)?;
             let Some(&(last, _)) = dead.last() else {
                 self.commit_locked(&mut g, true)?;
                 return Ok(n);
             };
             let Inner { db, index, .. } = &mut *g;
-            let mut del = db.prepare_cached("DELETE FROM chunks WHERE id = ?1")?;
             for (id, hash) in &dead {
                 if let Ok(h) = Hash::try_from(hash.as_slice()) {
                     index.dropped(db, &h, *id)?;
                 }
-                del.execute([id])?;
+                Chunks(db).delete(*id)?;
             }
-            drop(del);
             self.commit_locked(&mut g, false)?;
             (after, n) = (last, n + dead.len() as u64);
         }
@@ -256,7 +250,9 @@ impl Store {
         // A poisoned guard only means the other gc failed: run anyway.
         let _one = self.gc_running.lock().unwrap_or_else(|e| e.into_inner());
         self.flush_all(true)?;
+        let history_dropped = self.reclaim_history()?;
         let mut rep = GcReport {
+            history_dropped,
             chunks_dropped: self.prune()?,
             ..GcReport::default()
         };
@@ -309,10 +305,7 @@ impl Store {
             let mut g = self.lock();
             for (chunk, rec) in copies {
                 let new = self.append_encoded(&mut g, rec)?;
-                g.db.execute(
-                    "UPDATE chunks SET container = ?2, offset = ?3, stored_len = ?4 WHERE id = ?1",
-                    params![chunk, new.container, new.offset, new.stored_len],
-                )?;
+                Chunks(&g.db).relocate(chunk, new, 0)?;
             }
             g.db.execute("DELETE FROM containers WHERE id = ?1", [id])?;
         }
@@ -323,15 +316,7 @@ impl Store {
     /// The chunk rows of container `id` (row id, BLAKE3, location) in
     /// offset order: what compaction moves and scrub reads.
     fn chunks_in(&self, id: u64) -> Result<Vec<(u64, Vec<u8>, ChunkLoc)>> {
-        let g = self.lock();
-        let mut st = g.db.prepare_cached(
-            "SELECT id, hash, container, offset, stored_len, raw_len FROM chunks
-             WHERE container = ?1 ORDER BY offset",
-        )?;
-        let rows = st.query_map([id], |r| {
-            Ok((r.get(0)?, r.get(1)?, crate::meta::loc_of(r, 2)?))
-        })?;
-        Ok(rows.collect::<rusqlite::Result<_>>()?)
+        Chunks(&self.lock().db).in_container(id)
     }
 
     /// The stored record at `loc`, checked before gc copies it: framing,
@@ -445,13 +430,7 @@ impl Store {
     /// Container by container (the rows of one held at a time, read in
     /// offset order), so scrub's memory does not grow with the store.
     fn scrub_chunks(&self) -> Result<ScrubReport> {
-        let containers: Vec<u64> = {
-            let g = self.lock();
-            let mut st =
-                g.db.prepare("SELECT DISTINCT container FROM chunks ORDER BY container")?;
-            let rows = st.query_map([], |r| r.get(0))?;
-            rows.collect::<rusqlite::Result<_>>()?
-        };
+        let containers = Chunks(&self.lock().db).containers()?;
         let mut rep = ScrubReport::default();
         for id in containers {
             self.scrub_container(id, &mut rep)?;
@@ -492,18 +471,21 @@ impl Store {
             (
                 "reference count differs from the file maps",
                 "SELECT c.id, c.refs, COALESCE(n.n, 0) FROM chunks c LEFT JOIN (SELECT chunk,
-                 COUNT(*) n FROM extents GROUP BY chunk) n ON n.chunk = c.id
+                 COUNT(*) n FROM (SELECT chunk FROM extents UNION ALL SELECT chunk
+                 FROM extents_hist) GROUP BY chunk) n ON n.chunk = c.id
                  WHERE c.refs != COALESCE(n.n, 0)",
                 Some(
                     "UPDATE chunks SET refs = 0;
-                      UPDATE chunks SET refs = n.n FROM (SELECT chunk, COUNT(*) n FROM extents
+                      UPDATE chunks SET refs = n.n FROM (SELECT chunk, COUNT(*) n FROM
+                      (SELECT chunk FROM extents UNION ALL SELECT chunk FROM extents_hist)
                       GROUP BY chunk) n WHERE n.chunk = chunks.id;",
                 ),
             ),
             (
                 "extent points at a missing chunk",
-                "SELECT e.ino, e.off, e.chunk FROM extents e LEFT JOIN chunks c ON c.id = e.chunk
-                 WHERE c.id IS NULL",
+                "SELECT e.ino, e.off, e.chunk FROM (SELECT ino, off, chunk FROM extents
+                 UNION ALL SELECT ino, off, chunk FROM extents_hist) e
+                 LEFT JOIN chunks c ON c.id = e.chunk WHERE c.id IS NULL",
                 None,
             ),
             (
@@ -549,6 +531,20 @@ impl Store {
                 "extent past the end of its file",
                 "SELECT e.ino, e.off, e.len FROM extents e JOIN inodes i ON i.ino = e.ino
                  WHERE e.off + e.len > i.size",
+                None,
+            ),
+            (
+                "history row that died before it was born (inode, born, died)",
+                "SELECT ino, born, died FROM inodes_hist WHERE died <= born
+                 UNION ALL SELECT ino, born, died FROM extents_hist WHERE died <= born
+                 UNION ALL SELECT ino, born, died FROM xattrs_hist WHERE died <= born
+                 UNION ALL SELECT ino, born, died FROM dirents_hist WHERE died <= born",
+                None,
+            ),
+            (
+                "snapshot of an epoch not yet closed (id, epoch, open epoch)",
+                "SELECT s.id, s.epoch, CAST(m.value AS INTEGER) FROM snapshots s
+                 JOIN meta m ON m.key = 'epoch' WHERE s.epoch >= CAST(m.value AS INTEGER)",
                 None,
             ),
         ];

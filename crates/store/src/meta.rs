@@ -1,9 +1,8 @@
-//! The metadata database (SQLite through rusqlite): schema, versioning, and
-//! the [`ChunkIndex`] the store reaches its fingerprint table through.
+//! The metadata database (SQLite through rusqlite): schema and versioning.
+//! The `chunks` rows are read and changed through [`crate::chunks`].
 
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::Connection;
 
-use crate::container::Hash;
 use crate::error::{Result, StoreError};
 
 /// `PRAGMA user_version` of `meta.sqlite`. Version 2: `chunks.hash` is
@@ -18,7 +17,8 @@ use crate::error::{Result, StoreError};
 /// (holes not counted: what `st_blocks` reports), kept equal to the sum
 /// of the file's `extents.len` by the triggers of
 /// [`crate::migrate::V4_DATA_TRIGGERS`].
-pub const META_VERSION: u64 = 4;
+/// Version 5: snapshots ([`crate::migrate::V5_SNAPSHOTS`]).
+pub const META_VERSION: u64 = 5;
 
 const SCHEMA: &str = "
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -77,6 +77,7 @@ pub fn open_db(path: &std::path::Path, create: bool) -> Result<Connection> {
     if create {
         conn.execute_batch(SCHEMA)?;
         conn.execute_batch(crate::migrate::V4_DATA_TRIGGERS)?;
+        conn.execute_batch(crate::migrate::V5_SNAPSHOTS)?;
         conn.execute(
             "INSERT INTO meta VALUES ('magic', 'onecopy-store'), ('format', ?1)",
             [META_VERSION.to_string()],
@@ -95,6 +96,10 @@ pub fn open_db(path: &std::path::Path, create: bool) -> Result<Connection> {
         if v == 3 {
             crate::migrate::v3_to_v4(&conn)?;
             v = 4;
+        }
+        if v == 4 {
+            crate::migrate::v4_to_v5(&conn)?;
+            v = 5;
         }
         if v != META_VERSION {
             return Err(StoreError::Version {
@@ -143,142 +148,22 @@ pub struct ChunkLoc {
 /// Opaque chunk number that file maps refer to.
 pub type ChunkId = u64;
 
-/// The chunk rows as the store uses them: the source of truth of what is
-/// stored, where, and how often referenced. Lookups by fingerprint go
-/// through the fingerprint index (`crate::index::StoreIndex`), which maps
-/// a fingerprint to a row id that is always confirmed against the row.
-pub trait ChunkIndex {
-    /// The chunk row `id`'s full BLAKE3 and location, if the row exists.
-    fn row(&self, id: ChunkId) -> Result<Option<(Hash, ChunkLoc)>>;
-    /// Records a new chunk with one reference.
-    fn insert(&self, hash: &Hash, loc: ChunkLoc) -> Result<ChunkId>;
-    /// Adds `n` references.
-    fn incref(&self, id: ChunkId, n: u64) -> Result<()>;
-    /// Drops `n` references; returns how many remain.
-    fn decref(&self, id: ChunkId, n: u64) -> Result<u64>;
-    /// Where chunk `id` is.
-    fn location(&self, id: ChunkId) -> Result<ChunkLoc>;
-}
-
-/// [`ChunkIndex`] over the `chunks` table.
-pub struct SqlIndex<'a>(pub &'a Connection);
-
-/// A `ChunkLoc` from four columns starting at `at` (container, offset,
-/// stored_len, raw_len).
-pub(crate) fn loc_of(r: &rusqlite::Row, at: usize) -> rusqlite::Result<ChunkLoc> {
-    Ok(ChunkLoc {
-        container: r.get(at)?,
-        offset: r.get(at + 1)?,
-        stored_len: r.get(at + 2)?,
-        raw_len: r.get(at + 3)?,
-    })
-}
-
-impl ChunkIndex for SqlIndex<'_> {
-    fn row(&self, id: ChunkId) -> Result<Option<(Hash, ChunkLoc)>> {
-        let mut st = self.0.prepare_cached(
-            "SELECT hash, container, offset, stored_len, raw_len FROM chunks WHERE id = ?1",
-        )?;
-        let row = st
-            .query_row([id], |r| Ok((r.get::<_, Vec<u8>>(0)?, loc_of(r, 1)?)))
-            .optional()?;
-        Ok(row.and_then(|(h, loc)| Some((Hash::try_from(h.as_slice()).ok()?, loc))))
-    }
-
-    fn insert(&self, hash: &Hash, loc: ChunkLoc) -> Result<ChunkId> {
-        let mut st = self.0.prepare_cached(
-            "INSERT INTO chunks (hash, container, offset, stored_len, raw_len, refs)
-             VALUES (?1, ?2, ?3, ?4, ?5, 1)",
-        )?;
-        st.execute(params![
-            &hash[..],
-            loc.container,
-            loc.offset,
-            loc.stored_len,
-            loc.raw_len
-        ])?;
-        Ok(self.0.last_insert_rowid() as u64)
-    }
-
-    fn incref(&self, id: ChunkId, n: u64) -> Result<()> {
-        let mut st = self
-            .0
-            .prepare_cached("UPDATE chunks SET refs = refs + ?2 WHERE id = ?1")?;
-        st.execute(params![id, n])?;
-        Ok(())
-    }
-
-    /// More references dropped than the chunk has is an error, and the
-    /// count stays as it was: the counts no longer match the file maps
-    /// (fsck says so and `--repair` recounts), and a count clamped at 0
-    /// would let a later prune delete a chunk files still use.
-    fn decref(&self, id: ChunkId, n: u64) -> Result<u64> {
-        let mut st = self.0.prepare_cached(
-            "UPDATE chunks SET refs = refs - ?2 WHERE id = ?1 AND refs >= ?2 RETURNING refs",
-        )?;
-        if let Some(left) = st.query_row(params![id, n], |r| r.get(0)).optional()? {
-            return Ok(left);
-        }
-        let refs: Option<u64> = self
-            .0
-            .prepare_cached("SELECT refs FROM chunks WHERE id = ?1")?
-            .query_row([id], |r| r.get(0))
-            .optional()?;
-        Err(StoreError::RefUnderflow {
-            chunk: id,
-            refs,
-            dropped: n,
-        })
-    }
-
-    fn location(&self, id: ChunkId) -> Result<ChunkLoc> {
-        let mut st = self.0.prepare_cached(
-            "SELECT container, offset, stored_len, raw_len FROM chunks WHERE id = ?1",
-        )?;
-        st.query_row([id], |r| loc_of(r, 0))
-            .optional()?
-            .ok_or(StoreError::Damaged {
-                container: 0,
-                offset: 0,
-                why: format!("chunk {id} missing from the index"),
-            })
-    }
-}
-
+/// Turns a current database back into what format-4 code wrote (no
+/// snapshots, no history, no `born`).
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn index_counts_references() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = open_db(&dir.path().join("m.sqlite"), true).unwrap();
-        let idx = SqlIndex(&db);
-        let h = [3u8; 32];
-        let loc = ChunkLoc {
-            container: 1,
-            offset: 16,
-            stored_len: 100,
-            raw_len: 200,
-        };
-        let id = idx.insert(&h, loc).unwrap();
-        assert_eq!(idx.row(id).unwrap(), Some((h, loc)));
-        assert_eq!(idx.row(id + 1).unwrap(), None);
-        idx.incref(id, 2).unwrap();
-        assert_eq!(idx.decref(id, 1).unwrap(), 2);
-        let e = idx.decref(id, 5).expect_err("an underflow is an error");
-        assert!(
-            matches!(e, StoreError::RefUnderflow { refs: Some(2), .. }),
-            "{e}"
-        );
-        assert_eq!(e.errno(), libc::EIO);
-        assert_eq!(idx.decref(id, 2).unwrap(), 0, "the count was kept");
-        assert!(idx.decref(id + 7, 1).is_err(), "a missing chunk");
-        assert_eq!(idx.location(id).unwrap(), loc);
-        drop(db);
-        assert!(open_db(&dir.path().join("m.sqlite"), false).is_ok());
-        assert!(open_db(&dir.path().join("none.sqlite"), false).is_err());
-    }
+pub(crate) fn downgrade_to_v4(conn: &Connection) {
+    conn.execute_batch(&crate::snap::drop_triggers_sql())
+        .unwrap();
+    conn.execute_batch(
+        "DROP TABLE snapshots; DROP TABLE inodes_hist; DROP TABLE dirents_hist;
+         DROP TABLE xattrs_hist; DROP TABLE extents_hist;
+         ALTER TABLE inodes DROP COLUMN born; ALTER TABLE dirents DROP COLUMN born;
+         ALTER TABLE xattrs DROP COLUMN born; ALTER TABLE extents DROP COLUMN born;
+         DELETE FROM meta WHERE key = 'epoch';
+         UPDATE meta SET value = '4' WHERE key = 'format';
+         PRAGMA user_version = 4;",
+    )
+    .unwrap();
 }
 
 /// Turns a current database back into what format-2 code wrote (its
@@ -286,6 +171,7 @@ mod tests {
 /// entries' ids in an order unrelated to their cookies.
 #[cfg(test)]
 pub(crate) fn downgrade_to_v2(conn: &Connection) {
+    downgrade_to_v4(conn);
     conn.execute_batch(
         "CREATE TABLE dirents_v2 (
             id INTEGER PRIMARY KEY AUTOINCREMENT, parent INTEGER NOT NULL, name BLOB NOT NULL,
@@ -356,12 +242,13 @@ mod plan_tests {
         let path = dir.path().join("meta.sqlite");
         let conn = open_db(&path, true).unwrap();
         conn.execute_batch(
-            "INSERT INTO inodes VALUES (1, 2, 493, 0, 0, 3, 0, 0, 0, 0, 0, NULL, NULL, 0),
-                (2, 2, 493, 0, 0, 2, 0, 0, 0, 0, 0, NULL, 1, 0), (3, 1, 420, 0, 0, 2, 0, 0, 0, 0, 0, NULL, NULL, 0);",
+            "INSERT INTO inodes VALUES (1, 2, 493, 0, 0, 3, 0, 0, 0, 0, 0, NULL, NULL, 0, 0),
+                (2, 2, 493, 0, 0, 2, 0, 0, 0, 0, 0, NULL, 1, 0, 0),
+                (3, 1, 420, 0, 0, 2, 0, 0, 0, 0, 0, NULL, NULL, 0, 0);",
         )
         .unwrap();
         for (parent, name, ino) in [(1, &b"d"[..], 2), (2, b"f", 3), (1, b"g", 3)] {
-            crate::ns::insert_dirent(&conn, "dirents", parent, name, ino).unwrap();
+            crate::ns::insert_dirent(&conn, "dirents", parent, name, ino, 0).unwrap();
         }
         downgrade_to_v2(&conn);
         drop(conn);
@@ -377,7 +264,14 @@ mod plan_tests {
             .unwrap()
             .map(|r| r.unwrap())
             .collect();
-        assert_eq!(names, ["chunks_container", "sqlite_autoindex_meta_1"]);
+        assert_eq!(
+            names,
+            [
+                "chunks_container",
+                "sqlite_autoindex_meta_1",
+                "sqlite_autoindex_snapshots_1"
+            ]
+        );
         let rows: Vec<(u64, Vec<u8>, u64, i64)> = conn
             .prepare("SELECT parent, name, ino, cookie FROM dirents ORDER BY parent, name")
             .unwrap()

@@ -22,6 +22,58 @@ CREATE TRIGGER extents_data_upd AFTER UPDATE OF ino, len ON extents BEGIN
     UPDATE inodes SET data = data + NEW.len WHERE ino = NEW.ino; END;
 ";
 
+/// Format 5: snapshots. Each namespace row carries `born`, the epoch it
+/// was last written in; a row a snapshot may see is copied, before it
+/// changes or goes, into its table's `_hist` twin with `died`, the epoch
+/// of the change (the copying triggers exist only while snapshots do; see
+/// `snap.rs`). `meta.epoch` is the open epoch. A store made at format 5
+/// runs these after the format-4 schema too.
+pub(crate) const V5_SNAPSHOTS: &str = "
+ALTER TABLE inodes ADD COLUMN born INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE dirents ADD COLUMN born INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE xattrs ADD COLUMN born INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE extents ADD COLUMN born INTEGER NOT NULL DEFAULT 0;
+CREATE TABLE snapshots (id INTEGER PRIMARY KEY AUTOINCREMENT, name BLOB NOT NULL UNIQUE,
+    epoch INTEGER NOT NULL, time_ns INTEGER NOT NULL);
+CREATE TABLE inodes_hist (ino INTEGER NOT NULL, born INTEGER NOT NULL, died INTEGER NOT NULL,
+    kind INTEGER NOT NULL, perm INTEGER NOT NULL, uid INTEGER NOT NULL, gid INTEGER NOT NULL,
+    nlink INTEGER NOT NULL, size INTEGER NOT NULL, atime_ns INTEGER NOT NULL,
+    mtime_ns INTEGER NOT NULL, ctime_ns INTEGER NOT NULL, rdev INTEGER NOT NULL, target BLOB,
+    parent INTEGER, data INTEGER NOT NULL, PRIMARY KEY (ino, born)) WITHOUT ROWID;
+CREATE TABLE dirents_hist (parent INTEGER NOT NULL, cookie INTEGER NOT NULL,
+    born INTEGER NOT NULL, died INTEGER NOT NULL, name BLOB NOT NULL, ino INTEGER NOT NULL,
+    PRIMARY KEY (parent, cookie, born)) WITHOUT ROWID;
+CREATE TABLE xattrs_hist (ino INTEGER NOT NULL, name BLOB NOT NULL, born INTEGER NOT NULL,
+    died INTEGER NOT NULL, value BLOB NOT NULL, PRIMARY KEY (ino, name, born)) WITHOUT ROWID;
+CREATE TABLE extents_hist (ino INTEGER NOT NULL, off INTEGER NOT NULL, born INTEGER NOT NULL,
+    died INTEGER NOT NULL, len INTEGER NOT NULL, chunk INTEGER NOT NULL,
+    PRIMARY KEY (ino, off, born)) WITHOUT ROWID;
+INSERT OR IGNORE INTO meta (key, value) VALUES ('epoch', '0');
+";
+
+/// Format 4 to 5, in one transaction: [`V5_SNAPSHOTS`] (columns added
+/// with a default: no row is rewritten).
+pub(crate) fn v4_to_v5(conn: &Connection) -> Result<()> {
+    in_transaction(
+        conn,
+        &format!(
+            "{V5_SNAPSHOTS}
+             UPDATE meta SET value = '5' WHERE key = 'format';
+             PRAGMA user_version = 5;"
+        ),
+    )
+}
+
+/// Runs `sql` in one transaction, rolled back whole if any statement
+/// fails (each migration step is one).
+fn in_transaction(conn: &Connection, sql: &str) -> Result<()> {
+    conn.execute_batch(&format!("BEGIN; {sql} COMMIT;"))
+        .inspect_err(|_| {
+            let _ = conn.execute_batch("ROLLBACK");
+        })?;
+    Ok(())
+}
+
 /// Sets every `inodes.data` from the file map in one grouped pass (the
 /// migration to format 4, and fsck's repair of a wrong count in a
 /// format-4 store).
@@ -37,9 +89,9 @@ UPDATE inodes SET data = n.n FROM (SELECT ino, SUM(len) n FROM extents GROUP BY 
 /// `index_drops` is created. The fingerprint index is then built at open
 /// from every row (its watermark, `index_synced`, is absent: 0).
 pub(crate) fn v1_to_v2(conn: &Connection) -> Result<()> {
-    conn.execute_batch(
-        "BEGIN;
-         CREATE TABLE chunks_v2 (
+    in_transaction(
+        conn,
+        "CREATE TABLE chunks_v2 (
             id INTEGER PRIMARY KEY AUTOINCREMENT, hash BLOB NOT NULL, container INTEGER NOT NULL,
             offset INTEGER NOT NULL, stored_len INTEGER NOT NULL, raw_len INTEGER NOT NULL,
             refs INTEGER NOT NULL, indexed INTEGER NOT NULL DEFAULT 1);
@@ -53,13 +105,8 @@ pub(crate) fn v1_to_v2(conn: &Connection) -> Result<()> {
          CREATE TABLE index_drops (id INTEGER PRIMARY KEY, key BLOB NOT NULL);
          DELETE FROM meta WHERE key = 'index_synced';
          UPDATE meta SET value = '2' WHERE key = 'format';
-         PRAGMA user_version = 2;
-         COMMIT;",
+         PRAGMA user_version = 2;",
     )
-    .inspect_err(|_| {
-        let _ = conn.execute_batch("ROLLBACK");
-    })?;
-    Ok(())
 }
 
 /// Format 2 to 3, in one transaction: `dirents` is rebuilt as a WITHOUT
@@ -118,19 +165,16 @@ fn v2_to_v3_body(conn: &Connection) -> Result<()> {
 /// from each file's extents (one pass over `extents`), and kept by
 /// [`V4_DATA_TRIGGERS`] from then on.
 pub(crate) fn v3_to_v4(conn: &Connection) -> Result<()> {
-    conn.execute_batch(&format!(
-        "BEGIN;
-         ALTER TABLE inodes ADD COLUMN data INTEGER NOT NULL DEFAULT 0;
-         {V4_RECOMPUTE_DATA}
-         {V4_DATA_TRIGGERS}
-         UPDATE meta SET value = '4' WHERE key = 'format';
-         PRAGMA user_version = 4;
-         COMMIT;"
-    ))
-    .inspect_err(|_| {
-        let _ = conn.execute_batch("ROLLBACK");
-    })?;
-    Ok(())
+    in_transaction(
+        conn,
+        &format!(
+            "ALTER TABLE inodes ADD COLUMN data INTEGER NOT NULL DEFAULT 0;
+             {V4_RECOMPUTE_DATA}
+             {V4_DATA_TRIGGERS}
+             UPDATE meta SET value = '4' WHERE key = 'format';
+             PRAGMA user_version = 4;"
+        ),
+    )
 }
 
 /// The first cookie of `name` in format 3 (and 4): 31 bits of its BLAKE3

@@ -9,6 +9,7 @@ use crate::acl::{self, Acl};
 use crate::error::{Result, StoreError};
 
 use crate::store::{time_now, Inner, Store};
+use crate::view;
 
 /// One batch of a directory's entries after cookie `?2`, in cookie order
 /// (the primary key: each batch costs O(batch + log n), never a sort).
@@ -61,6 +62,7 @@ pub(crate) fn insert_dirent(
     parent: u64,
     name: &[u8],
     ino: u64,
+    born: u64,
 ) -> Result<()> {
     let base = name_cookie(name);
     let mut cookie = base;
@@ -80,9 +82,9 @@ pub(crate) fn insert_dirent(
         return Err(StoreError::NoSpace);
     }
     db.prepare_cached(&format!(
-        "INSERT INTO {table} (parent, cookie, name, ino) VALUES (?1, ?2, ?3, ?4)"
+        "INSERT INTO {table} (parent, cookie, name, ino, born) VALUES (?1, ?2, ?3, ?4, ?5)"
     ))?
-    .execute(params![parent, cookie, name, ino])?;
+    .execute(params![parent, cookie, name, ino, born])?;
     Ok(())
 }
 
@@ -99,7 +101,7 @@ pub enum Kind {
 }
 
 impl Kind {
-    fn from_i64(v: i64) -> Kind {
+    pub(crate) fn from_i64(v: i64) -> Kind {
         match v {
             2 => Kind::Dir,
             3 => Kind::Symlink,
@@ -252,10 +254,17 @@ pub(crate) const LOOKUP_SQL: &str = concat!(
     ")"
 );
 
+/// [`attr_of`]'s columns, for statements built at run time.
+pub(crate) const ATTR_COLS: &str = attr_cols!();
+
+/// The rows of name `?3` in directory `?1` (`?2` is [`name_cookie`]),
+/// for statements built at run time.
+pub(crate) const NAME_RANGE: &str = name_range!();
+
 /// The inode `?1/?3` names (`?2` is [`name_cookie`]).
 pub(crate) const CHILD_SQL: &str = concat!("SELECT ino FROM dirents WHERE ", name_range!());
 
-fn attr_of(r: &Row) -> rusqlite::Result<Attr> {
+pub(crate) fn attr_of(r: &Row) -> rusqlite::Result<Attr> {
     Ok(Attr {
         ino: r.get(0)?,
         kind: Kind::from_i64(r.get(1)?),
@@ -378,7 +387,7 @@ impl Inner {
     /// `AlreadyExists` (callers that looked first never meet it).
     pub(crate) fn add_dirent(&self, parent: u64, name: &[u8], ino: u64) -> Result<()> {
         check_name(name)?;
-        insert_dirent(&self.db, "dirents", parent, name, ino)
+        insert_dirent(&self.db, "dirents", parent, name, ino, self.epoch)
     }
 
     fn del_dirent(&self, parent: u64, name: &[u8]) -> Result<()> {
@@ -437,6 +446,12 @@ impl Store {
     /// into an inode after it forgot it (FUSE_EXPORT_SUPPORT). Inode
     /// numbers are never reused, so a number alone names one inode.
     pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr> {
+        if view::is_read_only(parent) {
+            return self.view_lookup(parent, name);
+        }
+        if view::is_reserved(parent, name) {
+            return self.view_getattr(view::META_DIR_INO);
+        }
         let g = self.lock();
         match name {
             // A handle of an inode with no name left is stale.
@@ -468,6 +483,9 @@ impl Store {
 
     /// An inode's attributes.
     pub fn getattr(&self, ino: u64) -> Result<Attr> {
+        if view::is_read_only(ino) {
+            return self.view_getattr(ino);
+        }
         let g = self.lock();
         self.attr_with_dirty(&g, ino)
     }
@@ -536,7 +554,7 @@ impl Store {
     ) -> Result<Attr> {
         let pa = g.dir_attr(parent)?;
         check_name(name)?;
-        if g.child(parent, name)?.is_some() {
+        if view::is_reserved(parent, name) || g.child(parent, name)?.is_some() {
             return Err(StoreError::AlreadyExists);
         }
         self.room_for_more(g, 0)?;
@@ -554,7 +572,8 @@ impl Store {
         let nlink = if is_dir { 2 } else { 1 };
         g.db.prepare_cached(
             "INSERT INTO inodes (kind, perm, uid, gid, nlink, size, atime_ns, mtime_ns, ctime_ns,
-             rdev, target, parent) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, ?7, ?8, ?9, ?10)",
+             rdev, target, parent, born)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, ?7, ?8, ?9, ?10, ?11)",
         )?
         .execute(params![
             node.kind as i64,
@@ -566,12 +585,15 @@ impl Store {
             t,
             node.rdev,
             target,
-            is_dir.then_some(parent)
+            is_dir.then_some(parent),
+            g.epoch
         ])?;
         let ino = g.db.last_insert_rowid() as u64;
         for (name, value) in acls {
-            g.db.prepare_cached("INSERT INTO xattrs (ino, name, value) VALUES (?1, ?2, ?3)")?
-                .execute(params![ino, name, value])?;
+            g.db.prepare_cached(
+                "INSERT INTO xattrs (ino, name, value, born) VALUES (?1, ?2, ?3, ?4)",
+            )?
+            .execute(params![ino, name, value, g.epoch])?;
         }
         g.add_dirent(parent, name, ino)?;
         if is_dir {
@@ -597,6 +619,9 @@ impl Store {
 
     /// The target of a symbolic link.
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
+        if view::is_read_only(ino) {
+            return self.view_readlink(ino);
+        }
         let g = self.lock();
         let mut st =
             g.db.prepare_cached("SELECT kind, target FROM inodes WHERE ino = ?1")?;
@@ -737,7 +762,7 @@ impl Store {
         if g.attr(ino)?.kind == Kind::Dir {
             return Err(StoreError::IsDir);
         }
-        if g.child(parent, name)?.is_some() {
+        if view::is_reserved(parent, name) || g.child(parent, name)?.is_some() {
             return Err(StoreError::AlreadyExists);
         }
         g.add_dirent(parent, name, ino)?;
@@ -762,32 +787,17 @@ impl Store {
         let src = g.child(parent, name)?.ok_or(StoreError::NotFound)?;
         let sa = g.attr(src)?;
         check_name(newname)?;
+        if view::is_reserved(newparent, newname) {
+            return Err(StoreError::AlreadyExists);
+        }
         let dst = g.child(newparent, newname)?;
         if sa.kind == Kind::Dir && self.is_ancestor(&g, src, newparent)? {
             return Err(StoreError::Invalid);
         }
+        let (from, to) = ((parent, name), (newparent, newname));
         if flags.exchange {
             let dst = dst.ok_or(StoreError::NotFound)?;
-            let da = g.attr(dst)?;
-            if da.kind == Kind::Dir && self.is_ancestor(&g, dst, parent)? {
-                return Err(StoreError::Invalid);
-            }
-            let set = concat!("UPDATE dirents SET ino = ?4 WHERE ", name_range!());
-            g.db.execute(set, params![parent, name_cookie(name), name, dst])?;
-            g.db.execute(set, params![newparent, name_cookie(newname), newname, src])?;
-            if parent != newparent {
-                g.set_parent(src, newparent)?;
-                g.set_parent(dst, parent)?;
-                let d = (sa.kind == Kind::Dir) as i64 - (da.kind == Kind::Dir) as i64;
-                g.add_nlink(parent, -d)?;
-                g.add_nlink(newparent, d)?;
-            }
-            for ino in [src, dst] {
-                g.touch(ino, false)?;
-            }
-            g.touch(parent, true)?;
-            g.touch(newparent, true)?;
-            return Ok(());
+            return self.exchange(&mut g, from, (src, sa.kind), to, dst);
         }
         if let Some(dst) = dst {
             if dst == src {
@@ -796,21 +806,7 @@ impl Store {
             if flags.noreplace {
                 return Err(StoreError::AlreadyExists);
             }
-            let da = g.attr(dst)?;
-            match (sa.kind == Kind::Dir, da.kind == Kind::Dir) {
-                (true, false) => return Err(StoreError::NotDir),
-                (false, true) => return Err(StoreError::IsDir),
-                (true, true) if !g.is_empty_dir(dst)? => return Err(StoreError::NotEmpty),
-                _ => {}
-            }
-            g.del_dirent(newparent, newname)?;
-            if da.kind == Kind::Dir {
-                g.add_nlink(newparent, -1)?;
-                g.db.execute("UPDATE inodes SET nlink = 0 WHERE ino = ?1", [dst])?;
-                self.unlinked(&mut g, dst)?;
-            } else {
-                self.drop_link(&mut g, dst)?;
-            }
+            self.displace(&mut g, to, dst, sa.kind)?;
         }
         // The new entry first: if it fails (no cookie left), the old
         // one is still there.
@@ -825,6 +821,64 @@ impl Store {
         g.touch(parent, true)?;
         g.touch(newparent, true)?;
         Ok(())
+    }
+
+    /// `RENAME_EXCHANGE`: `from` (naming `src`) and `to` (naming `dst`)
+    /// swap inodes; directories moved change parents and link counts.
+    fn exchange(
+        &self,
+        g: &mut Inner,
+        (parent, name): (u64, &[u8]),
+        (src, src_kind): (u64, Kind),
+        (newparent, newname): (u64, &[u8]),
+        dst: u64,
+    ) -> Result<()> {
+        let dst_kind = g.attr(dst)?.kind;
+        if dst_kind == Kind::Dir && self.is_ancestor(g, dst, parent)? {
+            return Err(StoreError::Invalid);
+        }
+        let set = concat!("UPDATE dirents SET ino = ?4 WHERE ", name_range!());
+        g.db.execute(set, params![parent, name_cookie(name), name, dst])?;
+        g.db.execute(set, params![newparent, name_cookie(newname), newname, src])?;
+        if parent != newparent {
+            g.set_parent(src, newparent)?;
+            g.set_parent(dst, parent)?;
+            let d = (src_kind == Kind::Dir) as i64 - (dst_kind == Kind::Dir) as i64;
+            g.add_nlink(parent, -d)?;
+            g.add_nlink(newparent, d)?;
+        }
+        for ino in [src, dst] {
+            g.touch(ino, false)?;
+        }
+        g.touch(parent, true)?;
+        g.touch(newparent, true)
+    }
+
+    /// Removes `dst`, named `newparent/newname`, which a rename of an
+    /// inode of kind `src_kind` replaces (a directory only by an empty
+    /// directory, a non-directory only by a non-directory).
+    fn displace(
+        &self,
+        g: &mut Inner,
+        (newparent, newname): (u64, &[u8]),
+        dst: u64,
+        src_kind: Kind,
+    ) -> Result<()> {
+        let dst_kind = g.attr(dst)?.kind;
+        match (src_kind == Kind::Dir, dst_kind == Kind::Dir) {
+            (true, false) => return Err(StoreError::NotDir),
+            (false, true) => return Err(StoreError::IsDir),
+            (true, true) if !g.is_empty_dir(dst)? => return Err(StoreError::NotEmpty),
+            _ => {}
+        }
+        g.del_dirent(newparent, newname)?;
+        if dst_kind == Kind::Dir {
+            g.add_nlink(newparent, -1)?;
+            g.db.execute("UPDATE inodes SET nlink = 0 WHERE ino = ?1", [dst])?;
+            self.unlinked(g, dst)
+        } else {
+            self.drop_link(g, dst)
+        }
     }
 
     /// Whether `dir` is `node` or below it.
@@ -843,6 +897,10 @@ impl Store {
     /// Entries of a directory after cookie `offset` ("." and ".." first,
     /// cookies 1 and 2; an entry's is its `dirents.cookie` + 3).
     pub fn readdir(&self, ino: u64, offset: i64, max: usize) -> Result<Vec<DirEntry>> {
+        if view::is_read_only(ino) {
+            let all = self.view_readdir_plus(ino, offset, max)?;
+            return Ok(all.into_iter().map(|(e, _)| e).collect());
+        }
         let g = self.lock();
         g.readdir(ino, offset, max)
     }
@@ -850,6 +908,9 @@ impl Store {
     /// [`Store::readdir`] with each entry's attributes, as `getattr`
     /// would give them, read under the same lock.
     pub fn readdir_plus(&self, ino: u64, offset: i64, max: usize) -> Result<Vec<(DirEntry, Attr)>> {
+        if view::is_read_only(ino) {
+            return self.view_readdir_plus(ino, offset, max);
+        }
         let g = self.lock();
         let entries = g.readdir(ino, offset, max)?;
         let mut out = Vec::with_capacity(entries.len());
@@ -955,9 +1016,10 @@ impl Store {
             return Err(StoreError::NoAttr);
         }
         g.db.prepare_cached(
-            "INSERT OR REPLACE INTO xattrs (ino, name, value) VALUES (?1, ?2, ?3)",
+            "INSERT INTO xattrs (ino, name, value, born) VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT (ino, name) DO UPDATE SET value = excluded.value",
         )?
-        .execute(params![ino, name, value])?;
+        .execute(params![ino, name, value, g.epoch])?;
         g.touch(ino, false)
     }
 
@@ -968,6 +1030,10 @@ impl Store {
             // waiting for the lock while no file has capabilities.
             return Err(StoreError::NoAttr);
         }
+        if view::is_read_only(ino) {
+            let mut v = self.view_xattrs(ino, Some(name))?;
+            return v.pop().ok_or(StoreError::NoAttr);
+        }
         let g = self.lock();
         g.attr(ino)?;
         g.xattr(ino, name)?.ok_or(StoreError::NoAttr)
@@ -975,6 +1041,9 @@ impl Store {
 
     /// Names of all extended attributes.
     pub fn listxattr(&self, ino: u64) -> Result<Vec<Vec<u8>>> {
+        if view::is_read_only(ino) {
+            return self.view_xattrs(ino, None);
+        }
         let g = self.lock();
         g.attr(ino)?;
         let mut st =
@@ -1043,7 +1112,7 @@ mod tests {
     #[test]
     fn sql_cookie_ranges_match_the_span() {
         let last = format!("?2 + {} ", COOKIE_SPAN - 1);
-        for sql in [name_range!(), SLOTS_SQL, LOOKUP_SQL] {
+        for sql in [NAME_RANGE, SLOTS_SQL, LOOKUP_SQL] {
             assert_eq!(sql.matches(&last).count(), 1, "{sql}");
         }
     }

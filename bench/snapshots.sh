@@ -9,12 +9,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MAX=${1:-1000000}
-# Sections to run (default all): create writes copy series
-SECTIONS=${SECTIONS:-create writes copy series}
+# Sections to run (default all): create writes copy series ceiling
+SECTIONS=${SECTIONS:-create writes copy series ceiling}
 want() { [[ " $SECTIONS " == *" $1 "* ]]; }
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
 cargo build -q --release -p onecopy
 O=$CARGO_TARGET_DIR/release/onecopy
+cargo build -q --release -p onecopy-fuse --example nullfs
+N=$CARGO_TARGET_DIR/release/examples/nullfs
 command -v fio >/dev/null || apt-get install -y -qq fio >/dev/null
 work=$(mktemp -d /var/tmp/onecopy-snapbench.XXXXXX)
 cleanup() {
@@ -113,6 +115,53 @@ echo
 echo "cp of a 4 GiB file inside the mount: $(ms "$t0" "$t1") ms, containers $before -> $after bytes (+$((after - before)))"
 cmp "$m/big" "$m/copy" && echo "the copy reads back identical"
 fusermount3 -u "$m"; sleep 1; rm -rf "$s"
+fi
+
+# The series' first version and its restore, against the ceiling of any
+# FUSE filesystem here: the same tree `rsync -a`'d into the backing disk
+# itself, into the null FUSE filesystem (names and attributes in memory,
+# writes discarded, reads zeros; crates/fuse/src/null.rs) and into the
+# store; then `cp -a` back out of each, cold; and restic backup and
+# restore of the same tree. ROUNDS (default 3) rounds, medians.
+if want ceiling; then
+command -v restic >/dev/null || apt-get install -y -qq restic >/dev/null
+command -v rsync >/dev/null || apt-get install -y -qq rsync >/dev/null
+tree=$work/ctree; mkdir -p "$tree"
+cp -a /usr/include /usr/lib/python3* "$tree/" 2>/dev/null || true
+echo
+echo "v1 tree: $(find "$tree" -type f | wc -l) files, $(du -sm "$tree" | cut -f1) MiB"
+echo "round  into: native null onecopy restic_backup  out: native null onecopy restic_restore  (s)"
+secs() { python3 -c "import sys; print(f'{float(sys.argv[2])-float(sys.argv[1]):.2f}')" "$@"; }
+for r in $(seq 1 ${ROUNDS:-3}); do
+    into=(); out=()
+    for c in native null onecopy; do
+        d=$work/c-$c; m=$d/mnt; rm -rf "$d"; mkdir -p "$m"
+        case $c in
+            null) "$N" "$m" & sleep 1 ;;
+            onecopy) "$O" store init "$d/s" --chunking cdc:16K/64K/256K >/dev/null; "$O" mount "$d/s" "$m" ;;
+        esac
+        drop
+        t0=$(now); rsync -a "$tree/" "$m/live/"; [ "$c" = onecopy ] && "$O" store snapshot create "$m" v1 >/dev/null
+        sync -f "$m/live" 2>/dev/null || sync; t1=$(now)
+        into+=("$(secs "$t0" "$t1")")
+        drop
+        t0=$(now)
+        if [ "$c" = onecopy ]; then cp -a "$m/.onecopy/snapshots/v1/live" "$d/out"; else cp -a "$m/live" "$d/out"; fi
+        sync; t1=$(now)
+        out+=("$(secs "$t0" "$t1")")
+        [ "$c" = native ] || { fusermount3 -u "$m"; sleep 1; }
+        rm -rf "$d"
+    done
+    export RESTIC_PASSWORD=x; rm -rf "$work/c-restic"
+    restic init -q -r "$work/c-restic"
+    drop
+    t0=$(now); restic -q -r "$work/c-restic" backup "$tree" >/dev/null; t1=$(now)
+    drop
+    t2=$(now); restic -q -r "$work/c-restic" restore latest --target "$work/c-rout" >/dev/null; sync; t3=$(now)
+    rm -rf "$work/c-restic" "$work/c-rout"
+    echo "$r  into: ${into[*]} $(secs "$t0" "$t1")  out: ${out[*]} $(secs "$t2" "$t3")"
+done
+rm -rf "$tree"
 fi
 
 want series || exit 0

@@ -1,10 +1,11 @@
 //! A filesystem on the same FUSE crate and settings whose files discard
 //! what is written: the ceiling a FUSE store can reach on this machine.
 //! It keeps a tree of names, attributes and symlink targets in memory (so
-//! `cp -a` of a real tree runs on it) and nothing else: reads return
-//! zeros, xattrs are accepted and forgotten.
+//! `cp -a` and `rsync -a` of a real tree run on it, and can be copied out
+//! again) and nothing else: reads return zeros, xattrs are accepted and
+//! forgotten.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -13,8 +14,9 @@ use std::time::SystemTime;
 
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyEmpty, ReplyEntry,
-    ReplyOpen, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyWrite, ReplyXattr, Request,
+    TimeOrNow, WriteFlags,
 };
 
 /// Names and attributes only.
@@ -23,7 +25,8 @@ pub struct NullFs {
 }
 
 struct Tree {
-    names: HashMap<(u64, Vec<u8>), u64>,
+    /// Each directory's entries, by name.
+    dirs: HashMap<u64, BTreeMap<Vec<u8>, u64>>,
     attrs: HashMap<u64, FileAttr>,
     links: HashMap<u64, Vec<u8>>,
     next: u64,
@@ -35,7 +38,7 @@ impl Default for NullFs {
         attrs.insert(1, attr(1, FileType::Directory, 0o755, 0, 0));
         NullFs {
             inner: Mutex::new(Tree {
-                names: HashMap::new(),
+                dirs: HashMap::from([(1, BTreeMap::new())]),
                 attrs,
                 links: HashMap::new(),
                 next: 2,
@@ -87,16 +90,77 @@ impl NullFs {
         mode: u32,
     ) -> Result<FileAttr, Errno> {
         let mut t = self.tree();
-        let key = (parent, name.as_bytes().to_vec());
-        if t.names.contains_key(&key) {
+        let ino = t.next;
+        let entries = t.dirs.get_mut(&parent).ok_or(Errno::ENOTDIR)?;
+        if entries.contains_key(name.as_bytes()) {
             return Err(Errno::EEXIST);
         }
-        let ino = t.next;
+        entries.insert(name.as_bytes().to_vec(), ino);
         t.next += 1;
         let a = attr(ino, kind, mode, req.uid(), req.gid());
-        t.names.insert(key, ino);
         t.attrs.insert(ino, a);
+        if kind == FileType::Directory {
+            t.dirs.insert(ino, BTreeMap::new());
+        }
         Ok(a)
+    }
+
+    /// Removes `name` from `parent`; a directory only when empty.
+    fn remove(&self, parent: u64, name: &OsStr, dir: bool) -> Result<(), Errno> {
+        let mut t = self.tree();
+        let entries = t.dirs.get(&parent).ok_or(Errno::ENOTDIR)?;
+        let ino = *entries.get(name.as_bytes()).ok_or(Errno::ENOENT)?;
+        match (dir, t.dirs.get(&ino)) {
+            (true, None) => return Err(Errno::ENOTDIR),
+            (false, Some(_)) => return Err(Errno::EISDIR),
+            (true, Some(e)) if !e.is_empty() => return Err(Errno::ENOTEMPTY),
+            _ => {}
+        }
+        t.dirs.get_mut(&parent).unwrap().remove(name.as_bytes());
+        t.dirs.remove(&ino);
+        t.attrs.remove(&ino);
+        t.links.remove(&ino);
+        Ok(())
+    }
+
+    /// Moves `name` to `newname`, replacing a file there (as `rsync`'s
+    /// rename of its temporary file does).
+    fn mv(&self, parent: u64, name: &OsStr, to: u64, newname: &OsStr) -> Result<(), Errno> {
+        let mut t = self.tree();
+        let from = t.dirs.get_mut(&parent).ok_or(Errno::ENOTDIR)?;
+        let ino = from.remove(name.as_bytes()).ok_or(Errno::ENOENT)?;
+        let Some(dest) = t.dirs.get_mut(&to) else {
+            t.dirs
+                .get_mut(&parent)
+                .unwrap()
+                .insert(name.as_bytes().to_vec(), ino);
+            return Err(Errno::ENOTDIR);
+        };
+        if let Some(old) = dest.insert(newname.as_bytes().to_vec(), ino) {
+            t.attrs.remove(&old);
+            t.links.remove(&old);
+        }
+        Ok(())
+    }
+
+    /// `parent`'s entries after cookie `offset` (an entry's cookie is its
+    /// place in name order plus one), with their attributes.
+    fn list(&self, parent: u64, offset: u64) -> Result<Vec<(u64, Vec<u8>, FileAttr)>, Errno> {
+        let t = self.tree();
+        let entries = t.dirs.get(&parent).ok_or(Errno::ENOTDIR)?;
+        Ok(entries
+            .iter()
+            .enumerate()
+            .skip(offset as usize)
+            .filter_map(|(i, (n, ino))| Some((i as u64 + 1, n.clone(), *t.attrs.get(ino)?)))
+            .collect())
+    }
+}
+
+fn empty(reply: ReplyEmpty, r: Result<(), Errno>) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(e),
     }
 }
 
@@ -108,8 +172,9 @@ impl Filesystem for NullFs {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let t = self.tree();
-        match t.names.get(&(parent.0, name.as_bytes().to_vec())) {
-            Some(ino) => reply.entry(&crate::TTL, &t.attrs[ino], Generation(0)),
+        let ino = t.dirs.get(&parent.0).and_then(|d| d.get(name.as_bytes()));
+        match ino.and_then(|i| t.attrs.get(i)) {
+            Some(a) => reply.entry(&crate::TTL, a, Generation(0)),
             None => reply.error(Errno::ENOENT),
         }
     }
@@ -280,6 +345,74 @@ impl Filesystem for NullFs {
         reply: ReplyEmpty,
     ) {
         reply.ok()
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        empty(reply, self.remove(parent.0, name, false))
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        empty(reply, self.remove(parent.0, name, true))
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        _flags: fuser::RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        empty(reply, self.mv(parent.0, name, newparent.0, newname))
+    }
+
+    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        reply.opened(FileHandle(0), FopenFlags::empty())
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        match self.list(ino.0, offset) {
+            Ok(entries) => {
+                for (next, name, a) in entries {
+                    if reply.add(a.ino, next, a.kind, OsStr::from_bytes(&name)) {
+                        break;
+                    }
+                }
+                reply.ok()
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        match self.list(ino.0, offset) {
+            Ok(entries) => {
+                for (next, name, a) in entries {
+                    let name = OsStr::from_bytes(&name);
+                    if reply.add(a.ino, next, name, &crate::TTL, &a, Generation(0)) {
+                        break;
+                    }
+                }
+                reply.ok()
+            }
+            Err(e) => reply.error(e),
+        }
     }
 
     fn setxattr(

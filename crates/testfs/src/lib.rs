@@ -38,6 +38,7 @@ mod cmd;
 mod extents;
 mod loopfs;
 pub mod seed;
+mod weed;
 mod write;
 
 pub use checksum::{checksum_file, checksum_tree};
@@ -47,6 +48,7 @@ pub use extents::{
     physical_ranges, shared_bytes_between, shared_flag_bytes, Range,
 };
 pub use loopfs::{bind_mount_ro, btrfs_du, BindMount, BtrfsDu, FsKind, LoopFs};
+pub use weed::Weed;
 pub use write::{copy_no_reflink, random_bytes, reflink_copy, write_in_chunks, write_random, Prng};
 
 /// btrfs file extent item type re-exported from `onecopy-ioctl`.

@@ -49,6 +49,8 @@ pub trait Objects: Send + Sync {
     fn put_new(&self, key: &str, bytes: Bytes) -> Result<()>;
     /// Bytes `range` of `key`, which must lie within the object.
     fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes>;
+    /// The size of `key`, `None` if there is no such object.
+    fn size(&self, key: &str) -> Result<Option<u64>>;
     /// The whole of `key` and its version.
     fn get(&self, key: &str) -> Result<(Bytes, Tag)>;
     /// Replaces `key` by `bytes` if its version is `expected`, or creates

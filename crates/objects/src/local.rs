@@ -114,6 +114,14 @@ impl Objects for LocalObjects {
         Ok(buf.into())
     }
 
+    fn size(&self, key: &str) -> Result<Option<u64>> {
+        match fs::metadata(self.path(key)?) {
+            Ok(m) => Ok(Some(m.len())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(ObjectError::io(key, e)),
+        }
+    }
+
     fn get(&self, key: &str) -> Result<(Bytes, Tag)> {
         let io = |e| ObjectError::io(key, e);
         let mut f = File::open(self.path(key)?).map_err(io)?;

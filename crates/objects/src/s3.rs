@@ -149,6 +149,15 @@ impl Objects for S3Objects {
         r.map_err(|e| ObjectError::remote(key, e))
     }
 
+    fn size(&self, key: &str) -> Result<Option<u64>> {
+        let path = self.path(key)?;
+        match self.rt.block_on(self.store.head(&path)) {
+            Ok(m) => Ok(Some(m.size)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(ObjectError::remote(key, e)),
+        }
+    }
+
     fn get(&self, key: &str) -> Result<(Bytes, Tag)> {
         let path = self.path(key)?;
         let remote = |e| ObjectError::remote(key, e);

@@ -38,6 +38,8 @@ fn contract(o: &dyn Objects) {
         .unwrap_err();
     assert!(matches!(e, ObjectError::Exists { .. }), "{e}");
     assert_eq!(o.get("c/00/a").unwrap().0, a);
+    assert_eq!(o.size("c/00/a").unwrap(), Some(200_000));
+    assert_eq!(o.size("c/00/missing").unwrap(), None);
     assert_eq!(
         o.get_range("c/00/a", 1000..1010).unwrap(),
         a.slice(1000..1010)

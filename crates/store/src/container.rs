@@ -262,14 +262,7 @@ pub trait ContainerStore: Send + Sync {
     /// they hold). The default reads with [`ContainerStore::read`] and
     /// copies; a backend that can scatter (`preadv`) saves the copy.
     fn read_into(&self, id: u64, offset: u64, bufs: &mut [&mut [u8]]) -> Result<()> {
-        let len = bufs.iter().map(|b| b.len()).sum();
-        let data = self.read(id, offset, len)?;
-        let mut at = 0;
-        for b in bufs.iter_mut() {
-            b.copy_from_slice(&data[at..at + b.len()]);
-            at += b.len();
-        }
-        Ok(())
+        scatter(|len| self.read(id, offset, len), bufs)
     }
     /// Makes everything appended to `id` durable.
     fn sync(&self, id: u64) -> Result<()>;
@@ -285,12 +278,38 @@ pub trait ContainerStore: Send + Sync {
     /// side already; a second copy of them here costs fresh memory at
     /// every write.
     fn drop_cache(&self, _id: u64) {}
+    /// Container `id` is sealed at `len` bytes (never appended to again):
+    /// a backend that keeps sealed containers elsewhere (an object store,
+    /// [`crate::remote::Tiered`]) starts moving it there. A hint: it
+    /// returns at once and reports nothing.
+    fn sealed(&self, _id: u64, _len: u64) {}
+    /// Whether sealed containers go elsewhere ([`ContainerStore::sealed`]
+    /// does something), so that opening the store hands it every sealed
+    /// container that has a local copy.
+    fn remote(&self) -> bool {
+        false
+    }
     /// Current length of container `id` (None if it does not exist).
     fn len(&self, id: u64) -> Result<Option<u64>>;
     /// Deletes a whole container.
     fn delete(&self, id: u64) -> Result<()>;
     /// Ids of all containers.
     fn list(&self) -> Result<Vec<u64>>;
+}
+
+/// Reads as many bytes as `bufs` hold with `read`, then copies them into
+/// `bufs` in turn.
+pub(crate) fn scatter(
+    read: impl FnOnce(usize) -> Result<Vec<u8>>,
+    bufs: &mut [&mut [u8]],
+) -> Result<()> {
+    let data = read(bufs.iter().map(|b| b.len()).sum())?;
+    let mut at = 0;
+    for b in bufs.iter_mut() {
+        b.copy_from_slice(&data[at..at + b.len()]);
+        at += b.len();
+    }
+    Ok(())
 }
 
 /// Reads of at least this many bytes are let go from the page cache once

@@ -90,6 +90,8 @@ pub enum StoreError {
     LowSpace { path: PathBuf },
     #[error("the store shut down ({why}); unmount and mount it again")]
     ShutDown { why: String },
+    #[error(transparent)]
+    Object(#[from] onecopy_objects::ObjectError),
 }
 
 impl StoreError {

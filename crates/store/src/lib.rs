@@ -21,6 +21,7 @@ mod maint;
 pub mod meta;
 mod migrate;
 mod ns;
+pub mod remote;
 mod restore;
 mod snap;
 mod space;

@@ -275,6 +275,7 @@ impl Store {
             write_config(dir, &cfg)?;
         }
         let writer = replay(&db, &*containers)?;
+        resume_uploads(&db, &*containers)?;
         let prealloc = load_prealloc(&db)?;
         let index = StoreIndex::open(dir, &db, &cfg)?;
         let counters = load_counters(&db)?;
@@ -538,6 +539,7 @@ impl Store {
             .optional()?;
         g.db.execute("UPDATE containers SET sealed = 1 WHERE sealed = 0", [])?;
         let (id, len) = open.unwrap_or((g.writer.id, g.writer.len));
+        self.containers.sealed(id, len);
         // Containers the lost transaction made stay on disk with no row:
         // `next_id`, kept in memory, is above them too.
         g.writer = Writer {
@@ -731,6 +733,7 @@ impl Store {
                 params![w.id, w.len],
             )?;
             self.containers.start_sync(w.id);
+            self.containers.sealed(w.id, w.len);
             fresh.unsynced.append(&mut w.unsynced);
             *w = fresh;
         }
@@ -818,6 +821,22 @@ fn first_free_id(db: &Connection, cs: &dyn ContainerStore) -> Result<u64> {
     Ok(max_db.max(max_fs) + 1)
 }
 
+/// Hands a remote backend every sealed container, so that those not yet
+/// in the bucket (a mount stopped before their upload) are uploaded
+/// (the backend skips what it finds there).
+fn resume_uploads(db: &Connection, cs: &dyn ContainerStore) -> Result<()> {
+    if !cs.remote() {
+        return Ok(());
+    }
+    let mut st = db.prepare("SELECT id, length FROM containers WHERE sealed = 1")?;
+    let rows = st.query_map([], |r| Ok((r.get::<_, u64>(0)?, r.get::<_, u64>(1)?)))?;
+    for row in rows {
+        let (id, len) = row?;
+        cs.sealed(id, len);
+    }
+    Ok(())
+}
+
 /// Crash recovery: the open container is continued only if its file ends
 /// exactly at its committed length; otherwise it is sealed there (the tail
 /// is garbage nobody references) and a new one is started.
@@ -841,6 +860,7 @@ fn replay(db: &Connection, cs: &dyn ContainerStore) -> Result<Writer> {
             });
         }
         db.execute("UPDATE containers SET sealed = 1 WHERE id = ?1", [id])?;
+        cs.sealed(id, len);
     }
     // Outside any transaction, the row is committed at once: the file
     // must be durable first, or a power cut leaves a row longer than its

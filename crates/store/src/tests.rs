@@ -1334,3 +1334,63 @@ fn history_is_reclaimed_window_by_window() {
     s.gc().unwrap();
     assert_eq!(hist(&s), 0);
 }
+
+/// A store whose sealed containers go to an object store (a local
+/// directory standing in for the bucket here; the S3 server in
+/// tests/remote.rs): every sealed container reaches it, and once the
+/// local copies are gone every byte reads back from it; gc deletes
+/// the objects of what it frees; fsck and scrub find nothing wrong.
+#[test]
+fn sealed_containers_go_to_the_bucket_and_read_back_from_it() {
+    use crate::remote::{object_key, Tiered};
+    use onecopy_objects::{LocalObjects, Objects};
+    use std::sync::Arc;
+    let (d, s) = new_store("fixed:4K", "none");
+    drop(s);
+    let bucket = tempfile::tempdir().unwrap();
+    let objects: Arc<dyn Objects> = Arc::new(LocalObjects::new(bucket.path()).unwrap());
+    let tiered = |o: &Arc<dyn Objects>| {
+        let local = container::LocalDir::new(d.path().join("containers"));
+        Arc::new(Tiered::new(local, o.clone()))
+    };
+    let t = tiered(&objects);
+    let s = Store::open_with(d.path(), t.clone()).unwrap();
+    let (keep, gone) = (pseudo(5 << 20, 11), pseudo(3 << 20, 12));
+    let a = file(&s, "keep", &keep);
+    file(&s, "gone", &gone);
+    s.commit(true).unwrap();
+    t.wait_uploaded(std::time::Duration::from_secs(30)).unwrap();
+    let sealed: Vec<u64> = {
+        let g = s.inner.lock().unwrap();
+        let mut st =
+            g.db.prepare("SELECT id FROM containers WHERE sealed = 1")
+                .unwrap();
+        st.query_map([], |r| r.get(0))
+            .unwrap()
+            .map(|r| r.unwrap())
+            .collect()
+    };
+    assert!(sealed.len() >= 6, "1 MiB containers for 8 MiB: {sealed:?}");
+    for id in &sealed {
+        assert!(objects.size(&object_key(*id)).unwrap().is_some(), "{id}");
+    }
+    drop(s);
+    drop(t);
+    // The local copies of sealed containers go (a cache evicted).
+    let local = container::LocalDir::new(d.path().join("containers"));
+    for id in &sealed {
+        local.delete(*id).unwrap();
+    }
+    let t = tiered(&objects);
+    let s = Store::open_with(d.path(), t.clone()).unwrap();
+    assert_eq!(read_all(&s, a), keep);
+    assert!(s.fsck(false).unwrap().problems.is_empty());
+    assert!(s.scrub().unwrap().damaged.is_empty());
+    s.unlink(1, b"gone").unwrap();
+    let before = objects.list("data").unwrap().len();
+    s.gc().unwrap();
+    let after = objects.list("data").unwrap().len();
+    assert!(after < before, "gc deleted objects: {before} -> {after}");
+    assert_eq!(read_all(&s, a), keep);
+    assert!(s.fsck(false).unwrap().problems.is_empty());
+}

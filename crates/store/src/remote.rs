@@ -1,0 +1,304 @@
+//! Containers whose sealed copies live in an object store: the container
+//! being written is a local file ([`LocalDir`]); a sealed one is uploaded
+//! whole, write-once ([`Objects::put_new`]), by a background thread, and
+//! read back with ranged GETs once its local copy is gone. The local
+//! directory is then the store's cache of the bucket.
+//!
+//! Invariants:
+//! - the object of container `id` holds exactly the container's bytes up
+//!   to the length it was sealed at, or more (a longer object whose first
+//!   `len` bytes match is accepted: a tail past the committed length is
+//!   garbage nobody references, as in a local container after a crash);
+//! - a container is uploaded only once sealed, and never written after;
+//! - a local copy is read before the bucket's: they hold the same bytes.
+//!
+//! Not yet (issue 32): metadata in the bucket, a bounded cache (local
+//! copies stay after upload), gc's grace period before an object is
+//! deleted.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use onecopy_objects::{ObjectError, Objects};
+
+use crate::container::{ContainerStore, LocalDir};
+use crate::error::{Result, StoreError};
+
+/// The key of container `id` in the bucket.
+pub fn object_key(id: u64) -> String {
+    format!("data/{:02x}/{id:016x}.occ", id & 0xff)
+}
+
+fn id_of(key: &str) -> Option<u64> {
+    let name = key.rsplit('/').next()?.strip_suffix(".occ")?;
+    u64::from_str_radix(name, 16).ok()
+}
+
+#[derive(Default)]
+struct Queue {
+    /// Sealed containers not yet in the bucket: id -> sealed length.
+    pending: BTreeMap<u64, u64>,
+    /// The container being uploaded now.
+    busy: Option<u64>,
+    /// The last upload's error, cleared by a success.
+    failed: Option<String>,
+    stop: bool,
+}
+
+struct Uploads {
+    q: Mutex<Queue>,
+    cv: Condvar,
+}
+
+/// A local directory in front of an object store.
+pub struct Tiered {
+    local: Arc<LocalDir>,
+    objects: Arc<dyn Objects>,
+    up: Arc<Uploads>,
+    worker: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Tiered {
+    pub fn new(local: LocalDir, objects: Arc<dyn Objects>) -> Tiered {
+        let local = Arc::new(local);
+        let up = Arc::new(Uploads {
+            q: Mutex::new(Queue::default()),
+            cv: Condvar::new(),
+        });
+        let worker = {
+            let (local, objects, up) = (local.clone(), objects.clone(), up.clone());
+            std::thread::Builder::new()
+                .name("onecopy-upload".into())
+                .spawn(move || upload_loop(&local, &*objects, &up))
+                .expect("spawn the upload thread")
+        };
+        Tiered {
+            local,
+            objects,
+            up,
+            worker: Mutex::new(Some(worker)),
+        }
+    }
+
+    /// Waits until every sealed container is in the bucket, at most
+    /// `limit`; the last upload error if some are still missing then.
+    pub fn wait_uploaded(&self, limit: Duration) -> Result<()> {
+        let q = self.up.q.lock().unwrap();
+        let (q, _) = self
+            .up
+            .cv
+            .wait_timeout_while(q, limit, |q| !q.pending.is_empty())
+            .unwrap();
+        match (q.pending.keys().next(), &q.failed) {
+            (None, _) => Ok(()),
+            (Some(id), why) => Err(StoreError::ShutDown {
+                why: format!(
+                    "container {id} is not uploaded yet: {}",
+                    why.as_deref().unwrap_or("still uploading")
+                ),
+            }),
+        }
+    }
+
+    /// Reads from the bucket: a range of a container whose local copy is
+    /// gone.
+    fn fetch(&self, id: u64, offset: u64, len: usize) -> Result<Vec<u8>> {
+        let key = object_key(id);
+        let got = self
+            .objects
+            .get_range(&key, offset..offset + len as u64)
+            .map_err(object_error)?;
+        if got.len() != len {
+            return Err(StoreError::Damaged {
+                container: id,
+                offset,
+                why: format!(
+                    "the bucket's object is shorter ({} of {len} bytes)",
+                    got.len()
+                ),
+            });
+        }
+        Ok(got.to_vec())
+    }
+}
+
+impl Drop for Tiered {
+    fn drop(&mut self) {
+        self.up.q.lock().unwrap().stop = true;
+        self.up.cv.notify_all();
+        if let Some(w) = self.worker.lock().unwrap().take() {
+            let _ = w.join();
+        }
+    }
+}
+
+fn object_error(e: ObjectError) -> StoreError {
+    StoreError::Object(e)
+}
+
+fn is_missing(e: &StoreError) -> bool {
+    matches!(e, StoreError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
+}
+
+/// Puts container `id`'s first `len` bytes in the bucket, unless an
+/// object whose first `len` bytes are the same is there already.
+fn upload(local: &LocalDir, objects: &dyn Objects, id: u64, len: u64) -> Result<()> {
+    let key = object_key(id);
+    let there = objects.size(&key).map_err(object_error)?;
+    let bytes = match local.read(id, 0, len as usize) {
+        Err(e) if is_missing(&e) && there >= Some(len) => return Ok(()),
+        r => r?,
+    };
+    if there >= Some(len) {
+        return same_prefix(objects, id, &bytes);
+    }
+    match objects.put_new(&key, bytes.clone().into()) {
+        Err(ObjectError::Exists { .. }) => same_prefix(objects, id, &bytes),
+        r => r.map_err(object_error),
+    }
+}
+
+/// Checks that the bucket's object of `id` begins with `bytes` (an
+/// earlier upload whose answer was lost, or one made before a crash).
+fn same_prefix(objects: &dyn Objects, id: u64, bytes: &[u8]) -> Result<()> {
+    let there = objects
+        .get_range(&object_key(id), 0..bytes.len() as u64)
+        .map_err(object_error)?;
+    if there[..] != *bytes {
+        return Err(StoreError::Damaged {
+            container: id,
+            offset: 0,
+            why: "the bucket holds a different object under this container's key".into(),
+        });
+    }
+    Ok(())
+}
+
+/// The upload thread: the lowest pending container first; a failure is
+/// kept for [`Tiered::wait_uploaded`] and retried after a pause growing
+/// to 30 s.
+fn upload_loop(local: &LocalDir, objects: &dyn Objects, up: &Uploads) {
+    let mut pause = Duration::from_millis(100);
+    loop {
+        let (id, len) = {
+            let mut q = up.q.lock().unwrap();
+            q.busy = None;
+            up.cv.notify_all();
+            q = up
+                .cv
+                .wait_while(q, |q| q.pending.is_empty() && !q.stop)
+                .unwrap();
+            if q.stop {
+                return;
+            }
+            let (&id, &len) = q.pending.iter().next().unwrap();
+            q.busy = Some(id);
+            (id, len)
+        };
+        let r = upload(local, objects, id, len);
+        let mut q = up.q.lock().unwrap();
+        match r {
+            Ok(()) => {
+                if q.pending.get(&id) == Some(&len) {
+                    q.pending.remove(&id);
+                }
+                q.failed = None;
+                pause = Duration::from_millis(100);
+            }
+            Err(e) => {
+                q.failed = Some(e.to_string());
+                drop(up.cv.wait_timeout_while(q, pause, |q| !q.stop).unwrap());
+                pause = (pause * 2).min(Duration::from_secs(30));
+            }
+        }
+    }
+}
+
+impl ContainerStore for Tiered {
+    fn create(&self, id: u64) -> Result<()> {
+        self.local.create(id)
+    }
+
+    fn append(&self, id: u64, bytes: &[u8]) -> Result<()> {
+        self.local.append(id, bytes)
+    }
+
+    fn read(&self, id: u64, offset: u64, len: usize) -> Result<Vec<u8>> {
+        match self.local.read(id, offset, len) {
+            Err(e) if is_missing(&e) => self.fetch(id, offset, len),
+            r => r,
+        }
+    }
+
+    fn read_into(&self, id: u64, offset: u64, bufs: &mut [&mut [u8]]) -> Result<()> {
+        match self.local.read_into(id, offset, bufs) {
+            Err(e) if is_missing(&e) => {
+                crate::container::scatter(|len| self.fetch(id, offset, len), bufs)
+            }
+            r => r,
+        }
+    }
+
+    fn sync(&self, id: u64) -> Result<()> {
+        self.local.sync(id)
+    }
+
+    fn start_sync(&self, id: u64) {
+        self.local.start_sync(id)
+    }
+
+    fn drop_cache(&self, id: u64) {
+        self.local.drop_cache(id)
+    }
+
+    fn sealed(&self, id: u64, len: u64) {
+        self.up.q.lock().unwrap().pending.insert(id, len);
+        self.up.cv.notify_all();
+    }
+
+    fn remote(&self) -> bool {
+        true
+    }
+
+    fn len(&self, id: u64) -> Result<Option<u64>> {
+        match self.local.len(id)? {
+            Some(n) => Ok(Some(n)),
+            None => self.objects.size(&object_key(id)).map_err(object_error),
+        }
+    }
+
+    /// Forgets a pending upload (waiting out one in flight), then deletes
+    /// the object and the local copy.
+    fn delete(&self, id: u64) -> Result<()> {
+        let mut q = self.up.q.lock().unwrap();
+        q.pending.remove(&id);
+        let q = self.up.cv.wait_while(q, |q| q.busy == Some(id)).unwrap();
+        drop(q);
+        self.objects.delete(&object_key(id)).map_err(object_error)?;
+        self.local.delete(id)
+    }
+
+    /// The local containers and the bucket's (whose listing may miss the
+    /// newest: those are local until uploaded, or were listed before).
+    fn list(&self) -> Result<Vec<u64>> {
+        let mut ids = self.local.list()?;
+        let listed = self.objects.list("data").map_err(object_error)?;
+        ids.extend(listed.iter().filter_map(|l| id_of(&l.key)));
+        ids.sort_unstable();
+        ids.dedup();
+        Ok(ids)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_name_their_container() {
+        assert_eq!(object_key(0x1a2b), "data/2b/0000000000001a2b.occ");
+        assert_eq!(id_of(&object_key(0x1a2b)), Some(0x1a2b));
+        assert_eq!(id_of("data/2b/x.occ"), None);
+    }
+}

@@ -460,6 +460,24 @@ impl Store {
         Ok(())
     }
 
+    /// Every container the metadata names exists and is at least as long
+    /// as committed.
+    fn check_containers(&self, g: &Inner, rep: &mut FsckReport) -> Result<()> {
+        let mut st = g.db.prepare("SELECT id, length FROM containers")?;
+        let rows = st.query_map([], |r| Ok((r.get::<_, u64>(0)?, r.get::<_, u64>(1)?)))?;
+        for row in rows {
+            let (id, length) = row?;
+            match self.containers.len(id)? {
+                None => rep.problems.push(format!("container {id} is missing")),
+                Some(l) if l < length => rep.problems.push(format!(
+                    "container {id} is shorter ({l}) than committed ({length})"
+                )),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
     /// Checks the metadata's invariants; with `repair`, fixes what can be
     /// fixed without inventing data.
     pub fn fsck(&self, repair: bool) -> Result<FsckReport> {
@@ -467,88 +485,7 @@ impl Store {
         self.flush_all(true)?;
         let mut g = self.lock();
         let mut rep = FsckReport::default();
-        let checks: &[(&str, &str, Option<&str>)] = &[
-            (
-                "reference count differs from the file maps",
-                "SELECT c.id, c.refs, COALESCE(n.n, 0) FROM chunks c LEFT JOIN (SELECT chunk,
-                 COUNT(*) n FROM (SELECT chunk FROM extents UNION ALL SELECT chunk
-                 FROM extents_hist) GROUP BY chunk) n ON n.chunk = c.id
-                 WHERE c.refs != COALESCE(n.n, 0)",
-                Some(
-                    "UPDATE chunks SET refs = 0;
-                      UPDATE chunks SET refs = n.n FROM (SELECT chunk, COUNT(*) n FROM
-                      (SELECT chunk FROM extents UNION ALL SELECT chunk FROM extents_hist)
-                      GROUP BY chunk) n WHERE n.chunk = chunks.id;",
-                ),
-            ),
-            (
-                "extent points at a missing chunk",
-                "SELECT e.ino, e.off, e.chunk FROM (SELECT ino, off, chunk FROM extents
-                 UNION ALL SELECT ino, off, chunk FROM extents_hist) e
-                 LEFT JOIN chunks c ON c.id = e.chunk WHERE c.id IS NULL",
-                None,
-            ),
-            (
-                "chunk beyond its container's committed length",
-                "SELECT c.id, c.container, c.offset FROM chunks c LEFT JOIN containers k
-                 ON k.id = c.container WHERE k.id IS NULL OR c.offset + c.stored_len > k.length",
-                None,
-            ),
-            (
-                "directory entry points at a missing inode",
-                "SELECT d.parent, d.ino, 0 FROM dirents d LEFT JOIN inodes i ON i.ino = d.ino
-                 WHERE i.ino IS NULL",
-                Some("DELETE FROM dirents WHERE ino NOT IN (SELECT ino FROM inodes)"),
-            ),
-            (
-                "link count differs from the directory entries",
-                "SELECT i.ino, i.nlink, COALESCE(n.n, 0) FROM inodes i LEFT JOIN (SELECT ino,
-                 COUNT(*) n FROM dirents GROUP BY ino) n ON n.ino = i.ino
-                 WHERE i.kind != 2 AND i.nlink != COALESCE(n.n, 0)",
-                Some(
-                    "UPDATE inodes SET nlink = 0 WHERE kind != 2;
-                      UPDATE inodes SET nlink = n.n FROM (SELECT ino, COUNT(*) n FROM dirents
-                      GROUP BY ino) n WHERE n.ino = inodes.ino AND inodes.kind != 2;",
-                ),
-            ),
-            (
-                "directory's parent differs from its entry",
-                "SELECT i.ino, COALESCE(i.parent, 0), d.parent FROM dirents d
-                 JOIN inodes i ON i.ino = d.ino WHERE i.kind = 2 AND i.parent IS NOT d.parent",
-                Some(
-                    "UPDATE inodes SET parent = d.parent FROM dirents d
-                      WHERE d.ino = inodes.ino AND inodes.kind = 2",
-                ),
-            ),
-            (
-                "data bytes differ from the file map",
-                "SELECT i.ino, i.data, COALESCE(n.n, 0) FROM inodes i LEFT JOIN (SELECT ino,
-                 SUM(len) n FROM extents GROUP BY ino) n ON n.ino = i.ino
-                 WHERE i.data != COALESCE(n.n, 0)",
-                Some(crate::migrate::V4_RECOMPUTE_DATA),
-            ),
-            (
-                "extent past the end of its file",
-                "SELECT e.ino, e.off, e.len FROM extents e JOIN inodes i ON i.ino = e.ino
-                 WHERE e.off + e.len > i.size",
-                None,
-            ),
-            (
-                "history row that died before it was born (inode, born, died)",
-                "SELECT ino, born, died FROM inodes_hist WHERE died <= born
-                 UNION ALL SELECT ino, born, died FROM extents_hist WHERE died <= born
-                 UNION ALL SELECT ino, born, died FROM xattrs_hist WHERE died <= born
-                 UNION ALL SELECT ino, born, died FROM dirents_hist WHERE died <= born",
-                None,
-            ),
-            (
-                "snapshot of an epoch not yet closed (id, epoch, open epoch)",
-                "SELECT s.id, s.epoch, CAST(m.value AS INTEGER) FROM snapshots s
-                 JOIN meta m ON m.key = 'epoch' WHERE s.epoch >= CAST(m.value AS INTEGER)",
-                None,
-            ),
-        ];
-        for (what, sql, fix) in checks {
+        for (what, sql, fix) in FSCK_CHECKS {
             let found: Vec<(i64, i64, i64)> = {
                 let mut st = g.db.prepare(sql)?;
                 let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
@@ -562,19 +499,7 @@ impl Store {
                 rep.repaired += found.len() as u64;
             }
         }
-        for (id, length) in {
-            let mut st = g.db.prepare("SELECT id, length FROM containers")?;
-            let rows = st.query_map([], |r| Ok((r.get::<_, u64>(0)?, r.get::<_, u64>(1)?)))?;
-            rows.collect::<rusqlite::Result<Vec<_>>>()?
-        } {
-            match self.containers.len(id)? {
-                None => rep.problems.push(format!("container {id} is missing")),
-                Some(l) if l < length => rep.problems.push(format!(
-                    "container {id} is shorter ({l}) than committed ({length})"
-                )),
-                _ => {}
-            }
-        }
+        self.check_containers(&g, &mut rep)?;
         self.check_index(&mut g, repair, &mut rep)?;
         if repair {
             drop(g);
@@ -587,3 +512,88 @@ impl Store {
         Ok(rep)
     }
 }
+
+/// fsck's checks of the metadata: what a row found means, the query that
+/// finds the rows (three columns, printed), and the repair, if one needs
+/// no invented data.
+const FSCK_CHECKS: &[(&str, &str, Option<&str>)] = &[
+    (
+        "reference count differs from the file maps",
+        "SELECT c.id, c.refs, COALESCE(n.n, 0) FROM chunks c LEFT JOIN (SELECT chunk,
+             COUNT(*) n FROM (SELECT chunk FROM extents UNION ALL SELECT chunk
+             FROM extents_hist) GROUP BY chunk) n ON n.chunk = c.id
+             WHERE c.refs != COALESCE(n.n, 0)",
+        Some(
+            "UPDATE chunks SET refs = 0;
+                  UPDATE chunks SET refs = n.n FROM (SELECT chunk, COUNT(*) n FROM
+                  (SELECT chunk FROM extents UNION ALL SELECT chunk FROM extents_hist)
+                  GROUP BY chunk) n WHERE n.chunk = chunks.id;",
+        ),
+    ),
+    (
+        "extent points at a missing chunk",
+        "SELECT e.ino, e.off, e.chunk FROM (SELECT ino, off, chunk FROM extents
+             UNION ALL SELECT ino, off, chunk FROM extents_hist) e
+             LEFT JOIN chunks c ON c.id = e.chunk WHERE c.id IS NULL",
+        None,
+    ),
+    (
+        "chunk beyond its container's committed length",
+        "SELECT c.id, c.container, c.offset FROM chunks c LEFT JOIN containers k
+             ON k.id = c.container WHERE k.id IS NULL OR c.offset + c.stored_len > k.length",
+        None,
+    ),
+    (
+        "directory entry points at a missing inode",
+        "SELECT d.parent, d.ino, 0 FROM dirents d LEFT JOIN inodes i ON i.ino = d.ino
+             WHERE i.ino IS NULL",
+        Some("DELETE FROM dirents WHERE ino NOT IN (SELECT ino FROM inodes)"),
+    ),
+    (
+        "link count differs from the directory entries",
+        "SELECT i.ino, i.nlink, COALESCE(n.n, 0) FROM inodes i LEFT JOIN (SELECT ino,
+             COUNT(*) n FROM dirents GROUP BY ino) n ON n.ino = i.ino
+             WHERE i.kind != 2 AND i.nlink != COALESCE(n.n, 0)",
+        Some(
+            "UPDATE inodes SET nlink = 0 WHERE kind != 2;
+                  UPDATE inodes SET nlink = n.n FROM (SELECT ino, COUNT(*) n FROM dirents
+                  GROUP BY ino) n WHERE n.ino = inodes.ino AND inodes.kind != 2;",
+        ),
+    ),
+    (
+        "directory's parent differs from its entry",
+        "SELECT i.ino, COALESCE(i.parent, 0), d.parent FROM dirents d
+             JOIN inodes i ON i.ino = d.ino WHERE i.kind = 2 AND i.parent IS NOT d.parent",
+        Some(
+            "UPDATE inodes SET parent = d.parent FROM dirents d
+                  WHERE d.ino = inodes.ino AND inodes.kind = 2",
+        ),
+    ),
+    (
+        "data bytes differ from the file map",
+        "SELECT i.ino, i.data, COALESCE(n.n, 0) FROM inodes i LEFT JOIN (SELECT ino,
+             SUM(len) n FROM extents GROUP BY ino) n ON n.ino = i.ino
+             WHERE i.data != COALESCE(n.n, 0)",
+        Some(crate::migrate::V4_RECOMPUTE_DATA),
+    ),
+    (
+        "extent past the end of its file",
+        "SELECT e.ino, e.off, e.len FROM extents e JOIN inodes i ON i.ino = e.ino
+             WHERE e.off + e.len > i.size",
+        None,
+    ),
+    (
+        "history row that died before it was born (inode, born, died)",
+        "SELECT ino, born, died FROM inodes_hist WHERE died <= born
+             UNION ALL SELECT ino, born, died FROM extents_hist WHERE died <= born
+             UNION ALL SELECT ino, born, died FROM xattrs_hist WHERE died <= born
+             UNION ALL SELECT ino, born, died FROM dirents_hist WHERE died <= born",
+        None,
+    ),
+    (
+        "snapshot of an epoch not yet closed (id, epoch, open epoch)",
+        "SELECT s.id, s.epoch, CAST(m.value AS INTEGER) FROM snapshots s
+             JOIN meta m ON m.key = 'epoch' WHERE s.epoch >= CAST(m.value AS INTEGER)",
+        None,
+    ),
+];

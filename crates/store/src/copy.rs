@@ -62,7 +62,8 @@ impl Store {
         Ok(len)
     }
 
-    /// Checks the files, stores both buffers, and chooses the shared part.
+    /// Checks the files, stores the source's buffer, chooses the shared
+    /// part and stores the destination's buffer if it touches that part.
     fn plan_copy(
         &self,
         g: &mut Inner,
@@ -85,7 +86,6 @@ impl Store {
             return Err(StoreError::Invalid);
         }
         self.flush_file_locked(g, src)?;
-        self.flush_file_locked(g, dst)?;
         let (end, dst_size) = (off_in + len, da.size);
         let shared = match self.cfg.chunking {
             Chunking::Fixed { size } => {
@@ -100,7 +100,26 @@ impl Store {
                     })
             }
         };
+        if let Some(sh) = shared {
+            self.flush_if_buffered(g, dst, sh.out, sh.out + (sh.end - sh.start))?;
+        }
         Ok((len, shared))
+    }
+
+    /// Stores `dst`'s buffer if it holds a page of `[from, to)` (which the
+    /// shared chunks replace) or is being stored now. Pages elsewhere stay
+    /// buffered: a partial chunk a copy request left at its end is then
+    /// completed by the next request (the kernel splits a large copy at
+    /// 2 GiB - 4 KiB), not stored alone as a short chunk.
+    fn flush_if_buffered(&self, g: &mut Inner, dst: u64, from: u64, to: u64) -> Result<()> {
+        let ps = self.page_size();
+        let busy = g.dirty.get(&dst).is_some_and(|d| {
+            d.flushing || d.pages.range(from / ps..to.div_ceil(ps)).next().is_some()
+        });
+        if busy {
+            self.flush_file_locked(g, dst)?;
+        }
+        Ok(())
     }
 
     /// Maps the shared part's chunks into `dst` (what it held there goes),

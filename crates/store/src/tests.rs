@@ -1394,3 +1394,27 @@ fn sealed_containers_go_to_the_bucket_and_read_back_from_it() {
     assert_eq!(read_all(&s, a), keep);
     assert!(s.fsck(false).unwrap().problems.is_empty());
 }
+
+/// A large copy arrives as several `copy_file_range` requests (the
+/// kernel splits at 2 GiB - 4 KiB, so a request may end inside a chunk):
+/// the partial chunk one request leaves is completed by the next and
+/// dedupes against the source's, so the copy adds no stored bytes.
+#[test]
+fn a_copy_split_inside_a_chunk_stores_nothing_new() {
+    let (_d, s) = new_store("fixed:64K", "none");
+    let data = pseudo(4 << 20, 21);
+    let src = file(&s, "src", &data);
+    s.commit(true).unwrap();
+    let before = s.stats().unwrap().container_bytes;
+    let dst = s.mknod(1, b"dst", node(Kind::File)).unwrap().ino;
+    s.open_file(dst).unwrap();
+    let cut = (2 << 20) - 4096;
+    assert_eq!(s.copy_range(src, 0, dst, 0, cut).unwrap(), cut);
+    let rest = data.len() as u64 - cut;
+    assert_eq!(s.copy_range(src, cut, dst, cut, rest).unwrap(), rest);
+    s.release_file(dst).unwrap();
+    s.commit(true).unwrap();
+    assert_eq!(read_all(&s, dst), data);
+    assert_eq!(s.stats().unwrap().container_bytes, before, "no bytes added");
+    assert!(s.fsck(false).unwrap().problems.is_empty());
+}

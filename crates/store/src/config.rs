@@ -205,6 +205,25 @@ pub struct StoreConfig {
     /// auto.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zstd_level: Option<i32>,
+    /// The object store the store lives in (`store init --remote`); the
+    /// directory is then its cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<RemoteSpec>,
+}
+
+/// Where a remote store's bucket is (credentials are not kept: they come
+/// the AWS way, from the environment or `~/.aws/credentials`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteSpec {
+    /// `s3://BUCKET/PREFIX`, or `file:///DIR`.
+    pub url: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    /// How long failing requests are retried, seconds (default 60).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub patience_secs: Option<u64>,
 }
 
 impl StoreConfig {
@@ -229,6 +248,7 @@ impl Default for StoreConfig {
             index_quota: None,
             index_memtable: None,
             zstd_level: None,
+            remote: None,
         }
     }
 }

@@ -283,6 +283,15 @@ pub trait ContainerStore: Send + Sync {
     /// [`crate::remote::Tiered`]) starts moving it there. A hint: it
     /// returns at once and reports nothing.
     fn sealed(&self, _id: u64, _len: u64) {}
+    /// Every sealed container (id, length), at open: a remote backend
+    /// moves those not yet elsewhere (a mount stopped before their
+    /// upload).
+    fn resume(&self, sealed: Vec<(u64, u64)>) -> Result<()> {
+        for (id, len) in sealed {
+            self.sealed(id, len);
+        }
+        Ok(())
+    }
     /// Whether sealed containers go elsewhere ([`ContainerStore::sealed`]
     /// does something), so that opening the store hands it every sealed
     /// container that has a local copy.

@@ -92,6 +92,8 @@ pub enum StoreError {
     ShutDown { why: String },
     #[error(transparent)]
     Object(#[from] onecopy_objects::ObjectError),
+    #[error("remote store: {why}")]
+    Remote { why: String },
 }
 
 impl StoreError {

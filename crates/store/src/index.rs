@@ -146,7 +146,7 @@ fn meta_u64(db: &Connection, key: &str) -> Result<Option<u64>> {
 }
 
 pub(crate) fn set_meta(db: &Connection, key: &str, v: u64) -> Result<()> {
-    db.prepare_cached("INSERT OR REPLACE INTO meta (key, value) VALUES (?1, ?2)")?
+    db.prepare_cached(crate::meta::SET_META)?
         .execute(params![key, v.to_string()])?;
     Ok(())
 }

@@ -42,6 +42,12 @@ CREATE TABLE index_drops (id INTEGER PRIMARY KEY, key BLOB NOT NULL);
 CREATE TABLE containers (id INTEGER PRIMARY KEY, length INTEGER NOT NULL, sealed INTEGER NOT NULL);
 ";
 
+/// Sets a `meta` row. An upsert, not `INSERT OR REPLACE`: that deletes
+/// and reinserts, moving the row to a new rowid at every commit, so the
+/// pages changed even when the value did not (and a push carried them).
+pub(crate) const SET_META: &str = "INSERT INTO meta (key, value) VALUES (?1, ?2)
+    ON CONFLICT (key) DO UPDATE SET value = excluded.value";
+
 /// Prepared statements kept per connection. The store's hot paths use
 /// about 55 distinct ones (`prepare_cached`); with rusqlite's default of
 /// 16 a `cp -a` into the mount re-parsed SQL for every file (profile:

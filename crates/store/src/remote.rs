@@ -12,9 +12,13 @@
 //! - a container is uploaded only once sealed, and never written after;
 //! - a local copy is read before the bucket's: they hold the same bytes.
 //!
-//! Not yet (issue 32): metadata in the bucket, a bounded cache (local
-//! copies stay after upload), gc's grace period before an object is
-//! deleted.
+//! - a container deleted (gc) leaves the bucket only when the metadata
+//!   the bucket holds no longer refers to it: its key waits in `doomed`
+//!   until a push ([`crate::mirror`]) has swapped in a manifest taken
+//!   after the delete.
+//!
+//! Not yet (issue 32): a bounded cache (local copies stay after upload),
+//! a grace period for readers of older manifests.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Condvar, Mutex};
@@ -43,6 +47,9 @@ struct Queue {
     busy: Option<u64>,
     /// The last upload's error, cleared by a success.
     failed: Option<String>,
+    /// The container whose upload failed last: the next attempt takes the
+    /// one after it, so one that keeps failing holds up no other.
+    skip_to: u64,
     stop: bool,
 }
 
@@ -57,6 +64,8 @@ pub struct Tiered {
     objects: Arc<dyn Objects>,
     up: Arc<Uploads>,
     worker: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Containers deleted here whose objects wait for the next push.
+    doomed: Mutex<Vec<u64>>,
 }
 
 impl Tiered {
@@ -78,27 +87,46 @@ impl Tiered {
             objects,
             up,
             worker: Mutex::new(Some(worker)),
+            doomed: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The containers deleted since the last call, whose objects are to
+    /// go once a manifest taken from now on is in.
+    pub fn take_doomed(&self) -> Vec<u64> {
+        std::mem::take(&mut *self.doomed.lock().unwrap())
+    }
+
+    /// Gives back what [`Tiered::take_doomed`] took (a push failed).
+    pub fn return_doomed(&self, ids: Vec<u64>) {
+        self.doomed.lock().unwrap().extend(ids);
+    }
+
+    /// Waits until every sealed container below `below` is in the bucket,
+    /// at most `limit`.
+    pub fn wait_uploaded_below(&self, below: u64, limit: Duration) -> Result<()> {
+        let q = self.up.q.lock().unwrap();
+        let waiting = |q: &Queue| q.pending.range(..below).next().is_some();
+        let (q, _) = self
+            .up
+            .cv
+            .wait_timeout_while(q, limit, |q| waiting(q))
+            .unwrap();
+        match q.pending.range(..below).next() {
+            None => Ok(()),
+            Some((id, _)) => Err(StoreError::ShutDown {
+                why: format!(
+                    "container {id} is not uploaded yet: {}",
+                    q.failed.as_deref().unwrap_or("still uploading")
+                ),
+            }),
         }
     }
 
     /// Waits until every sealed container is in the bucket, at most
     /// `limit`; the last upload error if some are still missing then.
     pub fn wait_uploaded(&self, limit: Duration) -> Result<()> {
-        let q = self.up.q.lock().unwrap();
-        let (q, _) = self
-            .up
-            .cv
-            .wait_timeout_while(q, limit, |q| !q.pending.is_empty())
-            .unwrap();
-        match (q.pending.keys().next(), &q.failed) {
-            (None, _) => Ok(()),
-            (Some(id), why) => Err(StoreError::ShutDown {
-                why: format!(
-                    "container {id} is not uploaded yet: {}",
-                    why.as_deref().unwrap_or("still uploading")
-                ),
-            }),
-        }
+        self.wait_uploaded_below(u64::MAX, limit)
     }
 
     /// Reads from the bucket: a range of a container whose local copy is
@@ -146,14 +174,15 @@ fn is_missing(e: &StoreError) -> bool {
 fn upload(local: &LocalDir, objects: &dyn Objects, id: u64, len: u64) -> Result<()> {
     let key = object_key(id);
     let there = objects.size(&key).map_err(object_error)?;
-    let bytes = match local.read(id, 0, len as usize) {
+    let bytes: bytes::Bytes = match local.read(id, 0, len as usize) {
         Err(e) if is_missing(&e) && there >= Some(len) => return Ok(()),
-        r => r?,
+        r => r?.into(),
     };
     if there >= Some(len) {
         return same_prefix(objects, id, &bytes);
     }
-    match objects.put_new(&key, bytes.clone().into()) {
+    // `Bytes` shares the buffer: the bytes are not copied again.
+    match objects.put_new(&key, bytes.clone()) {
         Err(ObjectError::Exists { .. }) => same_prefix(objects, id, &bytes),
         r => r.map_err(object_error),
     }
@@ -175,9 +204,10 @@ fn same_prefix(objects: &dyn Objects, id: u64, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// The upload thread: the lowest pending container first; a failure is
-/// kept for [`Tiered::wait_uploaded`] and retried after a pause growing
-/// to 30 s.
+/// The upload thread: the lowest pending container first, except that
+/// after a failure the next attempt is the next container (round the
+/// queue); a failure is kept for [`Tiered::wait_uploaded`] and the queue
+/// waits a pause growing to 30 s.
 fn upload_loop(local: &LocalDir, objects: &dyn Objects, up: &Uploads) {
     let mut pause = Duration::from_millis(100);
     loop {
@@ -192,7 +222,8 @@ fn upload_loop(local: &LocalDir, objects: &dyn Objects, up: &Uploads) {
             if q.stop {
                 return;
             }
-            let (&id, &len) = q.pending.iter().next().unwrap();
+            let next = q.pending.range(q.skip_to..).next();
+            let (&id, &len) = next.or_else(|| q.pending.iter().next()).unwrap();
             q.busy = Some(id);
             (id, len)
         };
@@ -204,10 +235,12 @@ fn upload_loop(local: &LocalDir, objects: &dyn Objects, up: &Uploads) {
                     q.pending.remove(&id);
                 }
                 q.failed = None;
+                q.skip_to = 0;
                 pause = Duration::from_millis(100);
             }
             Err(e) => {
                 q.failed = Some(e.to_string());
+                q.skip_to = id + 1;
                 drop(up.cv.wait_timeout_while(q, pause, |q| !q.stop).unwrap());
                 pause = (pause * 2).min(Duration::from_secs(30));
             }
@@ -261,6 +294,27 @@ impl ContainerStore for Tiered {
         true
     }
 
+    /// Queues the sealed containers the bucket's listing lacks or holds
+    /// shorter: one listing, not a request per container (a listing may
+    /// miss new objects; those are queued, and the upload finds them).
+    fn resume(&self, sealed: Vec<(u64, u64)>) -> Result<()> {
+        let listed: std::collections::HashMap<u64, u64> = self
+            .objects
+            .list("data")
+            .map_err(object_error)?
+            .into_iter()
+            .filter_map(|l| Some((id_of(&l.key)?, l.size)))
+            .collect();
+        let mut q = self.up.q.lock().unwrap();
+        for (id, len) in sealed {
+            if listed.get(&id).is_none_or(|&size| size < len) {
+                q.pending.insert(id, len);
+            }
+        }
+        self.up.cv.notify_all();
+        Ok(())
+    }
+
     fn len(&self, id: u64) -> Result<Option<u64>> {
         match self.local.len(id)? {
             Some(n) => Ok(Some(n)),
@@ -268,15 +322,16 @@ impl ContainerStore for Tiered {
         }
     }
 
-    /// Forgets a pending upload (waiting out one in flight), then deletes
-    /// the object and the local copy.
+    /// Forgets a pending upload (waiting out one in flight), deletes the
+    /// local copy, and dooms the object (see the module's invariants).
     fn delete(&self, id: u64) -> Result<()> {
         let mut q = self.up.q.lock().unwrap();
         q.pending.remove(&id);
         let q = self.up.cv.wait_while(q, |q| q.busy == Some(id)).unwrap();
         drop(q);
-        self.objects.delete(&object_key(id)).map_err(object_error)?;
-        self.local.delete(id)
+        self.local.delete(id)?;
+        self.doomed.lock().unwrap().push(id);
+        Ok(())
     }
 
     /// The local containers and the bucket's (whose listing may miss the

@@ -143,7 +143,23 @@ pub struct Store {
     /// filesystem would, until the store is reopened (which replays the
     /// last commit); see [`Store::check_live`].
     shut_down: Mutex<Option<String>>,
+    /// The bucket a remote store lives in (its metadata side).
+    pub(crate) mirror: Option<crate::mirror::Mirror>,
     _lock: File,
+}
+
+/// A remote store's last push (see [`Store::close_remote`]); an error
+/// is said on stderr (nothing is lost: the cache holds it, and the next
+/// open pushes it).
+impl Drop for Store {
+    fn drop(&mut self) {
+        if let Err(e) = self.close_remote() {
+            eprintln!(
+                "onecopy: {}: the last push to the bucket failed: {e}",
+                self.dir.display()
+            );
+        }
+    }
 }
 
 /// Bytes of decoded chunks the read cache keeps.
@@ -186,27 +202,10 @@ impl Store {
     /// The directory is created mode 0700: the store holds other users'
     /// file data, readable by whoever can read its containers.
     pub fn init(dir: &Path, cfg: &StoreConfig) -> Result<()> {
-        use std::os::unix::fs::DirBuilderExt;
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(StoreError::io(dir))?;
-        let cfg_path = dir.join("store.json");
-        if cfg_path.exists() || dir.join("meta.sqlite").exists() {
-            return Err(StoreError::Exists { path: dir.into() });
+        if let Some(spec) = &cfg.remote {
+            Self::bucket_is_free(spec)?;
         }
-        let entries = std::fs::read_dir(dir).map_err(StoreError::io(dir))?;
-        let foreign = entries
-            .filter_map(|e| e.ok())
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .find(|n| n != "lost+found");
-        if let Some(entry) = foreign {
-            return Err(StoreError::NotEmptyDir {
-                path: dir.into(),
-                entry,
-            });
-        }
+        make_store_dir(dir)?;
         let _lock = lock_dir(dir)?;
         let db = open_db(&dir.join("meta.sqlite"), true)?;
         let t = now_ns();
@@ -218,7 +217,12 @@ impl Store {
         drop(db);
         // Written last, synced, then renamed into place: a crash leaves
         // either no store.json (init can run again) or a whole one.
-        write_config(dir, cfg)
+        write_config(dir, cfg)?;
+        if cfg.remote.is_some() {
+            drop(_lock);
+            Self::first_push(dir)?;
+        }
+        Ok(())
     }
 
     /// Reads `store.json` without opening the store.
@@ -259,7 +263,10 @@ impl Store {
     /// Opens the store in `dir`, taking its lock and replaying the state a
     /// crash may have left (see the crash model in ARCHITECTURE.md).
     pub fn open(dir: &Path) -> Result<Store> {
-        Self::open_with(dir, Arc::new(LocalDir::new(dir.join("containers"))))
+        match Self::read_config(dir)?.remote {
+            Some(spec) => Self::open_remote(dir, &spec),
+            None => Self::open_with(dir, Arc::new(LocalDir::new(dir.join("containers")))),
+        }
     }
 
     /// Opens the store with its containers in another [`ContainerStore`]
@@ -314,6 +321,7 @@ impl Store {
             reserve: Mutex::new(reserve),
             low,
             shut_down: Mutex::new(None),
+            mirror: None,
             _lock: lock,
         };
         store.remove_orphans()?;
@@ -716,26 +724,7 @@ impl Store {
         let full =
             w.len > CONTAINER_HEADER && w.len + enc.bytes.len() as u64 > self.cfg.container_size;
         if full || w.tainted {
-            // The id is spent even if the create fails part-way (a file
-            // may be left): the next attempt takes the one after it. The
-            // old container is sealed only once the new one exists: a
-            // container the database calls sealed is one gc may compact
-            // and delete, so the writer must never append to one (a
-            // failed create leaves the writer where it was, refusing to
-            // append while tainted or full). The containers still to sync
-            // move over with it. The sealed container's bytes go to the
-            // device now rather than all at the next commit.
-            let id = w.next_id;
-            w.next_id += 1;
-            let mut fresh = new_container(&g.db, &*self.containers, id)?;
-            g.db.execute(
-                "UPDATE containers SET length = ?2, sealed = 1 WHERE id = ?1",
-                params![w.id, w.len],
-            )?;
-            self.containers.start_sync(w.id);
-            self.containers.sealed(w.id, w.len);
-            fresh.unsynced.append(&mut w.unsynced);
-            *w = fresh;
+            self.roll(g)?;
         }
         let w = &mut g.writer;
         if let Err(e) = self.containers.append(w.id, &enc.bytes) {
@@ -754,6 +743,32 @@ impl Store {
             Self::use_room(g, ino, Some(loc.stored_len as u64));
         }
         Ok(loc)
+    }
+
+    /// Seals the open container and starts a new one.
+    ///
+    /// The id is spent even if the create fails part-way (a file may be
+    /// left): the next attempt takes the one after it. The old container
+    /// is sealed only once the new one exists: a container the database
+    /// calls sealed is one gc may compact and delete, so the writer must
+    /// never append to one (a failed create leaves the writer where it
+    /// was, refusing to append while tainted or full). The containers
+    /// still to sync move over with it. The sealed container's bytes go
+    /// to the device now rather than all at the next commit.
+    pub(crate) fn roll(&self, g: &mut Inner) -> Result<()> {
+        let w = &mut g.writer;
+        let id = w.next_id;
+        w.next_id += 1;
+        let mut fresh = new_container(&g.db, &*self.containers, id)?;
+        g.db.execute(
+            "UPDATE containers SET length = ?2, sealed = 1 WHERE id = ?1",
+            params![w.id, w.len],
+        )?;
+        self.containers.start_sync(w.id);
+        self.containers.sealed(w.id, w.len);
+        fresh.unsynced.append(&mut w.unsynced);
+        *w = fresh;
+        Ok(())
     }
 
     /// Reads and checks one chunk.
@@ -830,11 +845,8 @@ fn resume_uploads(db: &Connection, cs: &dyn ContainerStore) -> Result<()> {
     }
     let mut st = db.prepare("SELECT id, length FROM containers WHERE sealed = 1")?;
     let rows = st.query_map([], |r| Ok((r.get::<_, u64>(0)?, r.get::<_, u64>(1)?)))?;
-    for row in rows {
-        let (id, len) = row?;
-        cs.sealed(id, len);
-    }
-    Ok(())
+    let sealed = rows.collect::<rusqlite::Result<Vec<_>>>()?;
+    cs.resume(sealed)
 }
 
 /// Crash recovery: the open container is continued only if its file ends
@@ -850,7 +862,15 @@ fn replay(db: &Connection, cs: &dyn ContainerStore) -> Result<Writer> {
         .optional()?;
     let next_id = first_free_id(db, cs)?;
     if let Some((id, len)) = open {
-        if cs.len(id)? == Some(len) {
+        let mut there = cs.len(id)?;
+        // The empty container a bucket's image names (begun at a push) is
+        // in no bucket: a recovered cache begins it again.
+        if there.is_none() && len == CONTAINER_HEADER && cs.remote() {
+            cs.create(id)?;
+            cs.sync(id)?;
+            there = cs.len(id)?;
+        }
+        if there == Some(len) {
             return Ok(Writer {
                 id,
                 len,
@@ -885,19 +905,54 @@ fn inode_seq(db: &Connection) -> Result<i64> {
     Ok(seq.unwrap_or(1))
 }
 
-/// Writes `store.json` atomically (temporary file, fsync, rename).
-fn write_config(dir: &Path, cfg: &StoreConfig) -> Result<()> {
-    let path = dir.join("store.json");
-    let tmp = dir.join("store.json.tmp");
+/// Makes `dir` (mode 0700) for a new store: it may exist but must be
+/// empty, a fresh filesystem's `lost+found` aside (`Exists` if it holds a
+/// store, `NotEmptyDir` if it holds anything else).
+pub(crate) fn make_store_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(StoreError::io(dir))?;
+    let cfg_path = dir.join("store.json");
+    if cfg_path.exists() || dir.join("meta.sqlite").exists() {
+        return Err(StoreError::Exists { path: dir.into() });
+    }
+    let entries = std::fs::read_dir(dir).map_err(StoreError::io(dir))?;
+    let foreign = entries
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .find(|n| n != "lost+found");
+    if let Some(entry) = foreign {
+        return Err(StoreError::NotEmptyDir {
+            path: dir.into(),
+            entry,
+        });
+    }
+    Ok(())
+}
+
+/// Writes `store.json` atomically (see [`write_synced`]).
+pub(crate) fn write_config(dir: &Path, cfg: &StoreConfig) -> Result<()> {
     let json = serde_json::to_vec_pretty(cfg).expect("config serializes");
+    write_synced(&dir.join("store.json"), &json)
+}
+
+/// Writes `path` atomically: a temporary file beside it, fsync, rename,
+/// fsync of the directory. A crash leaves the old file or the new one.
+pub(crate) fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
     let write = || -> std::io::Result<()> {
         let mut f = File::create(&tmp)?;
-        std::io::Write::write_all(&mut f, &json)?;
+        std::io::Write::write_all(&mut f, bytes)?;
         f.sync_all()?;
-        std::fs::rename(&tmp, &path)?;
+        std::fs::rename(&tmp, path)?;
         File::open(dir)?.sync_all()
     };
-    write().map_err(StoreError::io(&path))
+    write().map_err(StoreError::io(path))
 }
 
 fn to_sql(e: StoreError) -> rusqlite::Error {
@@ -954,7 +1009,7 @@ pub(crate) fn load_counters(db: &Connection) -> Result<WriteCounters> {
 }
 
 fn save_counters(db: &Connection, c: &WriteCounters) -> Result<()> {
-    let mut st = db.prepare_cached("INSERT OR REPLACE INTO meta (key, value) VALUES (?1, ?2)")?;
+    let mut st = db.prepare_cached(crate::meta::SET_META)?;
     for (k, v) in [
         ("new_bytes", c.new_bytes),
         ("dup_bytes", c.dup_bytes),

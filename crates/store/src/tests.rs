@@ -1335,64 +1335,120 @@ fn history_is_reclaimed_window_by_window() {
     assert_eq!(hist(&s), 0);
 }
 
-/// A store whose sealed containers go to an object store (a local
-/// directory standing in for the bucket here; the S3 server in
-/// tests/remote.rs): every sealed container reaches it, and once the
-/// local copies are gone every byte reads back from it; gc deletes
-/// the objects of what it frees; fsck and scrub find nothing wrong.
-#[test]
-fn sealed_containers_go_to_the_bucket_and_read_back_from_it() {
-    use crate::remote::{object_key, Tiered};
-    use onecopy_objects::{LocalObjects, Objects};
-    use std::sync::Arc;
-    let (d, s) = new_store("fixed:4K", "none");
-    drop(s);
-    let bucket = tempfile::tempdir().unwrap();
-    let objects: Arc<dyn Objects> = Arc::new(LocalObjects::new(bucket.path()).unwrap());
-    let tiered = |o: &Arc<dyn Objects>| {
-        let local = container::LocalDir::new(d.path().join("containers"));
-        Arc::new(Tiered::new(local, o.clone()))
+/// A remote store on a directory bucket (`file://`; the S3 one is in
+/// tests/remote.rs).
+fn remote_store(bucket: &std::path::Path) -> (tempfile::TempDir, Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = StoreConfig {
+        chunking: "fixed:4K".parse().unwrap(),
+        compress: "none".parse().unwrap(),
+        container_size: 1 << 20,
+        remote: Some(crate::config::RemoteSpec {
+            url: format!("file://{}", bucket.display()),
+            endpoint: None,
+            region: None,
+            patience_secs: None,
+        }),
+        ..StoreConfig::default()
     };
-    let t = tiered(&objects);
-    let s = Store::open_with(d.path(), t.clone()).unwrap();
+    Store::init(dir.path(), &cfg).unwrap();
+    let s = Store::open(dir.path()).unwrap();
+    (dir, s)
+}
+
+fn sealed_ids(s: &Store) -> Vec<u64> {
+    let g = s.inner.lock().unwrap();
+    let mut st =
+        g.db.prepare("SELECT id FROM containers WHERE sealed = 1")
+            .unwrap();
+    st.query_map([], |r| r.get(0))
+        .unwrap()
+        .map(|r| r.unwrap())
+        .collect()
+}
+
+/// The bucket alone is the store: sealed containers and pushed metadata
+/// rebuild a cache on an empty directory, every byte reads back, fsck
+/// and scrub are clean; the new cache is the bucket's writer and the old
+/// one is refused. gc's deletes leave the bucket only at the push after.
+#[test]
+fn a_remote_store_is_recovered_from_its_bucket_alone() {
+    use crate::mirror::{read_manifest, recover};
+    use crate::remote::object_key;
+    use onecopy_objects::{LocalObjects, Objects};
+    let bucket = tempfile::tempdir().unwrap();
+    let objects = LocalObjects::new(bucket.path()).unwrap();
+    let (d, s) = remote_store(bucket.path());
+    let (m, _) = read_manifest(&objects).unwrap().expect("init pushed");
+    assert_eq!(m.generation, 1);
     let (keep, gone) = (pseudo(5 << 20, 11), pseudo(3 << 20, 12));
     let a = file(&s, "keep", &keep);
     file(&s, "gone", &gone);
-    s.commit(true).unwrap();
-    t.wait_uploaded(std::time::Duration::from_secs(30)).unwrap();
-    let sealed: Vec<u64> = {
-        let g = s.inner.lock().unwrap();
-        let mut st =
-            g.db.prepare("SELECT id FROM containers WHERE sealed = 1")
-                .unwrap();
-        st.query_map([], |r| r.get(0))
-            .unwrap()
-            .map(|r| r.unwrap())
-            .collect()
-    };
-    assert!(sealed.len() >= 6, "1 MiB containers for 8 MiB: {sealed:?}");
-    for id in &sealed {
-        assert!(objects.size(&object_key(*id)).unwrap().is_some(), "{id}");
+    let r = s.push_remote().unwrap().expect("a change to push");
+    // The base was an empty store's: this push makes a new one.
+    assert_eq!((r.generation, r.base), (2, true));
+    assert!(s.push_remote().unwrap().is_none(), "nothing changed");
+    for id in sealed_ids(&s) {
+        assert!(objects.size(&object_key(id)).unwrap().is_some(), "{id}");
     }
-    drop(s);
-    drop(t);
-    // The local copies of sealed containers go (a cache evicted).
-    let local = container::LocalDir::new(d.path().join("containers"));
-    for id in &sealed {
-        local.delete(*id).unwrap();
-    }
-    let t = tiered(&objects);
-    let s = Store::open_with(d.path(), t.clone()).unwrap();
-    assert_eq!(read_all(&s, a), keep);
-    assert!(s.fsck(false).unwrap().problems.is_empty());
-    assert!(s.scrub().unwrap().damaged.is_empty());
     s.unlink(1, b"gone").unwrap();
-    let before = objects.list("data").unwrap().len();
     s.gc().unwrap();
-    let after = objects.list("data").unwrap().len();
-    assert!(after < before, "gc deleted objects: {before} -> {after}");
-    assert_eq!(read_all(&s, a), keep);
-    assert!(s.fsck(false).unwrap().problems.is_empty());
+    let objs = |o: &LocalObjects| o.list("data").unwrap().len();
+    let before = objs(&objects);
+    assert!(
+        before > sealed_ids(&s).len(),
+        "gc's deletes wait for a push"
+    );
+    s.push_remote().unwrap().expect("gc changed the metadata");
+    assert_eq!(
+        objs(&objects),
+        sealed_ids(&s).len(),
+        "the push deleted them"
+    );
+    let spec = s.cfg.remote.clone().unwrap();
+    drop(s);
+
+    // The machine is gone: a new cache from the bucket alone.
+    let d2 = tempfile::tempdir().unwrap();
+    let m = recover(d2.path(), &spec).unwrap();
+    assert!(m.generation >= 4);
+    let s2 = Store::open(d2.path()).unwrap();
+    assert_eq!(read_all(&s2, a), keep);
+    assert!(matches!(s2.lookup(1, b"gone"), Err(StoreError::NotFound)));
+    assert!(s2.fsck(false).unwrap().problems.is_empty());
+    assert!(s2.scrub().unwrap().damaged.is_empty());
+    let b = file(&s2, "after", &pseudo(2 << 20, 13));
+    s2.push_remote().unwrap().expect("a change to push");
+    // The old cache is refused: the bucket names another writer.
+    match Store::open(d.path()) {
+        Err(StoreError::Remote { why }) => assert!(why.contains("another cache"), "{why}"),
+        r => panic!("the old cache opened: {:?}", r.err()),
+    }
+    drop(s2);
+    let d3 = tempfile::tempdir().unwrap();
+    recover(d3.path(), &spec).unwrap();
+    let s3 = Store::open(d3.path()).unwrap();
+    assert_eq!(read_all(&s3, a), keep);
+    assert_eq!(read_all(&s3, b), pseudo(2 << 20, 13));
+    assert!(s3.fsck(false).unwrap().problems.is_empty());
+}
+
+/// A cache whose store was taken over while it was open cannot commit
+/// to the bucket any more: its push fails and says why.
+#[test]
+fn a_taken_over_cache_is_fenced() {
+    let bucket = tempfile::tempdir().unwrap();
+    let (_d, s) = remote_store(bucket.path());
+    file(&s, "f", &pseudo(1 << 20, 1));
+    s.push_remote().unwrap();
+    let spec = s.cfg.remote.clone().unwrap();
+    let d2 = tempfile::tempdir().unwrap();
+    crate::mirror::recover(d2.path(), &spec).unwrap();
+    file(&s, "g", &pseudo(1 << 20, 2));
+    let e = s.push_remote().unwrap_err();
+    assert!(e.to_string().contains("replaced by another cache"), "{e}");
+    let e = s.push_remote().unwrap_err();
+    assert!(e.to_string().contains("replaced by another cache"), "{e}");
 }
 
 /// A large copy arrives as several `copy_file_range` requests (the

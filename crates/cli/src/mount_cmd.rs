@@ -32,7 +32,8 @@ pub struct MountArgs {
     #[arg(long, default_value_t = onecopy_fuse::default_threads())]
     pub threads: usize,
     /// Mount options, comma-separated: ro, nosuid, nodev, noexec, noatime,
-    /// sync, dirsync, threads=N; fstab's defaults, auto, noauto, user,
+    /// sync, dirsync, threads=N, push=SECS (a remote store's metadata
+    /// goes to its bucket every SECS, default 30); fstab's defaults, auto, noauto, user,
     /// nofail, _netdev, x-*, allow_other are accepted and ignored.
     #[arg(short = 'o', long = "options")]
     pub options: Option<String>,
@@ -109,6 +110,9 @@ fn foreground(a: &MountArgs) -> ExitCode {
     let dir = a.dir.canonicalize().unwrap_or_else(|_| a.dir.clone());
     let name = format!("onecopy:{}", dir.display());
     store.set_atime(opts.atime.unwrap_or(onecopy_store::Atime::Relative));
+    if let Some(secs) = opts.push {
+        store.set_push_every(std::time::Duration::from_secs(secs));
+    }
     let mut config = onecopy_fuse::mount_config(&name, opts.threads.unwrap_or(a.threads));
     config.mount_options.extend(opts.kernel);
     let notify = a.notify_ready;

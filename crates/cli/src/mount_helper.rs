@@ -41,6 +41,9 @@ pub struct MountOpts {
     pub kernel: Vec<MountOption>,
     /// `threads=N`: FUSE worker threads.
     pub threads: Option<usize>,
+    /// `push=SECS`: how often a remote store's metadata goes to its
+    /// bucket (the recovery point; default 30).
+    pub push: Option<u64>,
     /// `relatime` (the default), `strictatime`, `noatime`: how reads move
     /// access times, which the store keeps (the kernel leaves atime of a
     /// FUSE inode to the filesystem).
@@ -139,6 +142,13 @@ pub fn parse(list: &str, sloppy: bool) -> Result<MountOpts, String> {
                 .filter(|&n| n > 0)
                 .ok_or_else(|| format!("bad mount option {o:?}: threads=N with N >= 1"))?;
             opts.threads = Some(n);
+        } else if let Some(n) = o.strip_prefix("push=") {
+            let n: u64 = n
+                .parse()
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| format!("bad mount option {o:?}: push=SECS with SECS >= 1"))?;
+            opts.push = Some(n);
         } else if !ignored(o) && !sloppy {
             return Err(format!("unknown mount option {o:?}"));
         }
@@ -192,7 +202,7 @@ fn remount_flags(current: MountFlags, list: &str, sloppy: bool) -> Result<MountF
             f -= MountFlags::RDONLY;
         } else if o == "async" {
             f -= MountFlags::SYNCHRONOUS;
-        } else if o.starts_with("threads=") {
+        } else if o.starts_with("threads=") || o.starts_with("push=") {
             if !sloppy {
                 return Err(format!(
                     "{o}: the FUSE worker threads can not be changed by remount"
@@ -436,6 +446,8 @@ mod tests {
         assert!(parse("bogus", false).unwrap_err().contains("bogus"));
         assert_eq!(parse("bogus", true).unwrap(), MountOpts::default());
         assert!(parse("threads=0", false).is_err());
+        assert_eq!(parse("push=5", false).unwrap().push, Some(5));
+        assert!(parse("push=0", false).is_err());
     }
 
     #[test]

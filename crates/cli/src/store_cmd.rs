@@ -51,6 +51,8 @@ pub enum StoreAction {
         /// sorted run (about 80 bytes each; default 65536).
         #[arg(long, value_name = "N", hide = true)]
         index_memtable: Option<usize>,
+        #[command(flatten)]
+        remote: RemoteArgs,
     },
     /// Delete the snapshots a retention policy does not keep (as `restic
     /// forget`); `store gc` then frees what only they held.
@@ -123,6 +125,40 @@ pub enum StoreAction {
     },
 }
 
+/// Where a remote store lives (`store init --remote`).
+#[derive(Debug, clap::Args)]
+pub struct RemoteArgs {
+    /// Keep the store in an S3-compatible bucket, `s3://BUCKET/PREFIX`
+    /// (credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or
+    /// ~/.aws/credentials); DIR is then its local cache. Metadata is
+    /// pushed every 30 s while mounted and at unmount.
+    #[arg(long, value_name = "URL")]
+    remote: Option<String>,
+    /// The S3 server, e.g. http://127.0.0.1:8333 (default: AWS).
+    #[arg(long, value_name = "URL", requires = "remote")]
+    endpoint: Option<String>,
+    /// The bucket's region.
+    #[arg(long, requires = "remote")]
+    region: Option<String>,
+    /// Make DIR a new cache of the store already in the bucket (the
+    /// machine that held the old cache is gone, or it is moving): the
+    /// metadata comes from the bucket, and the old cache can no longer
+    /// write. The other settings come from the bucket too.
+    #[arg(long, requires = "remote")]
+    recover: bool,
+}
+
+impl RemoteArgs {
+    fn spec(&self) -> Option<onecopy_store::config::RemoteSpec> {
+        Some(onecopy_store::config::RemoteSpec {
+            url: self.remote.clone()?,
+            endpoint: self.endpoint.clone(),
+            region: self.region.clone(),
+            patience_secs: None,
+        })
+    }
+}
+
 /// Maps a store error to its exit code.
 pub fn error_code(e: &StoreError) -> u8 {
     match e {
@@ -130,8 +166,9 @@ pub fn error_code(e: &StoreError) -> u8 {
         | StoreError::Version { .. }
         | StoreError::Exists { .. }
         | StoreError::NotEmptyDir { .. }
+        | StoreError::BucketInUse { .. }
         | StoreError::BadOption(_) => exit::USAGE,
-        StoreError::Locked { .. } => exit::REFUSED,
+        StoreError::Locked { .. } | StoreError::Fenced { .. } => exit::REFUSED,
         _ => exit::FATAL,
     }
 }
@@ -159,8 +196,21 @@ fn act(action: StoreAction) -> Result<u8, StoreError> {
             container_size,
             index_quota,
             index_memtable,
+            remote,
         } => {
-            let cfg = init_config(
+            if remote.recover {
+                let spec = remote.spec().expect("--recover requires --remote");
+                let m = onecopy_store::mirror::recover(&dir, &spec)?;
+                println!(
+                    "recovered store {} from {} (generation {}, {} metadata segments)",
+                    dir.display(),
+                    spec.url,
+                    m.generation,
+                    m.segments.len()
+                );
+                return Ok(exit::OK);
+            }
+            let mut cfg = init_config(
                 &chunking,
                 &compress,
                 verify,
@@ -168,8 +218,16 @@ fn act(action: StoreAction) -> Result<u8, StoreError> {
                 index_quota,
                 index_memtable,
             )?;
+            cfg.remote = remote.spec();
             Store::init(&dir, &cfg)?;
-            println!("created store {} ({chunking}, {compress})", dir.display());
+            match &cfg.remote {
+                Some(r) => println!(
+                    "created store {} in {} ({chunking}, {compress})",
+                    dir.display(),
+                    r.url
+                ),
+                None => println!("created store {} ({chunking}, {compress})", dir.display()),
+            }
             Ok(exit::OK)
         }
         StoreAction::Stats { dir, json } => stats(&dir, json),

@@ -178,13 +178,50 @@ pub fn serve_store_at(
             }
         })
     };
+    let pusher = store
+        .is_remote()
+        .then(|| spawn_pusher(store.clone(), stop.clone()));
     let r = session.run();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let _ = committer.join();
+    if let Some(p) = pusher {
+        let _ = p.join();
+    }
     store
         .flush_all(true)
         .map_err(|e| std::io::Error::other(e.to_string()))?;
+    store
+        .close_remote()
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
     r
+}
+
+/// A remote store's pushes to its bucket, every
+/// [`Store::push_every`], on a thread of their own (one
+/// may wait a minute for uploads; commits go on meanwhile).
+fn spawn_pusher(
+    store: Arc<Store>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut last = String::new();
+        let mut due = std::time::Instant::now() + store.push_every();
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(200));
+            if std::time::Instant::now() < due {
+                continue;
+            }
+            due = std::time::Instant::now() + store.push_every();
+            match store.push_remote() {
+                Err(e) if e.to_string() != last => {
+                    last = e.to_string();
+                    eprintln!("onecopy: push to the bucket failed: {last}");
+                }
+                Err(_) => {}
+                Ok(_) => last.clear(),
+            }
+        }
+    })
 }
 
 /// Readahead asked of the kernel, KiB.

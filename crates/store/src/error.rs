@@ -94,6 +94,14 @@ pub enum StoreError {
     Object(#[from] onecopy_objects::ObjectError),
     #[error("remote store: {why}")]
     Remote { why: String },
+    #[error(
+        "{url} already holds a store: make a cache of it with \
+         `onecopy store init DIR --recover --remote {url}`"
+    )]
+    BucketInUse { url: String },
+    /// Another cache is the bucket's writer (see `mirror.rs`).
+    #[error("remote store: {why}")]
+    Fenced { why: String },
 }
 
 impl StoreError {

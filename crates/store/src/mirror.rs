@@ -105,6 +105,10 @@ fn remote_err(why: impl Into<String>) -> StoreError {
     StoreError::Remote { why: why.into() }
 }
 
+fn fenced(why: String) -> StoreError {
+    StoreError::Fenced { why }
+}
+
 /// The manifest and its tag; `None` when the bucket holds no store.
 pub fn read_manifest(objects: &dyn Objects) -> Result<Option<(Manifest, Tag)>> {
     let (bytes, tag) = match objects.get(MANIFEST) {
@@ -150,6 +154,8 @@ pub(crate) struct Mirror {
     tiered: Arc<Tiered>,
     dir: PathBuf,
     writer: String,
+    /// [`crate::Store::push_every`], in milliseconds.
+    every_ms: std::sync::atomic::AtomicU64,
     state: Mutex<State>,
 }
 
@@ -182,7 +188,7 @@ impl Mirror {
         let mut hashes = Vec::new();
         if let Some((m, _)) = &manifest {
             if m.writer != writer {
-                return Err(remote_err(format!(
+                return Err(fenced(format!(
                     "the bucket's store was last written by another cache ({}, generation {}); \
                      this one is out of date: make a new cache with \
                      `onecopy store init --recover`",
@@ -202,6 +208,7 @@ impl Mirror {
             tiered,
             dir,
             writer,
+            every_ms: (PUSH_EVERY.as_millis() as u64).into(),
             state: Mutex::new(State {
                 manifest,
                 hashes,
@@ -232,7 +239,7 @@ impl<'a> Push<'a> {
     pub(crate) fn start(mirror: &'a Mirror, meta: &Path) -> Result<Push<'a>> {
         let mut st = mirror.lock();
         if let Some(why) = &st.fenced {
-            return Err(remote_err(why.clone()));
+            return Err(fenced(why.clone()));
         }
         if st.reader.is_none() {
             let c = Connection::open_with_flags(
@@ -388,7 +395,7 @@ impl<'a> Push<'a> {
                            `onecopy store init --recover`)"
                     .to_string();
                 self.st.fenced = Some(why.clone());
-                Err(remote_err(why))
+                Err(fenced(why))
             }
             Err(e) => Err(e.into()),
         }
@@ -499,11 +506,9 @@ impl crate::Store {
     /// Checks, before a remote store is made, that its bucket holds none.
     pub(crate) fn bucket_is_free(spec: &RemoteSpec) -> Result<()> {
         if read_manifest(&*connect(spec)?)?.is_some() {
-            return Err(remote_err(format!(
-                "{} already holds a store: make a cache of it with \
-                 `onecopy store init --recover`",
-                spec.url
-            )));
+            return Err(StoreError::BucketInUse {
+                url: spec.url.clone(),
+            });
         }
         Ok(())
     }
@@ -546,6 +551,30 @@ impl crate::Store {
             m.tiered().return_doomed(doomed);
         }
         r
+    }
+
+    /// How often a mount pushes (default [`PUSH_EVERY`]).
+    pub fn push_every(&self) -> Duration {
+        let ms = self
+            .mirror
+            .as_ref()
+            .map_or(0, |m| m.every_ms.load(std::sync::atomic::Ordering::Relaxed));
+        Duration::from_millis(ms)
+    }
+
+    /// Sets how often a mount pushes (`-o push=SECS`).
+    pub fn set_push_every(&self, every: Duration) {
+        if let Some(m) = &self.mirror {
+            m.every_ms.store(
+                every.as_millis() as u64,
+                std::sync::atomic::Ordering::Relaxed,
+            );
+        }
+    }
+
+    /// Whether the store lives in a bucket.
+    pub fn is_remote(&self) -> bool {
+        self.mirror.is_some()
     }
 
     /// The last push of a remote store (unmount, end of a command): what

@@ -1421,7 +1421,7 @@ fn a_remote_store_is_recovered_from_its_bucket_alone() {
     s2.push_remote().unwrap().expect("a change to push");
     // The old cache is refused: the bucket names another writer.
     match Store::open(d.path()) {
-        Err(StoreError::Remote { why }) => assert!(why.contains("another cache"), "{why}"),
+        Err(StoreError::Fenced { why }) => assert!(why.contains("another cache"), "{why}"),
         r => panic!("the old cache opened: {:?}", r.err()),
     }
     drop(s2);

@@ -53,9 +53,20 @@ impl Rng {
 
 /// A store in a scratch directory and its mount point.
 pub struct Scratch {
-    _tmp: tempfile::TempDir,
+    _tmp: Option<tempfile::TempDir>,
     pub store: PathBuf,
     pub mnt: PathBuf,
+}
+
+impl Scratch {
+    /// A store made elsewhere, mounted on `mnt` (removed by its maker).
+    pub fn existing(store: PathBuf, mnt: PathBuf) -> Scratch {
+        Scratch {
+            _tmp: None,
+            store,
+            mnt,
+        }
+    }
 }
 
 pub fn scratch_in(parent: &Path, init_args: &[&str]) -> Scratch {
@@ -68,7 +79,7 @@ pub fn scratch_in(parent: &Path, init_args: &[&str]) -> Scratch {
     let out = onecopy(&args);
     assert!(out.status.success(), "{out:?}");
     Scratch {
-        _tmp: tmp,
+        _tmp: Some(tmp),
         store,
         mnt,
     }

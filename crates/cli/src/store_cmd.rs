@@ -146,6 +146,15 @@ pub struct RemoteArgs {
     /// write. The other settings come from the bucket too.
     #[arg(long, requires = "remote")]
     recover: bool,
+    /// The passphrase of the store's key, on the first line of FILE (or
+    /// in the ONECOPY_PASSWORD environment variable). A remote store is
+    /// encrypted with it (the key itself is random, kept in the bucket
+    /// wrapped by the passphrase and in DIR).
+    #[arg(long, value_name = "FILE", requires = "remote")]
+    password_file: Option<PathBuf>,
+    /// Keep the remote store unencrypted (its bucket's owner can read it).
+    #[arg(long, requires = "remote", conflicts_with = "password_file")]
+    no_encryption: bool,
 }
 
 impl RemoteArgs {
@@ -154,8 +163,35 @@ impl RemoteArgs {
             url: self.remote.clone()?,
             endpoint: self.endpoint.clone(),
             region: self.region.clone(),
+            key: None,
             patience_secs: None,
         })
+    }
+
+    /// The passphrase: `--password-file`, else `ONECOPY_PASSWORD`; `None`
+    /// with neither (or with --no-encryption).
+    fn password(&self) -> Result<Option<Vec<u8>>, StoreError> {
+        if self.no_encryption {
+            return Ok(None);
+        }
+        if let Some(f) = &self.password_file {
+            let text = std::fs::read(f).map_err(|source| StoreError::Io {
+                path: f.clone(),
+                source,
+            })?;
+            let line = text.split(|&b| b == b'\n').next().unwrap_or_default();
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            if line.is_empty() {
+                return Err(StoreError::BadOption(format!(
+                    "{}: an empty password",
+                    f.display()
+                )));
+            }
+            return Ok(Some(line.to_vec()));
+        }
+        Ok(std::env::var_os("ONECOPY_PASSWORD")
+            .filter(|p| !p.is_empty())
+            .map(|p| std::os::unix::ffi::OsStrExt::as_bytes(p.as_os_str()).to_vec()))
     }
 }
 
@@ -167,6 +203,8 @@ pub fn error_code(e: &StoreError) -> u8 {
         | StoreError::Exists { .. }
         | StoreError::NotEmptyDir { .. }
         | StoreError::BucketInUse { .. }
+        | StoreError::WrongPassword
+        | StoreError::PasswordNeeded
         | StoreError::BadOption(_) => exit::USAGE,
         StoreError::Locked { .. } | StoreError::Fenced { .. } => exit::REFUSED,
         _ => exit::FATAL,
@@ -200,7 +238,8 @@ fn act(action: StoreAction) -> Result<u8, StoreError> {
         } => {
             if remote.recover {
                 let spec = remote.spec().expect("--recover requires --remote");
-                let m = onecopy_store::mirror::recover(&dir, &spec)?;
+                let pw = remote.password()?;
+                let m = onecopy_store::bucket::recover(&dir, &spec, pw.as_deref())?;
                 println!(
                     "recovered store {} from {} (generation {}, {} metadata segments)",
                     dir.display(),
@@ -219,7 +258,15 @@ fn act(action: StoreAction) -> Result<u8, StoreError> {
                 index_memtable,
             )?;
             cfg.remote = remote.spec();
-            Store::init(&dir, &cfg)?;
+            let pw = remote.password()?;
+            if cfg.remote.is_some() && pw.is_none() && !remote.no_encryption {
+                return Err(StoreError::BadOption(
+                    "a remote store is encrypted: give its password with --password-file FILE \
+                     or ONECOPY_PASSWORD (or choose --no-encryption)"
+                        .into(),
+                ));
+            }
+            Store::init_with(&dir, &cfg, pw.as_deref())?;
             match &cfg.remote {
                 Some(r) => println!(
                     "created store {} in {} ({chunking}, {compress})",

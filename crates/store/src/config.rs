@@ -221,6 +221,9 @@ pub struct RemoteSpec {
     pub endpoint: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub region: Option<String>,
+    /// The key object of an encrypted store (`keys/ID`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
     /// How long failing requests are retried, seconds (default 60).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub patience_secs: Option<u64>,

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::config::{Compress, Packing, AUTO_WORTH_PERCENT};
 use crate::error::{Result, StoreError};
+use crate::seal::Keys;
 
 /// Magic at the start of every container.
 pub const CONTAINER_MAGIC: &[u8; 8] = b"OCCONT01";
@@ -51,20 +52,62 @@ pub fn encode(hash: &Hash, raw: &[u8], packing: impl Into<Packing>) -> Encoded {
         Some((c, p)) if p.len() < raw.len() => (*c, p),
         _ => (Codec::Raw, raw),
     };
+    Encoded {
+        bytes: frame(hash, raw.len() as u32, codec as u8, payload),
+        raw_len: raw.len() as u32,
+    }
+}
+
+/// A record: header (id, raw length, stored length, codec byte, CRC of
+/// header and payload) and payload.
+fn frame(hash: &Hash, raw_len: u32, codec: u8, payload: &[u8]) -> Vec<u8> {
     let mut bytes = Vec::with_capacity(RECORD_HEADER + payload.len());
     bytes.extend_from_slice(hash);
-    bytes.extend_from_slice(&(raw.len() as u32).to_le_bytes());
+    bytes.extend_from_slice(&raw_len.to_le_bytes());
     bytes.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    bytes.extend_from_slice(&[codec as u8, 0, 0, 0]);
+    bytes.extend_from_slice(&[codec, 0, 0, 0]);
     let mut crc = crc32fast::Hasher::new();
     crc.update(&bytes);
     crc.update(payload);
     bytes.extend_from_slice(&crc.finalize().to_le_bytes());
     bytes.extend_from_slice(payload);
+    bytes
+}
+
+/// Codec-byte flag of a sealed record: its payload is the encoded
+/// payload sealed ([`crate::seal`]), bound to the record's id and raw
+/// length (header bytes 0-35). The CRC covers the sealed bytes, so damage
+/// is found without the key too.
+const SEALED: u8 = 0x80;
+
+/// Seals a record [`encode`] made.
+pub fn seal_record(enc: Encoded, keys: &Keys) -> Encoded {
+    let b = &enc.bytes;
+    let sealed = keys.seal(&b[..36], &b[RECORD_HEADER..]);
+    let hash: Hash = b[..32].try_into().unwrap();
     Encoded {
-        bytes,
-        raw_len: raw.len() as u32,
+        bytes: frame(&hash, enc.raw_len, b[40] | SEALED, &sealed),
+        raw_len: enc.raw_len,
     }
+}
+
+/// The codec and encoded payload of a checked record: a sealed one
+/// opened with `keys`.
+fn unseal<'a>(
+    rec: &[u8],
+    codec: u8,
+    payload: &'a [u8],
+    keys: Option<&Keys>,
+    (container, offset): (u64, u64),
+) -> Result<(u8, std::borrow::Cow<'a, [u8]>)> {
+    if codec & SEALED == 0 {
+        return Ok((codec, payload.into()));
+    }
+    let keys = keys.ok_or_else(|| damaged(container, offset, "a sealed record and no key"))?;
+    let open = keys
+        .open(&rec[..36], payload)
+        .ok_or_else(|| damaged(container, offset, "a sealed record that does not open"))?;
+    Ok((codec & !SEALED, open.into()))
 }
 
 thread_local! {
@@ -182,8 +225,15 @@ fn damaged(container: u64, offset: u64, why: &str) -> StoreError {
 
 /// Checks and decodes one record (header and payload). Any mismatch is an
 /// error: a damaged record never decodes to wrong bytes.
-pub fn decode(rec: &[u8], container: u64, offset: u64) -> Result<(Hash, Vec<u8>)> {
+pub fn decode(
+    rec: &[u8],
+    container: u64,
+    offset: u64,
+    keys: Option<&Keys>,
+) -> Result<(Hash, Vec<u8>)> {
     let (raw_len, codec, payload) = check(rec, container, offset)?;
+    let (codec, payload) = unseal(rec, codec, payload, keys, (container, offset))?;
+    let payload = &payload[..];
     let bad = |why| damaged(container, offset, why);
     let raw = match codec {
         0 => payload.to_vec(),
@@ -225,8 +275,16 @@ pub fn check_raw(header: &[u8], payload: &[u8], container: u64, offset: u64) -> 
 /// caller expects (from the index): no allocation, and a raw record costs
 /// one copy. Every check of [`decode`] applies; a record of another raw
 /// length is damaged. On error `out` holds unspecified bytes.
-pub fn decode_into(rec: &[u8], container: u64, offset: u64, out: &mut [u8]) -> Result<()> {
+pub fn decode_into(
+    rec: &[u8],
+    container: u64,
+    offset: u64,
+    out: &mut [u8],
+    keys: Option<&Keys>,
+) -> Result<()> {
     let (raw_len, codec, payload) = check(rec, container, offset)?;
+    let (codec, payload) = unseal(rec, codec, payload, keys, (container, offset))?;
+    let payload = &payload[..];
     let bad = |why| damaged(container, offset, why);
     if raw_len != out.len() {
         return Err(bad("length differs from the index"));
@@ -551,14 +609,14 @@ mod tests {
             ] {
                 let hash = *blake3::hash(&raw).as_bytes();
                 let enc = encode(&hash, &raw, compress);
-                let (h, back) = decode(&enc.bytes, 1, 16).unwrap();
+                let (h, back) = decode(&enc.bytes, 1, 16, None).unwrap();
                 assert_eq!((h, &back), (hash, &raw));
                 for i in [0, 33, 40, 47, enc.bytes.len() - 1] {
                     let mut bad = enc.bytes.clone();
                     bad[i] ^= 0x10;
-                    assert!(decode(&bad, 1, 16).is_err(), "flip at {i} undetected");
+                    assert!(decode(&bad, 1, 16, None).is_err(), "flip at {i} undetected");
                 }
-                assert!(decode(&enc.bytes[..enc.bytes.len() - 1], 1, 16).is_err());
+                assert!(decode(&enc.bytes[..enc.bytes.len() - 1], 1, 16, None).is_err());
             }
         }
     }
@@ -595,7 +653,7 @@ mod tests {
             .collect();
         let codec = |raw: &[u8], c: Compress| {
             let e = encode(blake3::hash(raw).as_bytes(), raw, c);
-            assert_eq!(decode(&e.bytes, 1, 0).unwrap().1, raw);
+            assert_eq!(decode(&e.bytes, 1, 0, None).unwrap().1, raw);
             (e.bytes[40], e.bytes.len())
         };
         assert_eq!(codec(&random, Compress::Auto).0, Codec::Raw as u8);
@@ -639,6 +697,35 @@ mod tests {
 
     /// `decode_into` accepts exactly what `decode` accepts, with the same
     /// bytes, and refuses an output of another length.
+    /// A sealed record decodes with its key only, to the same bytes; a
+    /// flipped byte anywhere, another key, or no key is damage.
+    #[test]
+    fn sealed_records_open_with_their_key_only() {
+        let keys = Keys::generate();
+        let raw = b"some bytes, some bytes, some bytes, some bytes".repeat(50);
+        let hash = keys.fingerprint(&raw);
+        for compress in [Compress::None, Compress::Zstd, Compress::Lz4] {
+            let enc = seal_record(encode(&hash, &raw, compress), &keys);
+            let (h, back) = decode(&enc.bytes, 1, 16, Some(&keys)).unwrap();
+            assert_eq!((h, &back[..]), (hash, &raw[..]));
+            let mut out = vec![0u8; raw.len()];
+            decode_into(&enc.bytes, 1, 16, &mut out, Some(&keys)).unwrap();
+            assert_eq!(out, raw);
+            assert!(decode(&enc.bytes, 1, 16, None).is_err());
+            assert!(decode(&enc.bytes, 1, 16, Some(&Keys::generate())).is_err());
+            for i in (0..enc.bytes.len()).step_by(7) {
+                let mut bad = enc.bytes.clone();
+                bad[i] ^= 1;
+                assert!(decode(&bad, 1, 16, Some(&keys)).is_err(), "flip at {i}");
+            }
+            let plain = &raw[..16];
+            assert!(
+                !enc.bytes.windows(16).any(|w| w == plain),
+                "plaintext in a sealed record"
+            );
+        }
+    }
+
     #[test]
     fn decode_into_agrees_with_decode() {
         for compress in [
@@ -651,18 +738,18 @@ mod tests {
             let hash = *blake3::hash(&raw).as_bytes();
             let enc = encode(&hash, &raw, compress);
             let mut out = vec![0u8; raw.len()];
-            decode_into(&enc.bytes, 1, 16, &mut out).unwrap();
+            decode_into(&enc.bytes, 1, 16, &mut out, None).unwrap();
             assert_eq!(out, raw);
             for n in [raw.len() - 1, raw.len() + 1] {
                 let mut out = vec![0u8; n];
-                assert!(decode_into(&enc.bytes, 1, 16, &mut out).is_err());
+                assert!(decode_into(&enc.bytes, 1, 16, &mut out, None).is_err());
             }
             for i in 0..enc.bytes.len() {
                 let mut bad = enc.bytes.clone();
                 bad[i] ^= 0x04;
                 let mut out = vec![0u8; raw.len()];
-                let got = decode_into(&bad, 1, 16, &mut out).map(|_| out);
-                let want = decode(&bad, 1, 16).map(|(_, r)| r);
+                let got = decode_into(&bad, 1, 16, &mut out, None).map(|_| out);
+                let want = decode(&bad, 1, 16, None).map(|(_, r)| r);
                 assert_eq!(got.is_ok(), want.is_ok(), "flip at {i}");
                 assert!(got.is_err(), "flip at {i} undetected");
             }
@@ -691,13 +778,17 @@ mod tests {
         crc.update(&bad[..44]);
         crc.update(&bad[RECORD_HEADER..]);
         bad[44..48].copy_from_slice(&crc.finalize().to_le_bytes());
-        assert!(decode(&bad, 1, 16).is_err());
+        assert!(decode(&bad, 1, 16, None).is_err());
         let mut out = vec![0u8; text.len()];
-        assert!(decode_into(&bad, 1, 16, &mut out).is_err());
+        assert!(decode_into(&bad, 1, 16, &mut out, None).is_err());
         for level in [3, 19, 1, 3] {
             let e = encode(&hash, &text, at(level));
-            assert_eq!(decode(&e.bytes, 1, 16).unwrap().1, text, "level {level}");
-            decode_into(&e.bytes, 1, 16, &mut out).unwrap();
+            assert_eq!(
+                decode(&e.bytes, 1, 16, None).unwrap().1,
+                text,
+                "level {level}"
+            );
+            decode_into(&e.bytes, 1, 16, &mut out, None).unwrap();
             assert_eq!(out, text);
         }
         assert_eq!(encode(&hash, &text, at(3)).bytes, good.bytes);

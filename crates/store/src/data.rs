@@ -14,7 +14,7 @@ use crate::container::{self, Encoded, Hash};
 use crate::error::{Result, StoreError};
 use crate::meta::{ChunkId, ChunkLoc};
 use crate::ns::Kind;
-use crate::store::{decode_loc, time_now, Atime, Inner, Store};
+use crate::store::{time_now, Atime, Inner, Store};
 
 /// Buffered writes of one file: whole pages, newer than the stored chunks.
 ///
@@ -241,7 +241,7 @@ impl Store {
             if is_zero(data) {
                 Cut::Zero(len)
             } else {
-                Cut::Data(len, *blake3::hash(data).as_bytes())
+                Cut::Data(len, self.fingerprint(data))
             }
         });
         let unknown: Vec<usize> = {
@@ -267,7 +267,7 @@ impl Store {
         };
         let compress = self.cfg.packing();
         let mut encoded: HashMap<Hash, Encoded> = par_map(&unknown, |&i| match cuts[i] {
-            Cut::Data(len, h) => (h, container::encode(&h, &pages[i].1[..len], compress)),
+            Cut::Data(len, h) => (h, self.encode_chunk(&h, &pages[i].1[..len], compress)),
             _ => unreachable!("only data pages are encoded"),
         })
         .into_iter()
@@ -729,9 +729,9 @@ impl Store {
             if l == raw && o >= at && o + raw <= end_at {
                 let d = (o - at) as usize;
                 let out = &mut buf[d..d + raw as usize];
-                container::decode_into(rec, lk.container, lk.offset, out)?;
+                container::decode_into(rec, lk.container, lk.offset, out, self.keys.as_deref())?;
             } else {
-                let data = Arc::new(decode_loc(rec, lk)?);
+                let data = Arc::new(self.decode_loc(rec, lk)?);
                 copy_overlap(buf, at, &data[..(l as usize).min(data.len())], o);
                 self.cache.insert(&lk, data);
             }

@@ -99,6 +99,13 @@ pub enum StoreError {
          `onecopy store init DIR --recover --remote {url}`"
     )]
     BucketInUse { url: String },
+    #[error("wrong password: it does not open the bucket's key")]
+    WrongPassword,
+    #[error(
+        "the bucket's store is encrypted: give its password with --password-file FILE \
+         or the ONECOPY_PASSWORD environment variable"
+    )]
+    PasswordNeeded,
     /// Another cache is the bucket's writer (see `mirror.rs`).
     #[error("remote store: {why}")]
     Fenced { why: String },

@@ -36,7 +36,7 @@ use rusqlite::params;
 
 use crate::cache::par_map;
 use crate::config::Chunking;
-use crate::container::{self, Encoded, Hash};
+use crate::container::{Encoded, Hash};
 use crate::data::is_zero;
 use crate::error::StoreError;
 use crate::ns::{Kind, NewNode, CAPS};
@@ -863,9 +863,8 @@ impl Store {
         if chunks.is_empty() {
             return Ok(());
         }
-        let hash = |&(_, d): &(u64, &[u8])| -> Option<Hash> {
-            (!is_zero(d)).then(|| *blake3::hash(d).as_bytes())
-        };
+        let hash =
+            |&(_, d): &(u64, &[u8])| -> Option<Hash> { (!is_zero(d)).then(|| self.fingerprint(d)) };
         let hashes: Vec<Option<Hash>> = if chunks.len() >= 8 {
             par_map(chunks, hash)
         } else {
@@ -890,7 +889,7 @@ impl Store {
         let compress = self.cfg.packing();
         let enc = |&i: &usize| -> (usize, Encoded) {
             let h = hashes[i].expect("only data chunks are unknown");
-            (i, container::encode(&h, chunks[i].1, compress))
+            (i, self.encode_chunk(&h, chunks[i].1, compress))
         };
         let encoded: Vec<(usize, Encoded)> = if unknown.len() >= 4 {
             par_map(&unknown, enc)

@@ -6,6 +6,7 @@
 //! ARCHITECTURE.md.
 
 mod acl;
+pub mod bucket;
 mod cache;
 mod chunks;
 pub mod config;
@@ -25,12 +26,13 @@ mod ns;
 pub mod pages;
 pub mod remote;
 mod restore;
+pub mod seal;
 mod snap;
 mod space;
 mod store;
 mod view;
 
-pub use config::{Chunking, Compress, StoreConfig};
+pub use config::{Chunking, Compress, RemoteSpec, StoreConfig};
 pub use diff::Change;
 pub use error::{Result, StoreError};
 pub use forget::{plan as forget_plan, ForgetReport, Keep};

@@ -328,9 +328,9 @@ impl Store {
         let rec = self
             .containers
             .read(loc.container, loc.offset, loc.stored_len as usize)?;
-        let raw = crate::store::decode_loc(&rec, loc)?;
-        let sum = blake3::hash(&raw);
-        if sum.as_bytes()[..] != *hash || rec[..32] != *hash {
+        let raw = self.decode_loc(&rec, loc)?;
+        let sum = self.fingerprint(&raw);
+        if sum[..] != *hash || rec[..32] != *hash {
             return Err(StoreError::Damaged {
                 container: loc.container,
                 offset: loc.offset,
@@ -443,7 +443,7 @@ impl Store {
         for (id, hash, loc) in self.chunks_in(id)? {
             rep.chunks_checked += 1;
             match self.read_loc(loc) {
-                Ok(raw) if blake3::hash(&raw).as_bytes()[..] == hash[..] => {
+                Ok(raw) if self.fingerprint(&raw)[..] == hash[..] => {
                     rep.bytes_checked += raw.len() as u64
                 }
                 Ok(_) => {

@@ -26,54 +26,23 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use onecopy_objects::{LocalObjects, ObjectError, Objects, S3Config, S3Objects, Tag};
+use onecopy_objects::{ObjectError, Objects, Tag};
 use rusqlite::Connection;
-use serde::{Deserialize, Serialize};
 
+use crate::bucket::{
+    connect, encode_manifest, read_manifest, Manifest, Sealing, SegmentRef, CACHE_DIR, MANIFEST,
+};
 use crate::config::{RemoteSpec, StoreConfig};
 use crate::error::{Result, StoreError};
 use crate::pages::{self, PageHash};
 use crate::remote::Tiered;
 
-/// Key of the manifest.
-pub const MANIFEST: &str = "manifest";
-const MANIFEST_MAGIC: &str = "onecopy-remote";
-/// Manifest format this code writes and reads.
-pub const MANIFEST_FORMAT: u64 = 1;
 /// How often a writing mount pushes its metadata.
 pub const PUSH_EVERY: Duration = Duration::from_secs(30);
-/// The local directory of the mirror's files, in the store's directory.
-const MIRROR_DIR: &str = "remote";
 /// Deltas are chained on a base until they add up to more than this
 /// share of the base (percent): a recovery then reads at most about
 /// twice the base.
 const CHAIN_PERCENT: u64 = 100;
-
-/// One segment as the manifest names it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SegmentRef {
-    pub key: String,
-    pub bytes: u64,
-}
-
-/// The `manifest` object: what the bucket's store is.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Manifest {
-    pub magic: String,
-    pub format: u64,
-    /// One more at every push.
-    pub generation: u64,
-    /// The id of the cache that pushed it (its `remote/writer` file).
-    pub writer: String,
-    pub time_ns: i64,
-    /// The store's settings (without `remote`).
-    pub config: StoreConfig,
-    pub page_size: u32,
-    /// BLAKE3 of the image the segments make.
-    pub image: String,
-    /// The base first, then deltas in order.
-    pub segments: Vec<SegmentRef>,
-}
 
 /// What one push did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,54 +55,11 @@ pub struct PushReport {
     pub base: bool,
 }
 
-/// Connects to the object store a spec names: `s3://BUCKET/PREFIX`, or
-/// `file:///DIR` (a directory, for tests and shared file systems).
-pub fn connect(spec: &RemoteSpec) -> Result<Arc<dyn Objects>> {
-    if let Some(path) = spec.url.strip_prefix("file://") {
-        return Ok(Arc::new(LocalObjects::new(path)?));
-    }
-    let mut c = S3Config::from_url(&spec.url)?;
-    c.endpoint = spec.endpoint.clone();
-    c.region = spec.region.clone();
-    if let Some(secs) = spec.patience_secs {
-        c.patience = Duration::from_secs(secs);
-    }
-    Ok(Arc::new(S3Objects::new(&c)?))
-}
-
-fn remote_err(why: impl Into<String>) -> StoreError {
-    StoreError::Remote { why: why.into() }
-}
-
 fn fenced(why: String) -> StoreError {
     StoreError::Fenced { why }
 }
 
-/// The manifest and its tag; `None` when the bucket holds no store.
-pub fn read_manifest(objects: &dyn Objects) -> Result<Option<(Manifest, Tag)>> {
-    let (bytes, tag) = match objects.get(MANIFEST) {
-        Ok(got) => got,
-        Err(ObjectError::NotFound { .. }) => return Ok(None),
-        Err(e) => return Err(e.into()),
-    };
-    let m: Manifest = serde_json::from_slice(&bytes)
-        .map_err(|e| remote_err(format!("the bucket's manifest is not readable: {e}")))?;
-    if m.magic != MANIFEST_MAGIC {
-        return Err(remote_err(
-            "the bucket's manifest is not an onecopy store's",
-        ));
-    }
-    if m.format != MANIFEST_FORMAT {
-        return Err(StoreError::Version {
-            path: MANIFEST.into(),
-            found: m.format,
-            supported: MANIFEST_FORMAT,
-        });
-    }
-    Ok(Some((m, tag)))
-}
-
-fn random_hex() -> String {
+pub(crate) fn random_hex() -> String {
     let mut b = [0u8; 16];
     rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty()).expect("getrandom");
     b.iter().map(|x| format!("{x:02x}")).collect()
@@ -141,7 +67,7 @@ fn random_hex() -> String {
 
 /// A new writer id for the cache in `dir` (a store made or recovered).
 pub(crate) fn new_writer(dir: &Path) -> Result<String> {
-    let d = dir.join(MIRROR_DIR);
+    let d = dir.join(CACHE_DIR);
     std::fs::create_dir_all(&d).map_err(StoreError::io(&d))?;
     let id = random_hex();
     crate::store::write_synced(&d.join("writer"), id.as_bytes())?;
@@ -154,6 +80,7 @@ pub(crate) struct Mirror {
     tiered: Arc<Tiered>,
     dir: PathBuf,
     writer: String,
+    sealing: Option<Sealing>,
     /// [`crate::Store::push_every`], in milliseconds.
     every_ms: std::sync::atomic::AtomicU64,
     state: Mutex<State>,
@@ -180,11 +107,12 @@ impl Mirror {
         store_dir: &Path,
         objects: Arc<dyn Objects>,
         tiered: Arc<Tiered>,
+        sealing: Option<Sealing>,
     ) -> Result<Mirror> {
-        let dir = store_dir.join(MIRROR_DIR);
+        let dir = store_dir.join(CACHE_DIR);
         let wpath = dir.join("writer");
         let writer = std::fs::read_to_string(&wpath).map_err(StoreError::io(&wpath))?;
-        let manifest = read_manifest(&*objects)?;
+        let manifest = read_manifest(&*objects, sealing.as_ref())?;
         let mut hashes = Vec::new();
         if let Some((m, _)) = &manifest {
             if m.writer != writer {
@@ -208,6 +136,7 @@ impl Mirror {
             tiered,
             dir,
             writer,
+            sealing,
             every_ms: (PUSH_EVERY.as_millis() as u64).into(),
             state: Mutex::new(State {
                 manifest,
@@ -321,10 +250,13 @@ impl<'a> Push<'a> {
         }
         let generation = self.st.manifest.as_ref().map_or(0, |(m, _)| m.generation) + 1;
         let key = format!("meta/{generation:016x}-{}.seg", random_hex());
-        let bytes = seg.bytes.len() as u64;
-        self.mirror
-            .objects
-            .put_new(&key, std::mem::take(&mut seg.bytes).into())?;
+        let body = std::mem::take(&mut seg.bytes);
+        let body = match &self.mirror.sealing {
+            Some(s) => s.seal(&key, &body),
+            None => body,
+        };
+        let bytes = body.len() as u64;
+        self.mirror.objects.put_new(&key, body.into())?;
         let mut segments = if base {
             Vec::new()
         } else {
@@ -332,8 +264,6 @@ impl<'a> Push<'a> {
         };
         segments.push(SegmentRef { key, bytes });
         let m = Manifest {
-            magic: MANIFEST_MAGIC.into(),
-            format: MANIFEST_FORMAT,
             generation,
             writer: self.mirror.writer.clone(),
             time_ns: crate::store::time_now(),
@@ -378,7 +308,7 @@ impl<'a> Push<'a> {
     /// The commit point. A conflict means another cache took the store
     /// over: this one stops pushing.
     fn swap(&mut self, m: Manifest) -> Result<()> {
-        let bytes = serde_json::to_vec_pretty(&m).expect("serializes");
+        let bytes = encode_manifest(&m, self.mirror.sealing.as_ref());
         let expected = self.st.manifest.as_ref().map(|(_, t)| t.clone());
         match self
             .mirror
@@ -415,77 +345,6 @@ fn page_size(image: &Path) -> Result<u32> {
     })
 }
 
-/// Makes `dir` a cache of the store in the bucket `spec` names, from the
-/// bucket alone: the database rebuilt from the manifest's segments (the
-/// fingerprint index is rebuilt at the first open), the store's settings
-/// from the manifest. The manifest is then swapped to name this cache as
-/// its writer: a cache left on another machine can no longer push.
-pub fn recover(dir: &Path, spec: &RemoteSpec) -> Result<Manifest> {
-    let objects = connect(spec)?;
-    let Some((m, tag)) = read_manifest(&*objects)? else {
-        return Err(remote_err(format!(
-            "{} holds no store (no manifest)",
-            spec.url
-        )));
-    };
-    crate::store::make_store_dir(dir)?;
-    let mdir = dir.join(MIRROR_DIR);
-    std::fs::create_dir_all(&mdir).map_err(StoreError::io(&mdir))?;
-    let image = mdir.join("image.db");
-    rebuild_image(&*objects, &m, &image)?;
-    let meta = dir.join("meta.sqlite");
-    std::fs::copy(&image, &meta).map_err(StoreError::io(&meta))?;
-    {
-        let db = Connection::open(&meta)?;
-        // Every indexed row goes into the new fingerprint index at open.
-        crate::index::reset_watermark(&db)?;
-    }
-    let writer = new_writer(dir)?;
-    let mut next = m.clone();
-    next.generation += 1;
-    next.writer = writer;
-    next.time_ns = crate::store::time_now();
-    let bytes = serde_json::to_vec_pretty(&next).expect("serializes");
-    objects
-        .swap(MANIFEST, bytes.into(), Some(&tag))
-        .map_err(|e| match e {
-            ObjectError::Conflict { .. } => {
-                remote_err("the bucket's manifest changed while recovering: try again")
-            }
-            e => e.into(),
-        })?;
-    let cfg = StoreConfig {
-        remote: Some(spec.clone()),
-        ..m.config.clone()
-    };
-    crate::store::write_config(dir, &cfg)?;
-    Ok(next)
-}
-
-/// Writes the image a manifest names into `path`, checking its hash.
-fn rebuild_image(objects: &dyn Objects, m: &Manifest, path: &Path) -> Result<()> {
-    let f = std::fs::File::options()
-        .create(true)
-        .truncate(true)
-        .read(true)
-        .write(true)
-        .open(path)
-        .map_err(StoreError::io(path))?;
-    let mut said = String::new();
-    for s in &m.segments {
-        let (bytes, _) = objects.get(&s.key)?;
-        said = pages::apply(&f, path, &bytes)?;
-    }
-    let (_, whole) = pages::hashes(path, m.page_size)?;
-    if whole != m.image || said != m.image {
-        return Err(remote_err(format!(
-            "the metadata the manifest names (generation {}) does not rebuild its image",
-            m.generation
-        )));
-    }
-    f.sync_all().map_err(StoreError::io(path))
-}
-
 /// How long a periodic push waits for the uploads its state needs.
 const PUSH_WAIT: Duration = Duration::from_secs(60);
 /// How long the last push (unmount, close) waits for them.
@@ -498,25 +357,44 @@ impl crate::Store {
         let objects = connect(spec)?;
         let local = crate::container::LocalDir::new(dir.join("containers"));
         let tiered = Arc::new(Tiered::new(local, objects.clone()));
+        let sealing = match &spec.key {
+            Some(key) => Some(crate::bucket::load_local_key(dir, key)?),
+            None => None,
+        };
         let mut store = Self::open_with(dir, tiered.clone())?;
-        store.mirror = Some(Mirror::open(dir, objects, tiered)?);
+        store.keys = sealing.as_ref().map(|s| s.keys.clone());
+        store.mirror = Some(Mirror::open(dir, objects, tiered, sealing)?);
         Ok(store)
     }
 
-    /// Checks, before a remote store is made, that its bucket holds none.
-    pub(crate) fn bucket_is_free(spec: &RemoteSpec) -> Result<()> {
-        if read_manifest(&*connect(spec)?)?.is_some() {
+    /// Before a remote store is made in `dir`: checks that its bucket
+    /// holds none, and with a password makes its key (the store is then
+    /// encrypted: `spec.key` names the key object). Returns the keys.
+    pub(crate) fn prepare_bucket(
+        spec: &mut RemoteSpec,
+        password: Option<&[u8]>,
+    ) -> Result<Option<Sealing>> {
+        let objects = connect(spec)?;
+        if objects.size(MANIFEST)?.is_some() {
             return Err(StoreError::BucketInUse {
                 url: spec.url.clone(),
             });
         }
-        Ok(())
+        let sealing = match password {
+            Some(pw) => Some(crate::bucket::create_key(&*objects, pw)?),
+            None => None,
+        };
+        spec.key = sealing.as_ref().map(|s| s.key.clone());
+        Ok(sealing)
     }
 
     /// Makes the new store in `dir` the bucket's: its writer id, and a
     /// first push (the manifest of an empty store).
-    pub(crate) fn first_push(dir: &Path) -> Result<()> {
+    pub(crate) fn first_push(dir: &Path, sealing: Option<Sealing>) -> Result<()> {
         new_writer(dir)?;
+        if let Some(s) = sealing {
+            crate::bucket::save_local_key(dir, &s.keys)?;
+        }
         Self::open(dir)?.close_remote()
     }
 

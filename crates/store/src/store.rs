@@ -145,6 +145,8 @@ pub struct Store {
     shut_down: Mutex<Option<String>>,
     /// The bucket a remote store lives in (its metadata side).
     pub(crate) mirror: Option<crate::mirror::Mirror>,
+    /// An encrypted store's keys: chunk ids keyed, records sealed.
+    pub(crate) keys: Option<Arc<crate::seal::Keys>>,
     _lock: File,
 }
 
@@ -202,9 +204,18 @@ impl Store {
     /// The directory is created mode 0700: the store holds other users'
     /// file data, readable by whoever can read its containers.
     pub fn init(dir: &Path, cfg: &StoreConfig) -> Result<()> {
-        if let Some(spec) = &cfg.remote {
-            Self::bucket_is_free(spec)?;
-        }
+        Self::init_with(dir, cfg, None)
+    }
+
+    /// [`Store::init`]; a remote store (`cfg.remote`) given a password is
+    /// encrypted (see `seal.rs`).
+    pub fn init_with(dir: &Path, cfg: &StoreConfig, password: Option<&[u8]>) -> Result<()> {
+        let mut cfg = cfg.clone();
+        let sealing = match &mut cfg.remote {
+            Some(spec) => Self::prepare_bucket(spec, password)?,
+            None => None,
+        };
+        let cfg = &cfg;
         make_store_dir(dir)?;
         let _lock = lock_dir(dir)?;
         let db = open_db(&dir.join("meta.sqlite"), true)?;
@@ -220,7 +231,7 @@ impl Store {
         write_config(dir, cfg)?;
         if cfg.remote.is_some() {
             drop(_lock);
-            Self::first_push(dir)?;
+            Self::first_push(dir, sealing)?;
         }
         Ok(())
     }
@@ -322,6 +333,7 @@ impl Store {
             low,
             shut_down: Mutex::new(None),
             mirror: None,
+            keys: None,
             _lock: lock,
         };
         store.remove_orphans()?;
@@ -654,7 +666,7 @@ impl Store {
     /// Stores `data` (not all zero) once: returns the chunk it is now a
     /// reference to, a new one or an existing one.
     pub(crate) fn put_chunk(&self, g: &mut Inner, data: &[u8]) -> Result<ChunkId> {
-        let hash: Hash = *blake3::hash(data).as_bytes();
+        let hash: Hash = self.fingerprint(data);
         self.put_hashed(g, &hash, data, None)
     }
 
@@ -682,7 +694,7 @@ impl Store {
             Chunks(&g.db).relocate(id, loc, 1)?;
             return Ok(id);
         }
-        let enc = enc.unwrap_or_else(|| container::encode(&hash, data, self.cfg.packing()));
+        let enc = enc.unwrap_or_else(|| self.encode_chunk(&hash, data, self.cfg.packing()));
         let loc = self.append_encoded(g, enc)?;
         g.counters.new_bytes += data.len() as u64;
         let id = Chunks(&g.db).insert(&hash, loc)?;
@@ -713,7 +725,7 @@ impl Store {
         hash: &Hash,
         data: &[u8],
     ) -> Result<ChunkLoc> {
-        let enc = container::encode(hash, data, self.cfg.packing());
+        let enc = self.encode_chunk(hash, data, self.cfg.packing());
         self.append_encoded(g, enc)
     }
 
@@ -776,21 +788,43 @@ impl Store {
         let rec = self
             .containers
             .read(loc.container, loc.offset, loc.stored_len as usize)?;
-        decode_loc(&rec, loc)
+        self.decode_loc(&rec, loc)
     }
-}
 
-/// Checks and decodes the record `rec` read from `loc`.
-pub(crate) fn decode_loc(rec: &[u8], loc: ChunkLoc) -> Result<Vec<u8>> {
-    let (_, raw) = container::decode(rec, loc.container, loc.offset)?;
-    if raw.len() != loc.raw_len as usize {
-        return Err(StoreError::Damaged {
-            container: loc.container,
-            offset: loc.offset,
-            why: "length differs from the index".into(),
-        });
+    /// Checks and decodes the record `rec` read from `loc`.
+    pub(crate) fn decode_loc(&self, rec: &[u8], loc: ChunkLoc) -> Result<Vec<u8>> {
+        let (_, raw) = container::decode(rec, loc.container, loc.offset, self.keys.as_deref())?;
+        if raw.len() != loc.raw_len as usize {
+            return Err(StoreError::Damaged {
+                container: loc.container,
+                offset: loc.offset,
+                why: "length differs from the index".into(),
+            });
+        }
+        Ok(raw)
     }
-    Ok(raw)
+
+    /// A chunk's id: BLAKE3 of its bytes, keyed in an encrypted store.
+    pub(crate) fn fingerprint(&self, data: &[u8]) -> Hash {
+        match &self.keys {
+            Some(k) => k.fingerprint(data),
+            None => *blake3::hash(data).as_bytes(),
+        }
+    }
+
+    /// A chunk's record, sealed in an encrypted store.
+    pub(crate) fn encode_chunk(
+        &self,
+        hash: &Hash,
+        data: &[u8],
+        packing: crate::config::Packing,
+    ) -> Encoded {
+        let e = container::encode(hash, data, packing);
+        match &self.keys {
+            Some(k) => container::seal_record(e, k),
+            None => e,
+        }
+    }
 }
 
 impl Store {

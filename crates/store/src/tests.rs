@@ -1338,6 +1338,13 @@ fn history_is_reclaimed_window_by_window() {
 /// A remote store on a directory bucket (`file://`; the S3 one is in
 /// tests/remote.rs).
 fn remote_store(bucket: &std::path::Path) -> (tempfile::TempDir, Store) {
+    remote_store_with(bucket, None)
+}
+
+fn remote_store_with(
+    bucket: &std::path::Path,
+    password: Option<&[u8]>,
+) -> (tempfile::TempDir, Store) {
     let dir = tempfile::tempdir().unwrap();
     let cfg = StoreConfig {
         chunking: "fixed:4K".parse().unwrap(),
@@ -1347,11 +1354,12 @@ fn remote_store(bucket: &std::path::Path) -> (tempfile::TempDir, Store) {
             url: format!("file://{}", bucket.display()),
             endpoint: None,
             region: None,
+            key: None,
             patience_secs: None,
         }),
         ..StoreConfig::default()
     };
-    Store::init(dir.path(), &cfg).unwrap();
+    Store::init_with(dir.path(), &cfg, password).unwrap();
     let s = Store::open(dir.path()).unwrap();
     (dir, s)
 }
@@ -1373,13 +1381,13 @@ fn sealed_ids(s: &Store) -> Vec<u64> {
 /// one is refused. gc's deletes leave the bucket only at the push after.
 #[test]
 fn a_remote_store_is_recovered_from_its_bucket_alone() {
-    use crate::mirror::{read_manifest, recover};
+    use crate::bucket::{read_manifest, recover};
     use crate::remote::object_key;
     use onecopy_objects::{LocalObjects, Objects};
     let bucket = tempfile::tempdir().unwrap();
     let objects = LocalObjects::new(bucket.path()).unwrap();
     let (d, s) = remote_store(bucket.path());
-    let (m, _) = read_manifest(&objects).unwrap().expect("init pushed");
+    let (m, _) = read_manifest(&objects, None).unwrap().expect("init pushed");
     assert_eq!(m.generation, 1);
     let (keep, gone) = (pseudo(5 << 20, 11), pseudo(3 << 20, 12));
     let a = file(&s, "keep", &keep);
@@ -1410,7 +1418,7 @@ fn a_remote_store_is_recovered_from_its_bucket_alone() {
 
     // The machine is gone: a new cache from the bucket alone.
     let d2 = tempfile::tempdir().unwrap();
-    let m = recover(d2.path(), &spec).unwrap();
+    let m = recover(d2.path(), &spec, None).unwrap();
     assert!(m.generation >= 4);
     let s2 = Store::open(d2.path()).unwrap();
     assert_eq!(read_all(&s2, a), keep);
@@ -1426,11 +1434,83 @@ fn a_remote_store_is_recovered_from_its_bucket_alone() {
     }
     drop(s2);
     let d3 = tempfile::tempdir().unwrap();
-    recover(d3.path(), &spec).unwrap();
+    recover(d3.path(), &spec, None).unwrap();
     let s3 = Store::open(d3.path()).unwrap();
     assert_eq!(read_all(&s3, a), keep);
     assert_eq!(read_all(&s3, b), pseudo(2 << 20, 13));
     assert!(s3.fsck(false).unwrap().problems.is_empty());
+}
+
+/// Every byte of every object in `dir`'s tree.
+fn bucket_bytes(dir: &std::path::Path) -> Vec<u8> {
+    let mut all = Vec::new();
+    for e in walk_files(dir) {
+        all.extend(std::fs::read(e).unwrap());
+    }
+    all
+}
+
+fn walk_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk_files(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// An encrypted remote store: its bucket holds neither a file's bytes
+/// nor its name nor the plain BLAKE3 of its chunks; a cache is recovered
+/// with the password only (wrong or none: refused, nothing made), and
+/// reads back every byte.
+#[test]
+fn an_encrypted_bucket_shows_nothing_and_opens_with_its_password_only() {
+    use crate::bucket::recover;
+    let bucket = tempfile::tempdir().unwrap();
+    let (_d, s) = remote_store_with(bucket.path(), Some(b"pass phrase"));
+    let text = b"a known document, stored in a bucket someone else owns. ".repeat(2000);
+    let a = file(&s, "secret-name.txt", &text);
+    let spec = s.cfg.remote.clone().unwrap();
+    assert!(spec.key.as_deref().is_some_and(|k| k.starts_with("keys/")));
+    drop(s);
+    let all = bucket_bytes(bucket.path());
+    let has = |needle: &[u8]| all.windows(needle.len()).any(|w| w == needle);
+    assert!(!has(&text[..24]), "file bytes in the bucket");
+    assert!(!has(b"secret-name"), "a file name in the bucket");
+    let plain_id = blake3::hash(&text[..4096]);
+    assert!(
+        !has(&plain_id.as_bytes()[..16]),
+        "a plain chunk id in the bucket"
+    );
+
+    let d2 = tempfile::tempdir().unwrap();
+    let at = d2.path().join("cache");
+    assert!(matches!(
+        recover(&at, &spec, None),
+        Err(StoreError::PasswordNeeded)
+    ));
+    assert!(matches!(
+        recover(&at, &spec, Some(b"wrong")),
+        Err(StoreError::WrongPassword)
+    ));
+    assert!(!at.exists(), "a refused recovery makes nothing");
+    recover(&at, &spec, Some(b"pass phrase")).unwrap();
+    let s2 = Store::open(&at).unwrap();
+    assert_eq!(read_all(&s2, a), text);
+    assert!(s2.fsck(false).unwrap().problems.is_empty());
+    assert!(s2.scrub().unwrap().damaged.is_empty());
+    // Dedupe still works on keyed ids.
+    let before = s2.stats().unwrap();
+    file(&s2, "again", &text);
+    let after = s2.stats().unwrap();
+    assert_eq!(
+        before.stored_bytes, after.stored_bytes,
+        "{before:?} {after:?}"
+    );
 }
 
 /// A cache whose store was taken over while it was open cannot commit
@@ -1443,7 +1523,7 @@ fn a_taken_over_cache_is_fenced() {
     s.push_remote().unwrap();
     let spec = s.cfg.remote.clone().unwrap();
     let d2 = tempfile::tempdir().unwrap();
-    crate::mirror::recover(d2.path(), &spec).unwrap();
+    crate::bucket::recover(d2.path(), &spec, None).unwrap();
     file(&s, "g", &pseudo(1 << 20, 2));
     let e = s.push_remote().unwrap_err();
     assert!(e.to_string().contains("replaced by another cache"), "{e}");

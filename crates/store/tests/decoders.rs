@@ -4,7 +4,8 @@
 //! and the option parsers; `meta.sqlite` is SQLite's own format (a
 //! damaged header is tested through the CLI in tests/store_faults.rs).
 
-use onecopy_store::container::{decode, encode, RECORD_HEADER};
+use onecopy_store::container::{decode, encode, seal_record, RECORD_HEADER};
+use onecopy_store::seal::Keys;
 use onecopy_store::{Chunking, Compress, Store};
 use proptest::prelude::*;
 
@@ -30,23 +31,31 @@ fn framed(raw_len: u32, codec: u8, payload: &[u8]) -> Vec<u8> {
     rec
 }
 
+/// A fixed key (the cases need not differ in it).
+fn key() -> Keys {
+    Keys::from_master([7; 64])
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
     #[test]
     fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
-        let _ = decode(&bytes, 1, 16);
+        let _ = decode(&bytes, 1, 16, None);
+        let _ = decode(&bytes, 1, 16, Some(&key()));
     }
 
     #[test]
     fn valid_crc_over_garbage_is_an_error_or_exact(
         raw_len in prop_oneof![0u32..70_000, Just(u32::MAX), Just(4 << 20)],
-        codec in 0u8..5,
+        codec in prop_oneof![0u8..5, 0x80u8..0x85],
         payload in proptest::collection::vec(any::<u8>(), 0..2000),
     ) {
         let rec = framed(raw_len, codec, &payload);
-        if let Ok((_, raw)) = decode(&rec, 1, 16) {
-            prop_assert_eq!(raw.len(), raw_len as usize);
+        for k in [None, Some(key())] {
+            if let Ok((_, raw)) = decode(&rec, 1, 16, k.as_ref()) {
+                prop_assert_eq!(raw.len(), raw_len as usize);
+            }
         }
     }
 
@@ -59,15 +68,22 @@ proptest! {
     ) {
         let hash = *blake3_like(&raw);
         let enc = encode(&hash, &raw, compress);
-        let (h, back) = decode(&enc.bytes, 1, 16).unwrap();
+        let (h, back) = decode(&enc.bytes, 1, 16, None).unwrap();
         prop_assert_eq!(h, hash);
         prop_assert_eq!(&back, &raw);
         let mut bad = enc.bytes.clone();
         let i = at.index(bad.len());
         bad[i] ^= 1 << bit;
-        prop_assert!(decode(&bad, 1, 16).is_err(), "flip at {} of {}", i, bad.len());
+        prop_assert!(decode(&bad, 1, 16, None).is_err(), "flip at {} of {}", i, bad.len());
         let cut = at.index(bad.len().max(RECORD_HEADER + 1) - 1);
-        prop_assert!(decode(&enc.bytes[..cut], 1, 16).is_err());
+        prop_assert!(decode(&enc.bytes[..cut], 1, 16, None).is_err());
+        // The same, sealed.
+        let sealed = seal_record(encode(&hash, &raw, compress), &key());
+        prop_assert_eq!(decode(&sealed.bytes, 1, 16, Some(&key())).unwrap().1, raw);
+        let mut bad = sealed.bytes.clone();
+        let i = at.index(bad.len());
+        bad[i] ^= 1 << bit;
+        prop_assert!(decode(&bad, 1, 16, Some(&key())).is_err(), "sealed: flip at {}", i);
     }
 
     #[test]

@@ -146,6 +146,11 @@ pub struct RemoteArgs {
     /// write. The other settings come from the bucket too.
     #[arg(long, requires = "remote")]
     recover: bool,
+    /// With --recover: take the store even though another cache holds
+    /// its lease (only when that cache's machine is gone: the other
+    /// cache can no longer write, and loses what it did not push).
+    #[arg(long, requires = "recover")]
+    force: bool,
     /// The passphrase of the store's key, on the first line of FILE (or
     /// in the ONECOPY_PASSWORD environment variable). A remote store is
     /// encrypted with it (the key itself is random, kept in the bucket
@@ -239,7 +244,7 @@ fn act(action: StoreAction) -> Result<u8, StoreError> {
             if remote.recover {
                 let spec = remote.spec().expect("--recover requires --remote");
                 let pw = remote.password()?;
-                let m = onecopy_store::bucket::recover(&dir, &spec, pw.as_deref())?;
+                let m = onecopy_store::bucket::recover(&dir, &spec, pw.as_deref(), remote.force)?;
                 println!(
                     "recovered store {} from {} (generation {}, {} metadata segments)",
                     dir.display(),

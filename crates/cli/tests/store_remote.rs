@@ -101,7 +101,8 @@ fn cp_in(src: &Path, dst: &Path) {
     assert!(st.success(), "cp -a {} {}", src.display(), dst.display());
 }
 
-/// The cache is deleted while unmounted: `store init --recover` rebuilds
+/// While mounted, a second cache is refused (exit 3). The cache is
+/// deleted while unmounted: `store init --recover` rebuilds
 /// it from the bucket alone and the tree reads back whole; a second
 /// `store init` on the bucket is refused (exit 2); a write through the
 /// recovered cache reaches the bucket at unmount, and a third cache sees
@@ -118,6 +119,22 @@ fn the_bucket_alone_is_the_store() {
     let want = make_tree(&src, 1);
     let m = Mount::new(&s);
     cp_in(&src, &m.mnt.join("tree"));
+    // While mounted, the cache holds the lease: a second cache is refused.
+    let second = s.mnt.with_extension("second");
+    let mut a = vec![
+        "store".into(),
+        "init".into(),
+        second.display().to_string(),
+        "--recover".into(),
+    ];
+    a.extend(remote_args(&weed));
+    let out = run(&a);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("in use by another cache"),
+        "{out:?}"
+    );
+    assert!(!second.exists());
     m.unmount();
     assert!(objects.size("manifest").unwrap().is_some());
 

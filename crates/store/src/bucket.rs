@@ -70,6 +70,7 @@ struct Envelope {
 }
 
 /// An encrypted store's keys and the name of its key object.
+#[derive(Clone)]
 pub struct Sealing {
     pub keys: Arc<Keys>,
     pub key: String,
@@ -242,7 +243,15 @@ pub(crate) fn load_local_key(dir: &Path, key: &str) -> Result<Sealing> {
 /// from the manifest, the key unwrapped with `password` (an encrypted
 /// store). The manifest is then swapped to name this cache as its
 /// writer: a cache left on another machine can no longer push.
-pub fn recover(dir: &Path, spec: &RemoteSpec, password: Option<&[u8]>) -> Result<Manifest> {
+///
+/// Refused while another cache holds the lease, unless `force` (the user
+/// knows its machine is gone): the new cache takes the lease.
+pub fn recover(
+    dir: &Path,
+    spec: &RemoteSpec,
+    password: Option<&[u8]>,
+    force: bool,
+) -> Result<Manifest> {
     let objects = connect(spec)?;
     let Some((e, _)) = read_envelope(&*objects)? else {
         return Err(remote_err(format!(
@@ -257,6 +266,8 @@ pub fn recover(dir: &Path, spec: &RemoteSpec, password: Option<&[u8]>) -> Result
     };
     let (m, tag) = read_manifest(&*objects, sealing.as_ref())?
         .ok_or_else(|| remote_err("the manifest vanished while recovering: try again"))?;
+    let writer = crate::mirror::random_hex();
+    crate::lease::acquire(&*objects, &writer, crate::lease::TTL_MIN, force)?;
     crate::store::make_store_dir(dir)?;
     let cache = dir.join(CACHE_DIR);
     std::fs::create_dir_all(&cache).map_err(StoreError::io(&cache))?;
@@ -274,7 +285,8 @@ pub fn recover(dir: &Path, spec: &RemoteSpec, password: Option<&[u8]>) -> Result
     }
     let mut next = m.clone();
     next.generation += 1;
-    next.writer = crate::mirror::new_writer(dir)?;
+    crate::mirror::save_writer(dir, &writer)?;
+    next.writer = writer;
     next.time_ns = crate::store::time_now();
     let bytes = encode_manifest(&next, sealing.as_ref());
     objects

@@ -18,6 +18,7 @@ pub mod error;
 mod forget;
 mod import;
 mod index;
+mod lease;
 mod maint;
 pub mod meta;
 mod migrate;

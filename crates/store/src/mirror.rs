@@ -67,11 +67,16 @@ pub(crate) fn random_hex() -> String {
 
 /// A new writer id for the cache in `dir` (a store made or recovered).
 pub(crate) fn new_writer(dir: &Path) -> Result<String> {
+    let id = random_hex();
+    save_writer(dir, &id)?;
+    Ok(id)
+}
+
+/// Keeps `id` as the writer id of the cache in `dir`.
+pub(crate) fn save_writer(dir: &Path, id: &str) -> Result<()> {
     let d = dir.join(CACHE_DIR);
     std::fs::create_dir_all(&d).map_err(StoreError::io(&d))?;
-    let id = random_hex();
-    crate::store::write_synced(&d.join("writer"), id.as_bytes())?;
-    Ok(id)
+    crate::store::write_synced(&d.join("writer"), id.as_bytes())
 }
 
 /// The push side, held by a store opened on a remote.
@@ -98,6 +103,8 @@ struct State {
     version: Option<i64>,
     /// Set when the swap found another writer's manifest: no more pushes.
     fenced: Option<String>,
+    /// The version of the lease this cache holds ([`crate::lease`]).
+    lease: Option<Tag>,
 }
 
 impl Mirror {
@@ -131,6 +138,7 @@ impl Mirror {
                 }
             }
         }
+        let lease = crate::lease::acquire(&*objects, &writer, lease_ttl(PUSH_EVERY), false)?;
         Ok(Mirror {
             objects,
             tiered,
@@ -144,8 +152,40 @@ impl Mirror {
                 reader: None,
                 version: None,
                 fenced: None,
+                lease: Some(lease),
             }),
         })
+    }
+
+    fn every(&self) -> Duration {
+        Duration::from_millis(self.every_ms.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// Renews the lease (at every push); a lease another cache took
+    /// fences this one.
+    fn renew_lease(&self, st: &mut State) -> Result<()> {
+        let Some(tag) = &st.lease else {
+            return Err(fenced("this cache gave its lease back".into()));
+        };
+        match crate::lease::renew(&*self.objects, &self.writer, tag, lease_ttl(self.every())) {
+            Ok(t) => {
+                st.lease = Some(t);
+                Ok(())
+            }
+            Err(StoreError::Fenced { why }) => {
+                st.fenced = Some(why.clone());
+                Err(fenced(why))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Gives the lease back (a store closing).
+    fn release_lease(&self) {
+        let mut st = self.lock();
+        if let Some(tag) = st.lease.take() {
+            crate::lease::release(&*self.objects, &self.writer, &tag);
+        }
     }
 
     pub(crate) fn tiered(&self) -> &Arc<Tiered> {
@@ -345,6 +385,12 @@ fn page_size(image: &Path) -> Result<u32> {
     })
 }
 
+/// How long a lease is taken for: four pushes, at least
+/// [`crate::lease::TTL_MIN`].
+fn lease_ttl(every: Duration) -> Duration {
+    (every * 4).max(crate::lease::TTL_MIN)
+}
+
 /// How long a periodic push waits for the uploads its state needs.
 const PUSH_WAIT: Duration = Duration::from_secs(60);
 /// How long the last push (unmount, close) waits for them.
@@ -361,9 +407,13 @@ impl crate::Store {
             Some(key) => Some(crate::bucket::load_local_key(dir, key)?),
             None => None,
         };
-        let mut store = Self::open_with(dir, tiered.clone())?;
-        store.keys = sealing.as_ref().map(|s| s.keys.clone());
-        store.mirror = Some(Mirror::open(dir, objects, tiered, sealing)?);
+        let keys = sealing.as_ref().map(|s| s.keys.clone());
+        // Before the cache is opened: a cache out of date must not upload
+        // what it holds.
+        let mirror = Mirror::open(dir, objects, tiered.clone(), sealing)?;
+        let mut store = Self::open_with(dir, tiered)?;
+        store.keys = keys;
+        store.mirror = Some(mirror);
         Ok(store)
     }
 
@@ -411,6 +461,7 @@ impl crate::Store {
         };
         self.commit(false)?;
         let mut push = Push::start(m, &self.dir.join("meta.sqlite"))?;
+        m.renew_lease(&mut push.st)?;
         let doomed = m.tiered().take_doomed();
         if !push.changed()? && doomed.is_empty() {
             return Ok(None);
@@ -459,9 +510,13 @@ impl crate::Store {
     /// is committed reaches the bucket, waiting up to 10 minutes for its
     /// uploads.
     pub fn close_remote(&self) -> Result<()> {
-        if self.mirror.is_some() {
+        if let Some(m) = &self.mirror {
+            if m.lock().lease.is_none() {
+                return Ok(());
+            }
             self.flush_all(true)?;
             self.push_remote_within(FINAL_PUSH_WAIT)?;
+            m.release_lease();
         }
         Ok(())
     }

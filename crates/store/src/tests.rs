@@ -1418,7 +1418,7 @@ fn a_remote_store_is_recovered_from_its_bucket_alone() {
 
     // The machine is gone: a new cache from the bucket alone.
     let d2 = tempfile::tempdir().unwrap();
-    let m = recover(d2.path(), &spec, None).unwrap();
+    let m = recover(d2.path(), &spec, None, false).unwrap();
     assert!(m.generation >= 4);
     let s2 = Store::open(d2.path()).unwrap();
     assert_eq!(read_all(&s2, a), keep);
@@ -1434,7 +1434,7 @@ fn a_remote_store_is_recovered_from_its_bucket_alone() {
     }
     drop(s2);
     let d3 = tempfile::tempdir().unwrap();
-    recover(d3.path(), &spec, None).unwrap();
+    recover(d3.path(), &spec, None, false).unwrap();
     let s3 = Store::open(d3.path()).unwrap();
     assert_eq!(read_all(&s3, a), keep);
     assert_eq!(read_all(&s3, b), pseudo(2 << 20, 13));
@@ -1490,15 +1490,15 @@ fn an_encrypted_bucket_shows_nothing_and_opens_with_its_password_only() {
     let d2 = tempfile::tempdir().unwrap();
     let at = d2.path().join("cache");
     assert!(matches!(
-        recover(&at, &spec, None),
+        recover(&at, &spec, None, false),
         Err(StoreError::PasswordNeeded)
     ));
     assert!(matches!(
-        recover(&at, &spec, Some(b"wrong")),
+        recover(&at, &spec, Some(b"wrong"), false),
         Err(StoreError::WrongPassword)
     ));
     assert!(!at.exists(), "a refused recovery makes nothing");
-    recover(&at, &spec, Some(b"pass phrase")).unwrap();
+    recover(&at, &spec, Some(b"pass phrase"), false).unwrap();
     let s2 = Store::open(&at).unwrap();
     assert_eq!(read_all(&s2, a), text);
     assert!(s2.fsck(false).unwrap().problems.is_empty());
@@ -1513,8 +1513,9 @@ fn an_encrypted_bucket_shows_nothing_and_opens_with_its_password_only() {
     );
 }
 
-/// A cache whose store was taken over while it was open cannot commit
-/// to the bucket any more: its push fails and says why.
+/// While a cache holds the store's lease a second one is refused; taken
+/// over anyway (`--force`: the user says the first is gone), the first
+/// cannot commit to the bucket any more: its push fails and says why.
 #[test]
 fn a_taken_over_cache_is_fenced() {
     let bucket = tempfile::tempdir().unwrap();
@@ -1523,12 +1524,22 @@ fn a_taken_over_cache_is_fenced() {
     s.push_remote().unwrap();
     let spec = s.cfg.remote.clone().unwrap();
     let d2 = tempfile::tempdir().unwrap();
-    crate::bucket::recover(d2.path(), &spec, None).unwrap();
+    let e = crate::bucket::recover(d2.path(), &spec, None, false).unwrap_err();
+    assert!(e.to_string().contains("in use by another cache"), "{e}");
+    assert!(!d2.path().join("store.json").exists());
+    crate::bucket::recover(d2.path(), &spec, None, true).unwrap();
     file(&s, "g", &pseudo(1 << 20, 2));
-    let e = s.push_remote().unwrap_err();
-    assert!(e.to_string().contains("replaced by another cache"), "{e}");
-    let e = s.push_remote().unwrap_err();
-    assert!(e.to_string().contains("replaced by another cache"), "{e}");
+    for _ in 0..2 {
+        let e = s.push_remote().unwrap_err();
+        assert!(matches!(e, StoreError::Fenced { .. }), "{e}");
+        assert!(e.to_string().contains("another cache"), "{e}");
+    }
+    drop(s);
+    // The new cache holds the store: the old one's last push changed
+    // nothing (its file "g" is not in the bucket).
+    let s2 = Store::open(d2.path()).unwrap();
+    assert!(s2.lookup(1, b"f").is_ok());
+    assert!(matches!(s2.lookup(1, b"g"), Err(StoreError::NotFound)));
 }
 
 /// A large copy arrives as several `copy_file_range` requests (the

@@ -37,6 +37,7 @@ mod checksum;
 mod cmd;
 mod extents;
 mod loopfs;
+mod proxy;
 pub mod seed;
 mod weed;
 mod write;
@@ -48,6 +49,7 @@ pub use extents::{
     physical_ranges, shared_bytes_between, shared_flag_bytes, Range,
 };
 pub use loopfs::{bind_mount_ro, btrfs_du, BindMount, BtrfsDu, FsKind, LoopFs};
+pub use proxy::{FaultProxy, Faults};
 pub use weed::Weed;
 pub use write::{copy_no_reflink, random_bytes, reflink_copy, write_in_chunks, write_random, Prng};
 

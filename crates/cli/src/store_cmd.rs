@@ -39,9 +39,10 @@ pub enum StoreAction {
         /// dedup=verify); heals a damaged stored copy.
         #[arg(long)]
         verify: bool,
-        /// Target size of a container file.
-        #[arg(long, default_value = "4M")]
-        container_size: String,
+        /// Target size of a container file (default 4M; 32M for a remote
+        /// store: fewer, larger objects in the bucket).
+        #[arg(long)]
+        container_size: Option<String>,
         /// Fingerprint index quota in entries (chunks): above it, new
         /// chunks are stored without dedupe (as ZFS dedup_table_quota);
         /// `store stats` counts them. Default: no quota.
@@ -140,6 +141,10 @@ pub struct RemoteArgs {
     /// The bucket's region.
     #[arg(long, requires = "remote")]
     region: Option<String>,
+    /// Bytes of containers DIR keeps once they are in the bucket (least
+    /// recently used go first; a read of one gone fetches it back).
+    #[arg(long, value_name = "SIZE", default_value = "4G", requires = "remote")]
+    cache_size: String,
     /// Make DIR a new cache of the store already in the bucket (the
     /// machine that held the old cache is gone, or it is moving): the
     /// metadata comes from the bucket, and the old cache can no longer
@@ -163,14 +168,18 @@ pub struct RemoteArgs {
 }
 
 impl RemoteArgs {
-    fn spec(&self) -> Option<onecopy_store::config::RemoteSpec> {
-        Some(onecopy_store::config::RemoteSpec {
-            url: self.remote.clone()?,
+    fn spec(&self) -> Result<Option<onecopy_store::config::RemoteSpec>, StoreError> {
+        let Some(url) = self.remote.clone() else {
+            return Ok(None);
+        };
+        Ok(Some(onecopy_store::config::RemoteSpec {
+            url,
             endpoint: self.endpoint.clone(),
             region: self.region.clone(),
+            cache_size: Some(onecopy_store::config::parse_bytes(&self.cache_size)?),
             key: None,
             patience_secs: None,
-        })
+        }))
     }
 
     /// The passphrase: `--password-file`, else `ONECOPY_PASSWORD`; `None`
@@ -242,7 +251,7 @@ fn act(action: StoreAction) -> Result<u8, StoreError> {
             remote,
         } => {
             if remote.recover {
-                let spec = remote.spec().expect("--recover requires --remote");
+                let spec = remote.spec()?.expect("--recover requires --remote");
                 let pw = remote.password()?;
                 let m = onecopy_store::bucket::recover(&dir, &spec, pw.as_deref(), remote.force)?;
                 println!(
@@ -258,11 +267,13 @@ fn act(action: StoreAction) -> Result<u8, StoreError> {
                 &chunking,
                 &compress,
                 verify,
-                &container_size,
+                container_size
+                    .as_deref()
+                    .unwrap_or(if remote.remote.is_some() { "32M" } else { "4M" }),
                 index_quota,
                 index_memtable,
             )?;
-            cfg.remote = remote.spec();
+            cfg.remote = remote.spec()?;
             let pw = remote.password()?;
             if cfg.remote.is_some() && pw.is_none() && !remote.no_encryption {
                 return Err(StoreError::BadOption(

@@ -211,6 +211,23 @@ pub struct StoreConfig {
     pub remote: Option<RemoteSpec>,
 }
 
+/// The default bound of a remote store's local cache of containers.
+pub const DEFAULT_CACHE: u64 = 4 << 30;
+
+/// Parses a byte count such as `4096`, `512M`, `2G`, `1T`.
+pub fn parse_bytes(s: &str) -> Result<u64> {
+    let bad = || StoreError::BadOption(format!("'{s}' is not a size (e.g. 512M, 2G)"));
+    let (num, shift) = match s.as_bytes().last() {
+        Some(b'k' | b'K') => (&s[..s.len() - 1], 10),
+        Some(b'm' | b'M') => (&s[..s.len() - 1], 20),
+        Some(b'g' | b'G') => (&s[..s.len() - 1], 30),
+        Some(b't' | b'T') => (&s[..s.len() - 1], 40),
+        _ => (s, 0),
+    };
+    let n: u64 = num.parse().map_err(|_| bad())?;
+    n.checked_mul(1 << shift).ok_or_else(bad)
+}
+
 /// Where a remote store's bucket is (credentials are not kept: they come
 /// the AWS way, from the environment or `~/.aws/credentials`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -221,6 +238,10 @@ pub struct RemoteSpec {
     pub endpoint: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub region: Option<String>,
+    /// Bytes of containers the cache keeps locally once they are in the
+    /// bucket (default [`DEFAULT_CACHE`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_size: Option<u64>,
     /// The key object of an encrypted store (`keys/ID`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,

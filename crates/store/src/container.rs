@@ -412,6 +412,23 @@ impl LocalDir {
             .join(format!("{id:016x}.occ"))
     }
 
+    /// Puts a whole sealed container read from elsewhere (a bucket) in
+    /// place: written beside, synced, then renamed, so that a crash never
+    /// leaves part of one under its name.
+    pub fn install(&self, id: u64, bytes: &[u8]) -> Result<()> {
+        let path = self.path(id);
+        let dir = path.parent().unwrap();
+        std::fs::create_dir_all(dir).map_err(StoreError::io(dir))?;
+        let part = path.with_extension("occ.part");
+        let write = || -> std::io::Result<()> {
+            let mut f = File::create(&part)?;
+            f.write_all(bytes)?;
+            f.sync_data()?;
+            std::fs::rename(&part, &path)
+        };
+        write().map_err(StoreError::io(&path))
+    }
+
     fn file(&self, id: u64) -> Result<Arc<File>> {
         let mut open = self.open.lock().unwrap();
         if let Some(f) = open.get(&id) {

@@ -402,7 +402,8 @@ impl crate::Store {
     pub(crate) fn open_remote(dir: &Path, spec: &RemoteSpec) -> Result<crate::Store> {
         let objects = connect(spec)?;
         let local = crate::container::LocalDir::new(dir.join("containers"));
-        let tiered = Arc::new(Tiered::new(local, objects.clone()));
+        let limit = spec.cache_size.unwrap_or(crate::config::DEFAULT_CACHE);
+        let tiered = Arc::new(Tiered::new(local, objects.clone(), limit));
         let sealing = match &spec.key {
             Some(key) => Some(crate::bucket::load_local_key(dir, key)?),
             None => None,

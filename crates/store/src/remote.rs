@@ -17,8 +17,12 @@
 //!   until a push ([`crate::mirror`]) has swapped in a manifest taken
 //!   after the delete.
 //!
-//! Not yet (issue 32): a bounded cache (local copies stay after upload),
-//! a grace period for readers of older manifests.
+//! - the local directory is a bounded cache: a local copy is evicted
+//!   (least recently used first) only once its container is in the
+//!   bucket; a read that misses fetches the whole object back (up to
+//!   [`WHOLE_FETCH_MAX`]; larger ones are read by ranges).
+//!
+//! Not yet (issue 32): a grace period for readers of older manifests.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Condvar, Mutex};
@@ -28,6 +32,65 @@ use onecopy_objects::{ObjectError, Objects};
 
 use crate::container::{ContainerStore, LocalDir};
 use crate::error::{Result, StoreError};
+
+/// Objects up to this size are fetched whole into the cache on a miss
+/// (sequential reads of a file then cost one GET per container).
+pub const WHOLE_FETCH_MAX: u64 = 64 << 20;
+
+/// Local copies of containers that are in the bucket: evictable.
+#[derive(Default)]
+struct Lru {
+    /// id -> (bytes, last use).
+    held: std::collections::HashMap<u64, (u64, u64)>,
+    total: u64,
+    tick: u64,
+}
+
+impl Lru {
+    fn add(&mut self, id: u64, len: u64) {
+        self.tick += 1;
+        if let Some((old, _)) = self.held.insert(id, (len, self.tick)) {
+            self.total -= old;
+        }
+        self.total += len;
+    }
+
+    fn touch(&mut self, id: u64) {
+        self.tick += 1;
+        if let Some(e) = self.held.get_mut(&id) {
+            e.1 = self.tick;
+        }
+    }
+
+    fn forget(&mut self, id: u64) {
+        if let Some((len, _)) = self.held.remove(&id) {
+            self.total -= len;
+        }
+    }
+
+    /// The ids to evict, least recently used first, to get under `limit`.
+    fn over(&mut self, limit: u64) -> Vec<u64> {
+        if self.total <= limit {
+            return Vec::new();
+        }
+        let mut by_age: Vec<(u64, u64, u64)> = self
+            .held
+            .iter()
+            .map(|(&id, &(len, t))| (t, id, len))
+            .collect();
+        by_age.sort_unstable();
+        let mut out = Vec::new();
+        for (_, id, len) in by_age {
+            if self.total <= limit {
+                break;
+            }
+            self.held.remove(&id);
+            self.total -= len;
+            out.push(id);
+        }
+        out
+    }
+}
 
 /// The key of container `id` in the bucket.
 pub fn object_key(id: u64) -> String {
@@ -66,20 +129,33 @@ pub struct Tiered {
     worker: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Containers deleted here whose objects wait for the next push.
     doomed: Mutex<Vec<u64>>,
+    /// The evictable local copies and the cache's bound in bytes.
+    lru: Arc<Mutex<Lru>>,
+    limit: u64,
+    /// Held while a container is fetched whole (one at a time).
+    fetching: Mutex<()>,
 }
 
 impl Tiered {
-    pub fn new(local: LocalDir, objects: Arc<dyn Objects>) -> Tiered {
+    /// A tier whose local copies of uploaded containers add up to at
+    /// most `limit` bytes (`u64::MAX`: kept).
+    pub fn new(local: LocalDir, objects: Arc<dyn Objects>, limit: u64) -> Tiered {
         let local = Arc::new(local);
+        let lru = Arc::new(Mutex::new(Lru::default()));
         let up = Arc::new(Uploads {
             q: Mutex::new(Queue::default()),
             cv: Condvar::new(),
         });
         let worker = {
             let (local, objects, up) = (local.clone(), objects.clone(), up.clone());
+            let (lru, limit) = (lru.clone(), limit);
             std::thread::Builder::new()
                 .name("onecopy-upload".into())
-                .spawn(move || upload_loop(&local, &*objects, &up))
+                .spawn(move || {
+                    upload_loop(&local, &*objects, &up, &|id, len| {
+                        evict(&local, &lru, limit, Some((id, len)))
+                    })
+                })
                 .expect("spawn the upload thread")
         };
         Tiered {
@@ -88,6 +164,59 @@ impl Tiered {
             up,
             worker: Mutex::new(Some(worker)),
             doomed: Mutex::new(Vec::new()),
+            lru,
+            limit,
+            fetching: Mutex::new(()),
+        }
+    }
+
+    /// Bytes of local copies the cache may evict, now.
+    pub fn cached_bytes(&self) -> u64 {
+        self.lru.lock().unwrap().total
+    }
+
+    /// A container missing locally: fetched whole into the cache when
+    /// small enough (then `true`), else left to ranged reads.
+    fn fetch_whole(&self, id: u64) -> Result<bool> {
+        let _one = self.fetching.lock().unwrap();
+        if self.local.len(id)?.is_some() {
+            return Ok(true);
+        }
+        let key = object_key(id);
+        match self.objects.size(&key).map_err(object_error)? {
+            Some(n) if n <= WHOLE_FETCH_MAX && self.limit >= n => {}
+            _ => return Ok(false),
+        }
+        let (bytes, _) = self.objects.get(&key).map_err(object_error)?;
+        self.local.install(id, &bytes)?;
+        evict(
+            &self.local,
+            &self.lru,
+            self.limit,
+            Some((id, bytes.len() as u64)),
+        );
+        Ok(true)
+    }
+
+    /// Reads from the local copy, fetching the container on a miss.
+    fn read_cached<T>(
+        &self,
+        id: u64,
+        mut read: impl FnMut(&LocalDir) -> Result<T>,
+    ) -> Result<Option<T>> {
+        match read(&self.local) {
+            Err(e) if is_missing(&e) => {}
+            r => {
+                self.lru.lock().unwrap().touch(id);
+                return r.map(Some);
+            }
+        }
+        if !self.fetch_whole(id)? {
+            return Ok(None);
+        }
+        match read(&self.local) {
+            Err(e) if is_missing(&e) => Ok(None),
+            r => r.map(Some),
         }
     }
 
@@ -169,6 +298,22 @@ fn is_missing(e: &StoreError) -> bool {
     matches!(e, StoreError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
 }
 
+/// Registers `added` as evictable and deletes the least recently used
+/// local copies beyond `limit` (a copy being read stays readable: its
+/// open descriptor keeps the file).
+fn evict(local: &LocalDir, lru: &Mutex<Lru>, limit: u64, added: Option<(u64, u64)>) {
+    let gone = {
+        let mut l = lru.lock().unwrap();
+        if let Some((id, len)) = added {
+            l.add(id, len);
+        }
+        l.over(limit)
+    };
+    for id in gone {
+        let _ = local.delete(id);
+    }
+}
+
 /// Puts container `id`'s first `len` bytes in the bucket, unless an
 /// object whose first `len` bytes are the same is there already.
 fn upload(local: &LocalDir, objects: &dyn Objects, id: u64, len: u64) -> Result<()> {
@@ -208,7 +353,7 @@ fn same_prefix(objects: &dyn Objects, id: u64, bytes: &[u8]) -> Result<()> {
 /// after a failure the next attempt is the next container (round the
 /// queue); a failure is kept for [`Tiered::wait_uploaded`] and the queue
 /// waits a pause growing to 30 s.
-fn upload_loop(local: &LocalDir, objects: &dyn Objects, up: &Uploads) {
+fn upload_loop(local: &LocalDir, objects: &dyn Objects, up: &Uploads, uploaded: &dyn Fn(u64, u64)) {
     let mut pause = Duration::from_millis(100);
     loop {
         let (id, len) = {
@@ -228,6 +373,9 @@ fn upload_loop(local: &LocalDir, objects: &dyn Objects, up: &Uploads) {
             (id, len)
         };
         let r = upload(local, objects, id, len);
+        if r.is_ok() {
+            uploaded(id, len);
+        }
         let mut q = up.q.lock().unwrap();
         match r {
             Ok(()) => {
@@ -258,23 +406,29 @@ impl ContainerStore for Tiered {
     }
 
     fn read(&self, id: u64, offset: u64, len: usize) -> Result<Vec<u8>> {
-        match self.local.read(id, offset, len) {
-            Err(e) if is_missing(&e) => self.fetch(id, offset, len),
-            r => r,
+        match self.read_cached(id, |l| l.read(id, offset, len))? {
+            Some(v) => Ok(v),
+            None => self.fetch(id, offset, len),
         }
     }
 
     fn read_into(&self, id: u64, offset: u64, bufs: &mut [&mut [u8]]) -> Result<()> {
-        match self.local.read_into(id, offset, bufs) {
-            Err(e) if is_missing(&e) => {
-                crate::container::scatter(|len| self.fetch(id, offset, len), bufs)
-            }
-            r => r,
+        match self.read_cached(id, |l| l.read_into(id, offset, bufs))? {
+            Some(()) => Ok(()),
+            None => crate::container::scatter(|len| self.fetch(id, offset, len), bufs),
         }
     }
 
+    /// A local copy already evicted was in the bucket, whole (it is
+    /// uploaded only once sealed): durable there.
     fn sync(&self, id: u64) -> Result<()> {
-        self.local.sync(id)
+        match self.local.sync(id) {
+            Err(e) if is_missing(&e) => match self.objects.size(&object_key(id)) {
+                Ok(Some(_)) => Ok(()),
+                _ => Err(e),
+            },
+            r => r,
+        }
     }
 
     fn start_sync(&self, id: u64) {
@@ -306,12 +460,22 @@ impl ContainerStore for Tiered {
             .filter_map(|l| Some((id_of(&l.key)?, l.size)))
             .collect();
         let mut q = self.up.q.lock().unwrap();
+        let mut up = Vec::new();
         for (id, len) in sealed {
             if listed.get(&id).is_none_or(|&size| size < len) {
                 q.pending.insert(id, len);
+            } else {
+                up.push(id);
             }
         }
         self.up.cv.notify_all();
+        drop(q);
+        // Local copies of what is in the bucket: the cache's to evict.
+        for id in up {
+            if let Some(n) = self.local.len(id)? {
+                evict(&self.local, &self.lru, self.limit, Some((id, n)));
+            }
+        }
         Ok(())
     }
 
@@ -329,6 +493,7 @@ impl ContainerStore for Tiered {
         q.pending.remove(&id);
         let q = self.up.cv.wait_while(q, |q| q.busy == Some(id)).unwrap();
         drop(q);
+        self.lru.lock().unwrap().forget(id);
         self.local.delete(id)?;
         self.doomed.lock().unwrap().push(id);
         Ok(())

@@ -1338,12 +1338,13 @@ fn history_is_reclaimed_window_by_window() {
 /// A remote store on a directory bucket (`file://`; the S3 one is in
 /// tests/remote.rs).
 fn remote_store(bucket: &std::path::Path) -> (tempfile::TempDir, Store) {
-    remote_store_with(bucket, None)
+    remote_store_with(bucket, None, None)
 }
 
 fn remote_store_with(
     bucket: &std::path::Path,
     password: Option<&[u8]>,
+    cache: Option<u64>,
 ) -> (tempfile::TempDir, Store) {
     let dir = tempfile::tempdir().unwrap();
     let cfg = StoreConfig {
@@ -1355,6 +1356,7 @@ fn remote_store_with(
             endpoint: None,
             region: None,
             key: None,
+            cache_size: cache,
             patience_secs: None,
         }),
         ..StoreConfig::default()
@@ -1471,7 +1473,7 @@ fn walk_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 fn an_encrypted_bucket_shows_nothing_and_opens_with_its_password_only() {
     use crate::bucket::recover;
     let bucket = tempfile::tempdir().unwrap();
-    let (_d, s) = remote_store_with(bucket.path(), Some(b"pass phrase"));
+    let (_d, s) = remote_store_with(bucket.path(), Some(b"pass phrase"), None);
     let text = b"a known document, stored in a bucket someone else owns. ".repeat(2000);
     let a = file(&s, "secret-name.txt", &text);
     let spec = s.cfg.remote.clone().unwrap();
@@ -1511,6 +1513,54 @@ fn an_encrypted_bucket_shows_nothing_and_opens_with_its_password_only() {
         before.stored_bytes, after.stored_bytes,
         "{before:?} {after:?}"
     );
+}
+
+/// Bytes of container files under the cache's directory.
+fn local_container_bytes(dir: &std::path::Path) -> u64 {
+    walk_files(&dir.join("containers"))
+        .iter()
+        .map(|p| p.metadata().unwrap().len())
+        .sum()
+}
+
+/// The cache keeps at most its bound of containers that are in the
+/// bucket: writing 12 MiB into a 3 MiB cache leaves about 3 MiB (plus the
+/// open container) locally; reading everything back fetches evicted
+/// containers whole and stays within the bound; fsck and scrub are clean.
+#[test]
+fn the_cache_stays_within_its_bound() {
+    let bucket = tempfile::tempdir().unwrap();
+    let (d, s) = remote_store_with(bucket.path(), None, Some(3 << 20));
+    let datas: Vec<Vec<u8>> = (0..4).map(|i| pseudo(3 << 20, 40 + i)).collect();
+    let inos: Vec<u64> = datas
+        .iter()
+        .enumerate()
+        .map(|(i, d)| file(&s, &format!("f{i}"), d))
+        .collect();
+    s.push_remote().unwrap();
+    s.mirror
+        .as_ref()
+        .unwrap()
+        .tiered()
+        .wait_uploaded(std::time::Duration::from_secs(30))
+        .unwrap();
+    let bound = (3 << 20) + (1 << 20) + 64 * 1024;
+    let held = local_container_bytes(d.path());
+    assert!(held <= bound, "{held} bytes held locally, bound {bound}");
+    assert!(held >= 2 << 20, "the cache keeps what fits: {held}");
+    for _ in 0..2 {
+        for (ino, data) in inos.iter().zip(&datas) {
+            s.cache.clear();
+            assert_eq!(&read_all(&s, *ino), data);
+            let held = local_container_bytes(d.path());
+            assert!(
+                held <= bound,
+                "{held} bytes held locally after a read, bound {bound}"
+            );
+        }
+    }
+    assert!(s.fsck(false).unwrap().problems.is_empty());
+    assert!(s.scrub().unwrap().damaged.is_empty());
 }
 
 /// While a cache holds the store's lease a second one is refused; taken

@@ -64,6 +64,33 @@ pub trait Objects: Send + Sync {
     /// `dir` is empty), maybe not all (see the module's invariants), in
     /// no promised order.
     fn list(&self, dir: &str) -> Result<Vec<Listed>>;
+
+    /// [`Objects::put_new`], settled: an `Exists` whose object holds
+    /// exactly `bytes` is success (an earlier try took effect and its
+    /// answer was lost, then the retry found it).
+    fn put_new_settled(&self, key: &str, bytes: Bytes) -> Result<()> {
+        match self.put_new(key, bytes.clone()) {
+            Err(ObjectError::Exists { key }) => match self.get(&key) {
+                Ok((there, _)) if there == bytes => Ok(()),
+                _ => Err(ObjectError::Exists { key }),
+            },
+            r => r,
+        }
+    }
+
+    /// [`Objects::swap`], settled: a `Conflict` whose object now holds
+    /// exactly `bytes` is success (a lost answer, as above); callers make
+    /// every swapped object unique (a generation, a time, a nonce), so
+    /// that only their own write can match.
+    fn swap_settled(&self, key: &str, bytes: Bytes, expected: Option<&Tag>) -> Result<Tag> {
+        match self.swap(key, bytes.clone(), expected) {
+            Err(ObjectError::Conflict { key }) => match self.get(&key) {
+                Ok((there, tag)) if there == bytes => Ok(tag),
+                _ => Err(ObjectError::Conflict { key }),
+            },
+            r => r,
+        }
+    }
 }
 
 /// Checks a key: relative, `/`-separated, no empty, `.` or `..` part, no

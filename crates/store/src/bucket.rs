@@ -184,7 +184,7 @@ pub(crate) fn create_key(objects: &dyn Objects, password: &[u8]) -> Result<Seali
     let keys = Keys::generate();
     let kf = seal::wrap(&keys, password)?;
     let key = format!("keys/{}", crate::mirror::random_hex());
-    objects.put_new(
+    objects.put_new_settled(
         &key,
         serde_json::to_vec_pretty(&kf).expect("serializes").into(),
     )?;
@@ -290,7 +290,7 @@ pub fn recover(
     next.time_ns = crate::store::time_now();
     let bytes = encode_manifest(&next, sealing.as_ref());
     objects
-        .swap(MANIFEST, bytes.into(), Some(&tag))
+        .swap_settled(MANIFEST, bytes.into(), Some(&tag))
         .map_err(|e| match e {
             ObjectError::Conflict { .. } => {
                 remote_err("the bucket's manifest changed while recovering: try again")

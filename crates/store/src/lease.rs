@@ -52,7 +52,7 @@ fn read(objects: &dyn Objects) -> Result<Option<(Lease, Tag)>> {
 
 fn write(objects: &dyn Objects, l: &Lease, expected: Option<&Tag>) -> Result<Tag> {
     let bytes = serde_json::to_vec_pretty(l).expect("serializes");
-    match objects.swap(LEASE, bytes.into(), expected) {
+    match objects.swap_settled(LEASE, bytes.into(), expected) {
         Ok(tag) => Ok(tag),
         Err(ObjectError::Conflict { .. }) => Err(StoreError::Fenced {
             why: "another cache took the store's lease: this one no longer writes to the \

@@ -296,7 +296,7 @@ impl<'a> Push<'a> {
             None => body,
         };
         let bytes = body.len() as u64;
-        self.mirror.objects.put_new(&key, body.into())?;
+        self.mirror.objects.put_new_settled(&key, body.into())?;
         let mut segments = if base {
             Vec::new()
         } else {
@@ -353,7 +353,7 @@ impl<'a> Push<'a> {
         match self
             .mirror
             .objects
-            .swap(MANIFEST, bytes.into(), expected.as_ref())
+            .swap_settled(MANIFEST, bytes.into(), expected.as_ref())
         {
             Ok(tag) => {
                 self.st.manifest = Some((m, tag));

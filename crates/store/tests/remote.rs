@@ -97,3 +97,130 @@ fn containers_uploaded_across_a_server_crash_read_back_from_the_bucket() {
     assert!(s.fsck(false).unwrap().problems.is_empty());
     assert!(s.scrub().unwrap().damaged.is_empty());
 }
+
+/// A remote store behind a proxy that answers 20% of requests with 503,
+/// loses 10% of answers after the request took effect, delays every
+/// answer, and hides every container from listings: files written,
+/// pushed, partly deleted and gc'd, pushed again, and the cache deleted
+/// and rebuilt from the bucket through the same faults read back whole;
+/// fsck and scrub are clean. Nothing lost, nothing invented.
+#[test]
+fn a_misbehaving_server_loses_nothing() {
+    use onecopy_store::bucket::recover;
+    use onecopy_store::RemoteSpec;
+    use onecopy_testfs::{FaultProxy, Faults};
+    let weed = Weed::start("onecopy-faults").expect("start weed mini");
+    let _ready = bucket(&weed);
+    let proxy = FaultProxy::start(&weed.endpoint).unwrap();
+    let spec = RemoteSpec {
+        url: format!("s3://{}/faulty", weed.bucket),
+        endpoint: Some(proxy.endpoint()),
+        region: None,
+        cache_size: Some(2 << 20),
+        key: None,
+        patience_secs: Some(60),
+    };
+    proxy.set(Faults {
+        error_rate: 0.2,
+        drop_rate: 0.1,
+        delay: Duration::from_millis(5),
+        hide_in_listings: Some("data/".into()),
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = StoreConfig {
+        chunking: "fixed:64K".parse().unwrap(),
+        compress: "none".parse().unwrap(),
+        container_size: 1 << 20,
+        remote: Some(spec.clone()),
+        ..StoreConfig::default()
+    };
+    Store::init_with(dir.path(), &cfg, Some(b"pw")).unwrap();
+    let s = Store::open(dir.path()).unwrap();
+    let datas: Vec<Vec<u8>> = (0..5).map(|i| random_bytes(1 << 20, 100 + i)).collect();
+    let mut inos = Vec::new();
+    for (i, d) in datas.iter().enumerate() {
+        inos.push(write(&s, &format!("f{i}"), d));
+        if i % 2 == 1 {
+            s.push_remote().unwrap();
+        }
+    }
+    s.unlink(1, b"f0").unwrap();
+    s.gc().unwrap();
+    s.push_remote().unwrap();
+    drop(s);
+    let counts = proxy.counts();
+    eprintln!("requests through the proxy: {counts:?}");
+    assert!(counts.get("PUT").copied().unwrap_or(0) >= 8, "{counts:?}");
+
+    let d2 = tempfile::tempdir().unwrap();
+    let cache = d2.path().join("cache");
+    recover(&cache, &spec, Some(b"pw"), false).unwrap();
+    let s = Store::open(&cache).unwrap();
+    assert!(s.lookup(1, b"f0").is_err(), "a deleted file came back");
+    for (ino, d) in inos.iter().zip(&datas).skip(1) {
+        assert_eq!(&s.read(*ino, 0, d.len()).unwrap(), d);
+    }
+    assert!(s.fsck(false).unwrap().problems.is_empty());
+    assert!(s.scrub().unwrap().damaged.is_empty());
+}
+
+/// The server down during a push: the push fails within its patience and
+/// says so, the store goes on locally, and the next push once the server
+/// is back brings the bucket up to date (a cache rebuilt from it holds
+/// the file written while the server was down).
+#[test]
+fn a_push_while_the_server_is_down_fails_and_the_next_one_catches_up() {
+    use onecopy_store::bucket::recover;
+    use onecopy_store::RemoteSpec;
+    let mut weed = Weed::start("onecopy-down").expect("start weed mini");
+    let _ready = bucket(&weed);
+    let spec = RemoteSpec {
+        url: format!("s3://{}/down", weed.bucket),
+        endpoint: Some(weed.endpoint.clone()),
+        region: None,
+        cache_size: None,
+        key: None,
+        patience_secs: Some(3),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = StoreConfig {
+        container_size: 1 << 20,
+        remote: Some(spec.clone()),
+        ..StoreConfig::default()
+    };
+    Store::init_with(dir.path(), &cfg, Some(b"pw")).unwrap();
+    let s = Store::open(dir.path()).unwrap();
+    weed.kill();
+    let data = random_bytes(3 << 20, 7);
+    let a = write(&s, "while-down", &data);
+    let t0 = std::time::Instant::now();
+    let e = s.push_remote().unwrap_err();
+    eprintln!("push with the server down: {e} (after {:?})", t0.elapsed());
+    assert!(t0.elapsed() < Duration::from_secs(120));
+    assert_eq!(
+        s.read(a, 0, data.len()).unwrap(),
+        data,
+        "the store goes on locally"
+    );
+    weed.restart().unwrap();
+    let t0 = std::time::Instant::now();
+    loop {
+        match s.push_remote() {
+            Ok(_) => break,
+            Err(e) => {
+                assert!(
+                    t0.elapsed() < Duration::from_secs(60),
+                    "no push after restart: {e}"
+                );
+                std::thread::sleep(Duration::from_millis(500));
+            }
+        }
+    }
+    drop(s);
+    let d2 = tempfile::tempdir().unwrap();
+    let cache = d2.path().join("cache");
+    recover(&cache, &spec, Some(b"pw"), false).unwrap();
+    let s = Store::open(&cache).unwrap();
+    assert_eq!(s.read(a, 0, data.len()).unwrap(), data);
+    assert!(s.fsck(false).unwrap().problems.is_empty());
+}

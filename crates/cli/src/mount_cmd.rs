@@ -21,10 +21,33 @@ use crate::store_cmd::error_code;
     after_help = crate::exit::HELP
 )]
 pub struct MountArgs {
-    /// The store (made with `onecopy store init`).
+    /// The store (made with `onecopy store init`); with --remote, the
+    /// mount point.
     pub dir: PathBuf,
     /// Where to mount it.
-    pub mountpoint: PathBuf,
+    pub mountpoint: Option<PathBuf>,
+    /// Mount the store in this bucket read-only, from a private cache made
+    /// for the mount (`s3://BUCKET/PREFIX`; needs --read-only): it serves
+    /// the last state the writer pushed and follows new ones (every 30 s,
+    /// or -o push=SECS). Takes the password like `store init --recover`.
+    #[arg(long, value_name = "URL", requires = "read_only")]
+    pub remote: Option<String>,
+    /// With --remote: the S3 server (default: AWS).
+    #[arg(long, value_name = "URL", requires = "remote")]
+    pub endpoint: Option<String>,
+    /// With --remote: the bucket's region.
+    #[arg(long, requires = "remote")]
+    pub region: Option<String>,
+    /// With --remote: the passphrase on the first line of FILE (or in
+    /// ONECOPY_PASSWORD).
+    #[arg(long, value_name = "FILE", requires = "remote")]
+    pub password_file: Option<PathBuf>,
+    /// With --remote: a read-only mount following the bucket.
+    #[arg(long)]
+    pub read_only: bool,
+    /// Internal: the cache is the mount's own, removed at unmount.
+    #[arg(long, hide = true)]
+    pub own_cache: bool,
     /// Stay in the foreground until unmounted (SIGINT/SIGTERM unmount).
     #[arg(short = 'f', long)]
     pub foreground: bool,
@@ -48,17 +71,76 @@ pub struct MountArgs {
     pub notify_ready: bool,
 }
 
+/// The mount point (resolved by [`run`]).
+fn mnt(a: &MountArgs) -> &Path {
+    a.mountpoint.as_deref().expect("resolved in run")
+}
+
+/// `--read-only --remote URL MOUNTPOINT`: makes the mount's own cache, a
+/// follower of the bucket, in a private directory under /var/tmp, and
+/// turns the arguments into a mount of it.
+fn follow_cache(a: &mut MountArgs) -> Result<(), ExitCode> {
+    let fail = |e: &dyn std::fmt::Display, code: u8| {
+        eprintln!("onecopy: {e}");
+        ExitCode::from(code)
+    };
+    if a.mountpoint.is_some() {
+        return Err(fail(
+            &"with --remote, give only the mount point",
+            exit::USAGE,
+        ));
+    }
+    let spec = onecopy_store::RemoteSpec {
+        url: a.remote.clone().expect("checked"),
+        endpoint: a.endpoint.clone(),
+        region: a.region.clone(),
+        cache_size: None,
+        read_only: true,
+        key: None,
+        patience_secs: None,
+    };
+    let pw = crate::store_cmd::read_password(a.password_file.as_deref())
+        .map_err(|e| fail(&e, error_code(&e)))?;
+    let cache = tempfile::Builder::new()
+        .prefix("onecopy-follow.")
+        .tempdir_in("/var/tmp")
+        .map_err(|e| fail(&e, exit::FATAL))?
+        .keep();
+    if let Err(e) = onecopy_store::bucket::follow(&cache, &spec, pw.as_deref()) {
+        let _ = std::fs::remove_dir_all(&cache);
+        return Err(fail(&e, error_code(&e)));
+    }
+    a.mountpoint = Some(std::mem::replace(&mut a.dir, cache));
+    a.remote = None;
+    a.own_cache = true;
+    let ro = match a.options.take() {
+        Some(o) => format!("{o},ro"),
+        None => "ro".into(),
+    };
+    a.options = Some(ro);
+    Ok(())
+}
+
 /// C allocator arenas of a mount: its FUSE workers and gc threads share
 /// them (ARCHITECTURE "Memory of the mount": 8 arenas held ~110 MiB free
 /// at 1 M files).
 const MALLOC_ARENAS: u32 = 2;
 
-pub fn run(a: MountArgs) -> ExitCode {
+pub fn run(mut a: MountArgs) -> ExitCode {
     onecopy_ioctl::process::limit_malloc_arenas(MALLOC_ARENAS);
-    if !a.mountpoint.is_dir() {
+    if a.remote.is_some() {
+        if let Err(code) = follow_cache(&mut a) {
+            return code;
+        }
+    }
+    if a.mountpoint.is_none() {
+        eprintln!("onecopy: mount DIR MOUNTPOINT (or --read-only --remote URL MOUNTPOINT)");
+        return ExitCode::from(exit::USAGE);
+    }
+    if !mnt(&a).is_dir() {
         eprintln!(
             "onecopy: {}: mount point is not a directory",
-            a.mountpoint.display()
+            mnt(&a).display()
         );
         return ExitCode::from(exit::USAGE);
     }
@@ -70,10 +152,10 @@ pub fn run(a: MountArgs) -> ExitCode {
         eprintln!("onecopy: {e}");
         return ExitCode::from(error_code(&e));
     }
-    if is_mount_point(&a.mountpoint) {
+    if is_mount_point(mnt(&a)) {
         eprintln!(
             "onecopy: {}: already a mount point (busy); unmount it first",
-            a.mountpoint.display()
+            mnt(&a).display()
         );
         return ExitCode::from(exit::REFUSED);
     }
@@ -94,7 +176,7 @@ fn foreground(a: &MountArgs) -> ExitCode {
     };
     let pid_file = a.dir.join("mount.pid");
     let _ = std::fs::write(&pid_file, std::process::id().to_string());
-    let control = match crate::control::listen(&store, &a.mountpoint) {
+    let control = match crate::control::listen(&store, mnt(a)) {
         Ok(c) => Some(c),
         Err(e) => {
             eprintln!(
@@ -103,7 +185,7 @@ fn foreground(a: &MountArgs) -> ExitCode {
             None
         }
     };
-    handle_signals(a.mountpoint.clone());
+    handle_signals(mnt(a).to_path_buf());
     let opts =
         mount_helper::parse(a.options.as_deref().unwrap_or(""), a.sloppy).expect("checked in run");
     // The canonical path: `store gc` and `fsck` find the mount by it.
@@ -129,7 +211,7 @@ fn foreground(a: &MountArgs) -> ExitCode {
             }
         },
     };
-    let r = onecopy_fuse::serve_store_at(store.clone(), root, &a.mountpoint, &config, || {
+    let r = onecopy_fuse::serve_store_at(store.clone(), root, mnt(a), &config, || {
         if notify {
             let mut out = std::io::stdout();
             let _ = writeln!(out, "ready");
@@ -139,10 +221,13 @@ fn foreground(a: &MountArgs) -> ExitCode {
     drop(control);
     close_store(store);
     let _ = std::fs::remove_file(&pid_file);
+    if a.own_cache {
+        let _ = std::fs::remove_dir_all(&a.dir);
+    }
     match r {
         Ok(()) => ExitCode::from(exit::OK),
         Err(e) => {
-            eprintln!("onecopy: mount {}: {e}", a.mountpoint.display());
+            eprintln!("onecopy: mount {}: {e}", mnt(&a).display());
             ExitCode::from(exit::REFUSED)
         }
     }
@@ -199,11 +284,12 @@ fn daemonize(a: &MountArgs) -> ExitCode {
     let mut child = match Command::new(exe)
         .arg("mount")
         .arg(&a.dir)
-        .arg(&a.mountpoint)
+        .arg(mnt(a))
         .args(["-f", "--notify-ready", "--threads", &a.threads.to_string()])
         .args(a.options.iter().flat_map(|o| ["-o", o.as_str()]))
         .args(a.sloppy.then_some("--sloppy"))
         .args(a.snapshot.iter().flat_map(|n| ["--snapshot", n.as_str()]))
+        .args(a.own_cache.then_some("--own-cache"))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(log)

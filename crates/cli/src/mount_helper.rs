@@ -402,7 +402,13 @@ pub fn run(args: &[OsString]) -> ExitCode {
     }
     mount_cmd::run(MountArgs {
         dir: store_dir(&h.spec),
-        mountpoint: h.dir,
+        mountpoint: Some(h.dir),
+        remote: None,
+        endpoint: None,
+        region: None,
+        password_file: None,
+        read_only: false,
+        own_cache: false,
         foreground: false,
         threads: onecopy_fuse::default_threads(),
         options: Some(options),

@@ -178,35 +178,42 @@ impl RemoteArgs {
             region: self.region.clone(),
             cache_size: Some(onecopy_store::config::parse_bytes(&self.cache_size)?),
             key: None,
+            read_only: false,
             patience_secs: None,
         }))
     }
 
-    /// The passphrase: `--password-file`, else `ONECOPY_PASSWORD`; `None`
-    /// with neither (or with --no-encryption).
+    /// The passphrase (see [`read_password`]); `None` with
+    /// --no-encryption.
     fn password(&self) -> Result<Option<Vec<u8>>, StoreError> {
         if self.no_encryption {
             return Ok(None);
         }
-        if let Some(f) = &self.password_file {
-            let text = std::fs::read(f).map_err(|source| StoreError::Io {
-                path: f.clone(),
-                source,
-            })?;
-            let line = text.split(|&b| b == b'\n').next().unwrap_or_default();
-            let line = line.strip_suffix(b"\r").unwrap_or(line);
-            if line.is_empty() {
-                return Err(StoreError::BadOption(format!(
-                    "{}: an empty password",
-                    f.display()
-                )));
-            }
-            return Ok(Some(line.to_vec()));
-        }
-        Ok(std::env::var_os("ONECOPY_PASSWORD")
-            .filter(|p| !p.is_empty())
-            .map(|p| std::os::unix::ffi::OsStrExt::as_bytes(p.as_os_str()).to_vec()))
+        read_password(self.password_file.as_deref())
     }
+}
+
+/// The passphrase: the first line of `file`, else `ONECOPY_PASSWORD`;
+/// `None` with neither.
+pub fn read_password(file: Option<&Path>) -> Result<Option<Vec<u8>>, StoreError> {
+    if let Some(f) = file {
+        let text = std::fs::read(f).map_err(|source| StoreError::Io {
+            path: f.into(),
+            source,
+        })?;
+        let line = text.split(|&b| b == b'\n').next().unwrap_or_default();
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.is_empty() {
+            return Err(StoreError::BadOption(format!(
+                "{}: an empty password",
+                f.display()
+            )));
+        }
+        return Ok(Some(line.to_vec()));
+    }
+    Ok(std::env::var_os("ONECOPY_PASSWORD")
+        .filter(|p| !p.is_empty())
+        .map(|p| std::os::unix::ffi::OsStrExt::as_bytes(p.as_os_str()).to_vec()))
 }
 
 /// Maps a store error to its exit code.

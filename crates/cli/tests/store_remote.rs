@@ -254,3 +254,90 @@ fn kill_9_while_pushing_loses_nothing_pushed() {
     m.unmount();
     std::fs::remove_dir_all(&other).unwrap();
 }
+
+/// Polls `check` for up to `secs` seconds.
+fn eventually(secs: u64, what: &str, mut check: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !check() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(secs),
+            "{what}: not within {secs} s"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// A read-only mount of the bucket on an empty cache (as on another
+/// machine) serves the tree the writer pushed, follows the writer's next
+/// pushes, refuses writes (EROFS), takes no lease (the writer goes on),
+/// and leaves no cache behind at unmount.
+#[test]
+fn a_read_only_mount_elsewhere_follows_the_writer() {
+    require_fuse();
+    let (weed, _objects) = weed("onecopy-remote-follow");
+    let mut init: Vec<String> = remote_args(&weed);
+    init.extend(["--container-size".into(), "1M".into()]);
+    let init: Vec<&str> = init.iter().map(|s| s.as_str()).collect();
+    let s = scratch(&init);
+    let src = s.mnt.with_extension("src");
+    let want = make_tree(&src, 21);
+    let w = Mount::with_args(&s, &["-o", "push=1"]);
+    cp_in(&src, &w.mnt.join("a"));
+    let follow_mnt = s.mnt.with_extension("follow");
+    std::fs::create_dir_all(&follow_mnt).unwrap();
+    let caches = || -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir("/var/tmp")
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("onecopy-follow."))
+            .collect();
+        v.sort();
+        v
+    };
+    let before = caches();
+    // Let a push carry tree a.
+    std::thread::sleep(Duration::from_secs(3));
+    let log = s.mnt.with_extension("follow-log");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_onecopy"))
+        .args(["mount", "-f", "--read-only", "-o", "push=1"])
+        .args(remote_args(&weed))
+        .arg(&follow_mnt)
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    eventually(60, "the read-only mount", || is_mounted(&follow_mnt));
+    eventually(30, "tree a in the follower", || {
+        follow_mnt.join("a").is_dir() && checksum_tree(&follow_mnt.join("a")) == want
+    });
+    let e = std::fs::write(follow_mnt.join("new-file"), b"x").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc_erofs()), "{e}");
+    // The writer goes on; the follower catches up.
+    let more = s.mnt.with_extension("more");
+    let want_more = make_tree(&more, 22);
+    cp_in(&more, &w.mnt.join("b"));
+    std::fs::remove_dir_all(w.mnt.join("a/small")).unwrap();
+    eventually(60, "tree b in the follower", || {
+        follow_mnt.join("b").is_dir() && checksum_tree(&follow_mnt.join("b")) == want_more
+    });
+    eventually(30, "a/small gone in the follower", || {
+        !follow_mnt.join("a/small").exists()
+    });
+    let st = Command::new("fusermount3")
+        .arg("-u")
+        .arg(&follow_mnt)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let st = child.wait().unwrap();
+    let log = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(st.success(), "follower exited {st}: {log}");
+    no_panic(&log, "follower");
+    assert_eq!(caches(), before, "the follower's cache was left behind");
+    w.unmount();
+    fsck_clean(&s.store);
+}
+
+fn libc_erofs() -> i32 {
+    30
+}

@@ -178,8 +178,7 @@ pub fn serve_store_at(
             }
         })
     };
-    let pusher = store
-        .is_remote()
+    let pusher = (store.is_remote() || store.is_follower())
         .then(|| spawn_pusher(store.clone(), stop.clone()));
     let r = session.run();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -196,9 +195,10 @@ pub fn serve_store_at(
     r
 }
 
-/// A remote store's pushes to its bucket, every
-/// [`Store::push_every`], on a thread of their own (one
-/// may wait a minute for uploads; commits go on meanwhile).
+/// A remote store's pushes to its bucket (or a follower's moves to the
+/// bucket's latest state), every [`Store::push_every`], on a thread of
+/// their own (a push may wait a minute for uploads; commits go on
+/// meanwhile).
 fn spawn_pusher(
     store: Arc<Store>,
     stop: Arc<std::sync::atomic::AtomicBool>,
@@ -212,10 +212,14 @@ fn spawn_pusher(
                 continue;
             }
             due = std::time::Instant::now() + store.push_every();
-            match store.push_remote() {
+            let r = match store.is_follower() {
+                true => store.follow_remote().map(|_| ()),
+                false => store.push_remote().map(|_| ()),
+            };
+            match r {
                 Err(e) if e.to_string() != last => {
                     last = e.to_string();
-                    eprintln!("onecopy: push to the bucket failed: {last}");
+                    eprintln!("onecopy: exchange with the bucket failed: {last}");
                 }
                 Err(_) => {}
                 Ok(_) => last.clear(),

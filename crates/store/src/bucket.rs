@@ -237,21 +237,12 @@ pub(crate) fn load_local_key(dir: &Path, key: &str) -> Result<Sealing> {
     })
 }
 
-/// Makes `dir` a cache of the store in the bucket `spec` names, from the
-/// bucket alone: the database rebuilt from the manifest's segments (the
-/// fingerprint index is rebuilt at the first open), the store's settings
-/// from the manifest, the key unwrapped with `password` (an encrypted
-/// store). The manifest is then swapped to name this cache as its
-/// writer: a cache left on another machine can no longer push.
-///
-/// Refused while another cache holds the lease, unless `force` (the user
-/// knows its machine is gone): the new cache takes the lease.
-pub fn recover(
-    dir: &Path,
-    spec: &RemoteSpec,
-    password: Option<&[u8]>,
-    force: bool,
-) -> Result<Manifest> {
+/// A bucket opened: its objects, keys, manifest and the manifest's tag.
+pub(crate) type Opened = (Arc<dyn Objects>, Option<Sealing>, Manifest, Tag);
+
+/// The bucket of `spec`, its keys (unwrapped with `password`) and its
+/// manifest.
+pub(crate) fn open_bucket(spec: &RemoteSpec, password: Option<&[u8]>) -> Result<Opened> {
     let objects = connect(spec)?;
     let Some((e, _)) = read_envelope(&*objects)? else {
         return Err(remote_err(format!(
@@ -265,14 +256,25 @@ pub fn recover(
         (None, _) => None,
     };
     let (m, tag) = read_manifest(&*objects, sealing.as_ref())?
-        .ok_or_else(|| remote_err("the manifest vanished while recovering: try again"))?;
-    let writer = crate::mirror::random_hex();
-    crate::lease::acquire(&*objects, &writer, crate::lease::TTL_MIN, force)?;
+        .ok_or_else(|| remote_err("the manifest vanished: try again"))?;
+    Ok((objects, sealing, m, tag))
+}
+
+/// Makes `dir` a new cache holding the state manifest `m` names: its
+/// database, the key, and `store.json` with `remote` (the key object
+/// named). The fingerprint index is rebuilt at the first open.
+fn build_cache(
+    dir: &Path,
+    objects: &dyn Objects,
+    m: &Manifest,
+    sealing: Option<&Sealing>,
+    remote: RemoteSpec,
+) -> Result<()> {
     crate::store::make_store_dir(dir)?;
     let cache = dir.join(CACHE_DIR);
     std::fs::create_dir_all(&cache).map_err(StoreError::io(&cache))?;
     let image = cache.join("image.db");
-    rebuild_image(&*objects, &m, &image, sealing.as_ref())?;
+    rebuild_image(objects, m, &image, sealing)?;
     let meta = dir.join("meta.sqlite");
     std::fs::copy(&image, &meta).map_err(StoreError::io(&meta))?;
     {
@@ -280,9 +282,41 @@ pub fn recover(
         // Every indexed row goes into the new fingerprint index at open.
         crate::index::reset_watermark(&db)?;
     }
-    if let Some(s) = &sealing {
+    if let Some(s) = sealing {
         save_local_key(dir, &s.keys)?;
     }
+    let remote = RemoteSpec {
+        key: sealing.map(|s| s.key.clone()),
+        ..remote
+    };
+    let cfg = StoreConfig {
+        remote: Some(remote),
+        ..m.config.clone()
+    };
+    crate::store::write_config(dir, &cfg)
+}
+
+/// Makes `dir` a cache of the store in the bucket `spec` names, from the
+/// bucket alone ([`build_cache`]), the key unwrapped with `password` (an
+/// encrypted store). The manifest is then swapped to name this cache as
+/// its writer: a cache left on another machine can no longer push.
+///
+/// Refused while another cache holds the lease, unless `force` (the user
+/// knows its machine is gone): the new cache takes the lease.
+pub fn recover(
+    dir: &Path,
+    spec: &RemoteSpec,
+    password: Option<&[u8]>,
+    force: bool,
+) -> Result<Manifest> {
+    let (objects, sealing, m, tag) = open_bucket(spec, password)?;
+    let writer = crate::mirror::random_hex();
+    crate::lease::acquire(&*objects, &writer, crate::lease::TTL_MIN, force)?;
+    let remote = RemoteSpec {
+        read_only: false,
+        ..spec.clone()
+    };
+    build_cache(dir, &*objects, &m, sealing.as_ref(), remote)?;
     let mut next = m.clone();
     next.generation += 1;
     crate::mirror::save_writer(dir, &writer)?;
@@ -297,20 +331,24 @@ pub fn recover(
             }
             e => e.into(),
         })?;
-    let remote = RemoteSpec {
-        key: e.key.clone(),
-        ..spec.clone()
-    };
-    let cfg = StoreConfig {
-        remote: Some(remote),
-        ..m.config.clone()
-    };
-    crate::store::write_config(dir, &cfg)?;
     Ok(next)
 }
 
+/// Makes `dir` a read-only cache that follows the store in the bucket:
+/// no lease, no writer; opened, it serves the manifest's state and
+/// moves to each new one ([`crate::Store::follow_remote`]).
+pub fn follow(dir: &Path, spec: &RemoteSpec, password: Option<&[u8]>) -> Result<Manifest> {
+    let (objects, sealing, m, _) = open_bucket(spec, password)?;
+    let remote = RemoteSpec {
+        read_only: true,
+        ..spec.clone()
+    };
+    build_cache(dir, &*objects, &m, sealing.as_ref(), remote)?;
+    Ok(m)
+}
+
 /// Writes the image a manifest names into `path`, checking its hash.
-fn rebuild_image(
+pub(crate) fn rebuild_image(
     objects: &dyn Objects,
     m: &Manifest,
     path: &Path,

@@ -242,6 +242,10 @@ pub struct RemoteSpec {
     /// bucket (default [`DEFAULT_CACHE`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_size: Option<u64>,
+    /// A cache that follows the bucket's store, read-only (`mount
+    /// --read-only --remote`): it never writes to the bucket.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub read_only: bool,
     /// The key object of an encrypted store (`keys/ID`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,

@@ -483,23 +483,28 @@ impl crate::Store {
         r
     }
 
-    /// How often a mount pushes (default [`PUSH_EVERY`]).
+    /// How often a mount pushes, or a follower looks for a new state
+    /// (default [`PUSH_EVERY`]).
     pub fn push_every(&self) -> Duration {
-        let ms = self
-            .mirror
-            .as_ref()
-            .map_or(0, |m| m.every_ms.load(std::sync::atomic::Ordering::Relaxed));
-        Duration::from_millis(ms)
+        let cell = match (&self.mirror, &self.follower) {
+            (Some(m), _) => &m.every_ms,
+            (None, Some(f)) => &f.every_ms,
+            (None, None) => return PUSH_EVERY,
+        };
+        Duration::from_millis(cell.load(std::sync::atomic::Ordering::Relaxed))
     }
 
-    /// Sets how often a mount pushes (`-o push=SECS`).
+    /// Sets how often a mount pushes or follows (`-o push=SECS`).
     pub fn set_push_every(&self, every: Duration) {
-        if let Some(m) = &self.mirror {
-            m.every_ms.store(
-                every.as_millis() as u64,
-                std::sync::atomic::Ordering::Relaxed,
-            );
-        }
+        let cell = match (&self.mirror, &self.follower) {
+            (Some(m), _) => &m.every_ms,
+            (None, Some(f)) => &f.every_ms,
+            (None, None) => return,
+        };
+        cell.store(
+            every.as_millis() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
     }
 
     /// Whether the store lives in a bucket.

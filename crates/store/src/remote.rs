@@ -134,6 +134,8 @@ pub struct Tiered {
     limit: u64,
     /// Held while a container is fetched whole (one at a time).
     fetching: Mutex<()>,
+    /// A follower's tier: nothing goes to the bucket.
+    read_only: bool,
 }
 
 impl Tiered {
@@ -167,7 +169,16 @@ impl Tiered {
             lru,
             limit,
             fetching: Mutex::new(()),
+            read_only: false,
         }
+    }
+
+    /// A tier that only reads the bucket (a follower's): sealed
+    /// containers are not uploaded, deletes stay local.
+    pub fn reader(local: LocalDir, objects: Arc<dyn Objects>, limit: u64) -> Tiered {
+        let mut t = Tiered::new(local, objects, limit);
+        t.read_only = true;
+        t
     }
 
     /// Bytes of local copies the cache may evict, now.
@@ -396,12 +407,23 @@ fn upload_loop(local: &LocalDir, objects: &dyn Objects, up: &Uploads, uploaded: 
     }
 }
 
+/// A follower makes no container: every id is the writer's to use. Its
+/// store never appends (its mount is read-only); creating and syncing
+/// are no-ops so that opening it works.
 impl ContainerStore for Tiered {
     fn create(&self, id: u64) -> Result<()> {
+        if self.read_only {
+            return Ok(());
+        }
         self.local.create(id)
     }
 
     fn append(&self, id: u64, bytes: &[u8]) -> Result<()> {
+        if self.read_only {
+            return Err(StoreError::ShutDown {
+                why: "a follower of a bucket is read-only".into(),
+            });
+        }
         self.local.append(id, bytes)
     }
 
@@ -422,6 +444,9 @@ impl ContainerStore for Tiered {
     /// A local copy already evicted was in the bucket, whole (it is
     /// uploaded only once sealed): durable there.
     fn sync(&self, id: u64) -> Result<()> {
+        if self.read_only {
+            return Ok(());
+        }
         match self.local.sync(id) {
             Err(e) if is_missing(&e) => match self.objects.size(&object_key(id)) {
                 Ok(Some(_)) => Ok(()),
@@ -440,6 +465,9 @@ impl ContainerStore for Tiered {
     }
 
     fn sealed(&self, id: u64, len: u64) {
+        if self.read_only {
+            return;
+        }
         self.up.q.lock().unwrap().pending.insert(id, len);
         self.up.cv.notify_all();
     }
@@ -452,6 +480,9 @@ impl ContainerStore for Tiered {
     /// shorter: one listing, not a request per container (a listing may
     /// miss new objects; those are queued, and the upload finds them).
     fn resume(&self, sealed: Vec<(u64, u64)>) -> Result<()> {
+        if self.read_only {
+            return Ok(());
+        }
         let listed: std::collections::HashMap<u64, u64> = self
             .objects
             .list("data")
@@ -495,7 +526,9 @@ impl ContainerStore for Tiered {
         drop(q);
         self.lru.lock().unwrap().forget(id);
         self.local.delete(id)?;
-        self.doomed.lock().unwrap().push(id);
+        if !self.read_only {
+            self.doomed.lock().unwrap().push(id);
+        }
         Ok(())
     }
 

@@ -145,6 +145,8 @@ pub struct Store {
     shut_down: Mutex<Option<String>>,
     /// The bucket a remote store lives in (its metadata side).
     pub(crate) mirror: Option<crate::mirror::Mirror>,
+    /// A read-only cache following its bucket (`follow.rs`).
+    pub(crate) follower: Option<crate::follow::Follower>,
     /// An encrypted store's keys: chunk ids keyed, records sealed.
     pub(crate) keys: Option<Arc<crate::seal::Keys>>,
     _lock: File,
@@ -275,6 +277,7 @@ impl Store {
     /// crash may have left (see the crash model in ARCHITECTURE.md).
     pub fn open(dir: &Path) -> Result<Store> {
         match Self::read_config(dir)?.remote {
+            Some(spec) if spec.read_only => Self::open_follower(dir, &spec),
             Some(spec) => Self::open_remote(dir, &spec),
             None => Self::open_with(dir, Arc::new(LocalDir::new(dir.join("containers")))),
         }
@@ -333,11 +336,52 @@ impl Store {
             low,
             shut_down: Mutex::new(None),
             mirror: None,
+            follower: None,
             keys: None,
             _lock: lock,
         };
         store.remove_orphans()?;
         Ok(store)
+    }
+
+    /// Serves another database, `new` (a follower's next state): the
+    /// connection is closed, `new` renamed over `meta.sqlite` and opened,
+    /// and what the store keeps in memory from the database reloaded. A
+    /// failure part-way shuts the store down (it has no database).
+    pub(crate) fn replace_db(&self, new: &Path) -> Result<()> {
+        let mut g = self.lock();
+        let r = self.replace_db_locked(&mut g, new);
+        if let Err(e) = &r {
+            self.shut_down(format!("the next state could not be opened: {e}"));
+        }
+        r
+    }
+
+    fn replace_db_locked(&self, g: &mut Inner, new: &Path) -> Result<()> {
+        let meta = self.dir.join("meta.sqlite");
+        drop(std::mem::replace(&mut g.db, Connection::open_in_memory()?));
+        std::fs::rename(new, &meta).map_err(StoreError::io(&meta))?;
+        let db = open_db(&meta, false)?;
+        let (id, len): (u64, u64) = db.query_row(
+            "SELECT id, length FROM containers WHERE sealed = 0 ORDER BY id DESC LIMIT 1",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        // Read-only: the writer never appends (tainted) nor commits rows.
+        g.writer = Writer {
+            id,
+            len,
+            unsynced: BTreeSet::new(),
+            tainted: true,
+            next_id: id + 1,
+        };
+        g.counters = load_counters(&db)?;
+        g.epoch = crate::snap::epoch(&db)?;
+        g.prealloc = load_prealloc(&db)?;
+        db.execute_batch("BEGIN")?;
+        g.db = db;
+        self.cache.clear();
+        Ok(())
     }
 
     /// Sets how reads move access times (a mount's atime option).

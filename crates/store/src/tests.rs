@@ -1357,6 +1357,7 @@ fn remote_store_with(
             region: None,
             key: None,
             cache_size: cache,
+            read_only: false,
             patience_secs: None,
         }),
         ..StoreConfig::default()
@@ -1561,6 +1562,56 @@ fn the_cache_stays_within_its_bound() {
     }
     assert!(s.fsck(false).unwrap().problems.is_empty());
     assert!(s.scrub().unwrap().damaged.is_empty());
+}
+
+/// A read-only follower on an empty directory serves the bucket's latest
+/// state and follows the writer's pushes (deltas and new bases alike),
+/// never writing to the bucket; the writer is not disturbed.
+#[test]
+fn a_follower_serves_the_latest_push_and_writes_nothing() {
+    let bucket = tempfile::tempdir().unwrap();
+    let (_d, s) = remote_store_with(bucket.path(), Some(b"pw"), None);
+    let one = pseudo(1 << 20, 1);
+    let a = file(&s, "one", &one);
+    s.push_remote().unwrap();
+    let spec = s.cfg.remote.clone().unwrap();
+    let fdir = tempfile::tempdir().unwrap();
+    let at = fdir.path().join("follow");
+    crate::bucket::follow(&at, &spec, Some(b"pw")).unwrap();
+    let f = Store::open(&at).unwrap();
+    assert!(f.is_follower());
+    assert_eq!(read_all(&f, a), one);
+    assert!(f.follow_remote().unwrap().is_none(), "nothing new");
+    let listing = || {
+        let mut v: Vec<_> = walk_files(bucket.path())
+            .into_iter()
+            .filter(|p| !p.to_string_lossy().contains("/.tmp"))
+            .collect();
+        v.sort();
+        v
+    };
+    for round in 0..6u64 {
+        let data = pseudo(1 << 20, 10 + round);
+        let b = file(&s, &format!("r{round}"), &data);
+        if round == 3 {
+            s.unlink(1, b"one").unwrap();
+        }
+        s.push_remote().unwrap();
+        let before = listing();
+        let g = f.follow_remote().unwrap().expect("a new state");
+        assert!(g >= round + 3);
+        assert_eq!(listing(), before, "the follower wrote to the bucket");
+        assert_eq!(
+            read_all(&f, f.lookup(1, format!("r{round}").as_bytes()).unwrap().ino),
+            data
+        );
+        assert_eq!(f.lookup(1, b"one").is_ok(), round < 3);
+        assert_eq!(b, f.lookup(1, format!("r{round}").as_bytes()).unwrap().ino);
+    }
+    drop(f);
+    // The writer goes on undisturbed.
+    s.push_remote().unwrap();
+    assert!(s.fsck(false).unwrap().problems.is_empty());
 }
 
 /// While a cache holds the store's lease a second one is refused; taken

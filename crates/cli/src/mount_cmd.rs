@@ -227,7 +227,7 @@ fn foreground(a: &MountArgs) -> ExitCode {
     match r {
         Ok(()) => ExitCode::from(exit::OK),
         Err(e) => {
-            eprintln!("onecopy: mount {}: {e}", mnt(&a).display());
+            eprintln!("onecopy: mount {}: {e}", mnt(a).display());
             ExitCode::from(exit::REFUSED)
         }
     }

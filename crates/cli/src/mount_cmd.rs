@@ -97,6 +97,7 @@ fn follow_cache(a: &mut MountArgs) -> Result<(), ExitCode> {
         cache_size: None,
         read_only: true,
         key: None,
+        grace_secs: None,
         patience_secs: None,
     };
     let pw = crate::store_cmd::read_password(a.password_file.as_deref())

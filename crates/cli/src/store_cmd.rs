@@ -179,6 +179,7 @@ impl RemoteArgs {
             cache_size: Some(onecopy_store::config::parse_bytes(&self.cache_size)?),
             key: None,
             read_only: false,
+            grace_secs: None,
             patience_secs: None,
         }))
     }

@@ -249,6 +249,10 @@ pub struct RemoteSpec {
     /// The key object of an encrypted store (`keys/ID`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
+    /// How long objects of deleted containers stay for followers, seconds
+    /// (default 600).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grace_secs: Option<u64>,
     /// How long failing requests are retried, seconds (default 60).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub patience_secs: Option<u64>,

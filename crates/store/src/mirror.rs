@@ -37,6 +37,10 @@ use crate::error::{Result, StoreError};
 use crate::pages::{self, PageHash};
 use crate::remote::Tiered;
 
+/// How long the objects of containers gc deleted stay in the bucket after
+/// the manifest that no longer names them (followers of an older state
+/// read them meanwhile).
+pub const DELETE_GRACE: Duration = Duration::from_secs(600);
 /// How often a writing mount pushes its metadata.
 pub const PUSH_EVERY: Duration = Duration::from_secs(30);
 /// Deltas are chained on a base until they add up to more than this
@@ -86,6 +90,8 @@ pub(crate) struct Mirror {
     dir: PathBuf,
     writer: String,
     sealing: Option<Sealing>,
+    /// How long an object gc deleted stays for followers of older states.
+    grace: Duration,
     /// [`crate::Store::push_every`], in milliseconds.
     every_ms: std::sync::atomic::AtomicU64,
     state: Mutex<State>,
@@ -145,6 +151,7 @@ impl Mirror {
             dir,
             writer,
             sealing,
+            grace: DELETE_GRACE,
             every_ms: (PUSH_EVERY.as_millis() as u64).into(),
             state: Mutex::new(State {
                 manifest,
@@ -232,6 +239,11 @@ impl<'a> Push<'a> {
 
     fn reader(&self) -> &Connection {
         self.st.reader.as_ref().expect("opened in start")
+    }
+
+    /// The time of the manifest in the bucket (0: none yet).
+    pub(crate) fn published_ns(&self) -> i64 {
+        self.st.manifest.as_ref().map_or(0, |(m, _)| m.time_ns)
     }
 
     /// Begins the read transaction whose state is pushed: called under
@@ -330,9 +342,6 @@ impl<'a> Push<'a> {
         for key in dropped {
             let _ = self.mirror.objects.delete(&key);
         }
-        for &id in doomed {
-            let _ = self.mirror.objects.delete(&crate::remote::object_key(id));
-        }
         Ok(Some(PushReport {
             generation,
             pages: seg.changed,
@@ -385,6 +394,29 @@ fn page_size(image: &Path) -> Result<u32> {
     })
 }
 
+/// The table of containers whose objects wait to be deleted (made when
+/// a remote store is opened; a local store has none).
+pub(crate) const DOOMED_TABLE: &str =
+    "CREATE TABLE IF NOT EXISTS doomed (id INTEGER PRIMARY KEY, at_ns INTEGER NOT NULL)";
+
+/// Records containers gc deleted: their objects go once a manifest taken
+/// after this is in, and the grace has passed.
+fn record_doomed(db: &Connection, ids: &[u64]) -> Result<()> {
+    let now = crate::store::time_now();
+    for &id in ids {
+        db.execute(
+            "INSERT OR IGNORE INTO doomed (id, at_ns) VALUES (?1, ?2)",
+            rusqlite::params![id, now],
+        )?;
+    }
+    Ok(())
+}
+
+/// The time of the manifest in the bucket (0: none).
+fn push_published(m: &Mirror) -> i64 {
+    m.lock().manifest.as_ref().map_or(0, |(m, _)| m.time_ns)
+}
+
 /// How long a lease is taken for: four pushes, at least
 /// [`crate::lease::TTL_MIN`].
 fn lease_ttl(every: Duration) -> Duration {
@@ -411,8 +443,10 @@ impl crate::Store {
         let keys = sealing.as_ref().map(|s| s.keys.clone());
         // Before the cache is opened: a cache out of date must not upload
         // what it holds.
-        let mirror = Mirror::open(dir, objects, tiered.clone(), sealing)?;
+        let mut mirror = Mirror::open(dir, objects, tiered.clone(), sealing)?;
         let mut store = Self::open_with(dir, tiered)?;
+        store.lock().db.execute_batch(DOOMED_TABLE)?;
+        mirror.grace = spec.grace_secs.map_or(DELETE_GRACE, Duration::from_secs);
         store.keys = keys;
         store.mirror = Some(mirror);
         Ok(store)
@@ -465,10 +499,14 @@ impl crate::Store {
         m.renew_lease(&mut push.st)?;
         let doomed = m.tiered().take_doomed();
         if !push.changed()? && doomed.is_empty() {
+            let published = push.published_ns();
+            drop(push);
+            self.delete_doomed(m, published);
             return Ok(None);
         }
         let frozen = (|| {
             let mut g = self.lock();
+            record_doomed(&g.db, &doomed)?;
             if g.writer.len > crate::container::CONTAINER_HEADER {
                 self.roll(&mut g)?;
             }
@@ -477,10 +515,42 @@ impl crate::Store {
             Ok::<_, StoreError>(g.writer.id)
         })();
         let r = frozen.and_then(|below| push.run(below, &doomed, &self.cfg, wait));
-        if r.is_err() {
-            m.tiered().return_doomed(doomed);
+        match &r {
+            Ok(_) => {
+                let published = push_published(m);
+                self.delete_doomed(m, published);
+            }
+            // Not recorded when the freeze failed before the commit.
+            Err(_) => m.tiered().return_doomed(doomed),
         }
         r
+    }
+
+    /// Deletes the objects of containers gc deleted, once a manifest
+    /// taken after the delete is in (`published`, its time) and the grace
+    /// has passed (a follower may still read an older state). Best
+    /// effort: what fails stays recorded and is tried at the next push.
+    fn delete_doomed(&self, m: &Mirror, published: i64) {
+        let cutoff = published.min(crate::store::time_now() - m.grace.as_nanos() as i64);
+        let due: Vec<u64> = {
+            let g = self.lock();
+            let st =
+                g.db.prepare_cached("SELECT id FROM doomed WHERE at_ns < ?1");
+            let Ok(mut st) = st else { return };
+            let rows = st.query_map([cutoff], |r| r.get(0));
+            rows.map(|r| r.flatten().collect()).unwrap_or_default()
+        };
+        let mut gone = Vec::new();
+        for id in due {
+            match m.objects.delete(&crate::remote::object_key(id)) {
+                Ok(()) => gone.push(id),
+                Err(_) => break,
+            }
+        }
+        let g = self.lock();
+        for id in gone {
+            let _ = g.db.execute("DELETE FROM doomed WHERE id = ?1", [id]);
+        }
     }
 
     /// How often a mount pushes, or a follower looks for a new state

@@ -1341,10 +1341,20 @@ fn remote_store(bucket: &std::path::Path) -> (tempfile::TempDir, Store) {
     remote_store_with(bucket, None, None)
 }
 
+/// A remote store whose gc deletes leave the bucket at the next push.
 fn remote_store_with(
     bucket: &std::path::Path,
     password: Option<&[u8]>,
     cache: Option<u64>,
+) -> (tempfile::TempDir, Store) {
+    remote_store_graced(bucket, password, cache, Some(0))
+}
+
+fn remote_store_graced(
+    bucket: &std::path::Path,
+    password: Option<&[u8]>,
+    cache: Option<u64>,
+    grace: Option<u64>,
 ) -> (tempfile::TempDir, Store) {
     let dir = tempfile::tempdir().unwrap();
     let cfg = StoreConfig {
@@ -1358,6 +1368,7 @@ fn remote_store_with(
             key: None,
             cache_size: cache,
             read_only: false,
+            grace_secs: grace,
             patience_secs: None,
         }),
         ..StoreConfig::default()
@@ -1612,6 +1623,39 @@ fn a_follower_serves_the_latest_push_and_writes_nothing() {
     // The writer goes on undisturbed.
     s.push_remote().unwrap();
     assert!(s.fsck(false).unwrap().problems.is_empty());
+}
+
+/// With the default grace, the objects of containers gc deleted stay in
+/// the bucket after the push: a follower still on the state before the
+/// gc reads the deleted file whole.
+#[test]
+fn gc_deletes_wait_out_the_grace_for_followers() {
+    let bucket = tempfile::tempdir().unwrap();
+    let (_d, s) = remote_store_graced(bucket.path(), None, None, None);
+    let gone = pseudo(3 << 20, 5);
+    let a = file(&s, "gone", &gone);
+    file(&s, "kept", &pseudo(1 << 20, 6));
+    s.push_remote().unwrap();
+    let spec = s.cfg.remote.clone().unwrap();
+    let fdir = tempfile::tempdir().unwrap();
+    let at = fdir.path().join("follow");
+    crate::bucket::follow(&at, &spec, None).unwrap();
+    let f = Store::open(&at).unwrap();
+    let objs = || walk_files(&bucket.path().join("data"));
+    let before = objs();
+    s.unlink(1, b"gone").unwrap();
+    s.gc().unwrap();
+    s.push_remote().unwrap().expect("gc changed the metadata");
+    let after = objs();
+    assert!(
+        before.iter().all(|o| after.contains(o)),
+        "an object went before the grace"
+    );
+    assert_eq!(
+        read_all(&f, a),
+        gone,
+        "the follower's older state reads whole"
+    );
 }
 
 /// While a cache holds the store's lease a second one is refused; taken

@@ -119,6 +119,7 @@ fn a_misbehaving_server_loses_nothing() {
         cache_size: Some(2 << 20),
         key: None,
         read_only: false,
+        grace_secs: None,
         patience_secs: Some(60),
     };
     proxy.set(Faults {
@@ -182,6 +183,7 @@ fn a_push_while_the_server_is_down_fails_and_the_next_one_catches_up() {
         cache_size: None,
         key: None,
         read_only: false,
+        grace_secs: None,
         patience_secs: Some(3),
     };
     let dir = tempfile::tempdir().unwrap();

@@ -204,7 +204,7 @@ fn the_bucket_alone_is_the_store() {
     std::fs::remove_dir_all(&other).unwrap();
 }
 
-/// kill -9 of the mount while it writes and pushes every second: the
+/// kill -9 of the mount while it writes, runs gc and pushes every second: the
 /// same cache mounts again and a cache rebuilt from the bucket alone
 /// holds every file of the last push before the kill (the first tree,
 /// pushed at unmount) whole, and fsck is clean on both.
@@ -227,6 +227,10 @@ fn kill_9_while_pushing_loses_nothing_pushed() {
         let busy = s.mnt.with_extension(format!("busy{round}"));
         make_tree(&busy, 10 + round);
         let mnt = m.mnt.clone();
+        // Something for gc to free: the last round's tree, if it is there.
+        if round > 0 {
+            let _ = std::fs::remove_dir_all(mnt.join(format!("busy{}", round - 1)));
+        }
         let writer = std::thread::spawn(move || {
             let _ = Command::new("cp")
                 .arg("-a")
@@ -234,9 +238,17 @@ fn kill_9_while_pushing_loses_nothing_pushed() {
                 .arg(mnt.join(format!("busy{round}")))
                 .status();
         });
+        let store = s.store.clone();
+        let gc = std::thread::spawn(move || {
+            let _ = Command::new(env!("CARGO_BIN_EXE_onecopy"))
+                .args(["store", "gc"])
+                .arg(&store)
+                .output();
+        });
         std::thread::sleep(Duration::from_millis(500 + rng.below(2500)));
         m.kill();
         let _ = writer.join();
+        let _ = gc.join();
         fsck_clean(&s.store);
     }
     // The same cache.

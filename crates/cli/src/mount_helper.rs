@@ -121,6 +121,15 @@ fn kernel(o: &str) -> Option<MountOption> {
 
 /// Parses a comma-separated option list. An unknown option is an error
 /// unless `sloppy` (mount -s), which skips it.
+/// The number `n` of option `o`, at least 1 (`form` says how it is
+/// written, for the error).
+fn positive(o: &str, n: &str, form: &str) -> Result<u64, String> {
+    n.parse()
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("bad mount option {o:?}: {form} >= 1"))
+}
+
 pub fn parse(list: &str, sloppy: bool) -> Result<MountOpts, String> {
     let mut opts = MountOpts::default();
     for o in list.split(',') {
@@ -136,19 +145,9 @@ pub fn parse(list: &str, sloppy: bool) -> Result<MountOpts, String> {
         if let Some(k) = kernel(o) {
             opts.kernel.push(k);
         } else if let Some(n) = o.strip_prefix("threads=") {
-            let n: usize = n
-                .parse()
-                .ok()
-                .filter(|&n| n > 0)
-                .ok_or_else(|| format!("bad mount option {o:?}: threads=N with N >= 1"))?;
-            opts.threads = Some(n);
+            opts.threads = Some(positive(o, n, "threads=N with N")? as usize);
         } else if let Some(n) = o.strip_prefix("push=") {
-            let n: u64 = n
-                .parse()
-                .ok()
-                .filter(|&n| n > 0)
-                .ok_or_else(|| format!("bad mount option {o:?}: push=SECS with SECS >= 1"))?;
-            opts.push = Some(n);
+            opts.push = Some(positive(o, n, "push=SECS with SECS")?);
         } else if !ignored(o) && !sloppy {
             return Err(format!("unknown mount option {o:?}"));
         }

@@ -47,19 +47,17 @@ fn remote_args(weed: &Weed) -> Vec<String> {
     ]
 }
 
+/// A new remote store (1 MiB containers) in the bucket of `weed`.
+fn remote_scratch(weed: &Weed) -> Scratch {
+    let mut init: Vec<String> = remote_args(weed);
+    init.extend(["--container-size".into(), "1M".into()]);
+    let init: Vec<&str> = init.iter().map(|s| s.as_str()).collect();
+    scratch(&init)
+}
+
 fn run(args: &[String]) -> Output {
     let a: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
     onecopy(&a)
-}
-
-fn ok(out: Output) -> String {
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
 }
 
 fn recover(store: &Path, weed: &Weed) -> String {
@@ -111,10 +109,7 @@ fn cp_in(src: &Path, dst: &Path) {
 fn the_bucket_alone_is_the_store() {
     require_fuse();
     let (weed, objects) = weed("onecopy-remote-alone");
-    let mut init: Vec<String> = remote_args(&weed);
-    init.extend(["--container-size".into(), "1M".into()]);
-    let init: Vec<&str> = init.iter().map(|s| s.as_str()).collect();
-    let s = scratch(&init);
+    let s = remote_scratch(&weed);
     let src = s.mnt.with_extension("src");
     let want = make_tree(&src, 1);
     let m = Mount::new(&s);
@@ -212,10 +207,7 @@ fn the_bucket_alone_is_the_store() {
 fn kill_9_while_pushing_loses_nothing_pushed() {
     require_fuse();
     let (weed, _objects) = weed("onecopy-remote-kill");
-    let mut init: Vec<String> = remote_args(&weed);
-    init.extend(["--container-size".into(), "1M".into()]);
-    let init: Vec<&str> = init.iter().map(|s| s.as_str()).collect();
-    let s = scratch(&init);
+    let s = remote_scratch(&weed);
     let src = s.mnt.with_extension("src");
     let want = make_tree(&src, 3);
     let m = Mount::new(&s);
@@ -287,10 +279,7 @@ fn eventually(secs: u64, what: &str, mut check: impl FnMut() -> bool) {
 fn a_read_only_mount_elsewhere_follows_the_writer() {
     require_fuse();
     let (weed, _objects) = weed("onecopy-remote-follow");
-    let mut init: Vec<String> = remote_args(&weed);
-    init.extend(["--container-size".into(), "1M".into()]);
-    let init: Vec<&str> = init.iter().map(|s| s.as_str()).collect();
-    let s = scratch(&init);
+    let s = remote_scratch(&weed);
     let src = s.mnt.with_extension("src");
     let want = make_tree(&src, 21);
     let w = Mount::with_args(&s, &["-o", "push=1"]);

@@ -22,16 +22,6 @@ fn snapshot(args: &[&str]) -> Output {
     onecopy(&all)
 }
 
-fn ok(out: Output) -> String {
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
 fn sh(script: &str) -> Output {
     Command::new("sh").args(["-c", script]).output().unwrap()
 }

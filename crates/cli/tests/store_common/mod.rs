@@ -19,6 +19,17 @@ pub fn onecopy(args: &[&str]) -> Output {
     out
 }
 
+/// stdout of a run that must succeed (its output shown if it did not).
+pub fn ok(out: Output) -> String {
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
 pub fn no_panic(stderr: &str, what: impl std::fmt::Debug) {
     assert!(!stderr.contains("panicked"), "{what:?} panicked: {stderr}");
 }

@@ -3,7 +3,7 @@
 use std::fs::{self, File};
 use std::io::{Read, Write};
 use std::ops::Range;
-use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt};
+use std::os::unix::fs::{DirBuilderExt, FileExt};
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
@@ -70,14 +70,11 @@ fn sync_dir(dir: &Path) -> std::io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
-fn tag_of(m: &fs::Metadata) -> Tag {
-    Tag(format!(
-        "{:x}-{:x}-{}.{}",
-        m.ino(),
-        m.size(),
-        m.ctime(),
-        m.ctime_nsec()
-    ))
+/// An object's version: a hash of its bytes, as S3's ETag is. (Inode,
+/// size and change time were tried first: a rewrite within one clock
+/// tick could reuse the freed inode and match a stale tag.)
+fn tag_of(bytes: &[u8]) -> Tag {
+    Tag(blake3::hash(bytes).to_hex()[..32].to_string())
 }
 
 impl Objects for LocalObjects {
@@ -125,9 +122,9 @@ impl Objects for LocalObjects {
     fn get(&self, key: &str) -> Result<(Bytes, Tag)> {
         let io = |e| ObjectError::io(key, e);
         let mut f = File::open(self.path(key)?).map_err(io)?;
-        let tag = tag_of(&f.metadata().map_err(io)?);
         let mut buf = Vec::new();
         f.read_to_end(&mut buf).map_err(io)?;
+        let tag = tag_of(&buf);
         Ok((buf.into(), tag))
     }
 
@@ -137,8 +134,8 @@ impl Objects for LocalObjects {
         let dir = self.parent(key, &path)?;
         let lock = File::create(self.root.join(TMP).join(SWAP_LOCK)).map_err(io)?;
         flock(&lock, FlockOperation::LockExclusive).map_err(|e| io(e.into()))?;
-        let now = match fs::metadata(&path) {
-            Ok(m) => Some(tag_of(&m)),
+        let now = match fs::read(&path) {
+            Ok(b) => Some(tag_of(&b)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(io(e)),
         };
@@ -150,7 +147,7 @@ impl Objects for LocalObjects {
         let staged = self.staged(key, &bytes)?;
         staged.persist(&path).map_err(|e| io(e.error))?;
         sync_dir(&dir).map_err(io)?;
-        Ok(tag_of(&fs::metadata(&path).map_err(io)?))
+        Ok(tag_of(&bytes))
     }
 
     fn delete(&self, key: &str) -> Result<()> {

@@ -90,8 +90,14 @@ pub(crate) fn is_zero(b: &[u8]) -> bool {
 /// Where each record of a span lands in a buffer covering
 /// `[at, end_at)` when it can be read in place: stored raw, used whole,
 /// wholly inside, and after the one before (the plan is in file order and
-/// extents never overlap). `None`: read aside and decoded.
-fn direct_places(recs: &[Planned], at: u64, end_at: u64) -> Vec<Option<usize>> {
+/// extents never overlap). `None`: read aside and decoded. In an
+/// encrypted store (`sealed`) every record is sealed, never raw: a
+/// compressed payload plus the seal's 40 bytes can have the raw length,
+/// which once made a 139-byte file read as EIO.
+fn direct_places(recs: &[Planned], at: u64, end_at: u64, sealed: bool) -> Vec<Option<usize>> {
+    if sealed {
+        return vec![None; recs.len()];
+    }
     let mut next = 0usize;
     recs.iter()
         .map(|&(o, l, lk)| {
@@ -683,7 +689,7 @@ impl Store {
     /// one vectored call: stored-raw records wholly inside `buf` land in
     /// place (their headers aside), the others aside to be decoded.
     fn fill_span(&self, buf: &mut [u8], at: u64, recs: &[Planned]) -> Result<()> {
-        let direct = direct_places(recs, at, at + buf.len() as u64);
+        let direct = direct_places(recs, at, at + buf.len() as u64, self.keys.is_some());
         let n_direct = direct.iter().flatten().count();
         let mut headers = vec![[0u8; container::RECORD_HEADER]; n_direct];
         let aside_len: usize = recs

@@ -29,6 +29,10 @@ pub struct Lease {
     pub host: String,
     /// Until when it holds, ns since the epoch; 0: given back.
     pub expires_ns: i64,
+    /// Random: every version differs (a swap compares versions, and two
+    /// renewals within a clock tick would otherwise be the same bytes).
+    #[serde(default)]
+    pub nonce: String,
 }
 
 fn host() -> String {
@@ -90,6 +94,7 @@ pub(crate) fn acquire(
         writer: writer.to_string(),
         host: host(),
         expires_ns: now + ttl.as_nanos() as i64,
+        nonce: crate::mirror::random_hex(),
     };
     write(objects, &mine, held.as_ref().map(|(_, t)| t))
 }
@@ -100,6 +105,7 @@ pub(crate) fn renew(objects: &dyn Objects, writer: &str, tag: &Tag, ttl: Duratio
         writer: writer.to_string(),
         host: host(),
         expires_ns: crate::store::time_now() + ttl.as_nanos() as i64,
+        nonce: crate::mirror::random_hex(),
     };
     write(objects, &mine, Some(tag))
 }
@@ -110,6 +116,7 @@ pub(crate) fn release(objects: &dyn Objects, writer: &str, tag: &Tag) {
         writer: writer.to_string(),
         host: host(),
         expires_ns: 0,
+        nonce: crate::mirror::random_hex(),
     };
     let _ = write(objects, &free, Some(tag));
 }
@@ -144,6 +151,27 @@ mod tests {
             renew(&o, "b", &b, ttl),
             Err(StoreError::Fenced { .. })
         ));
+    }
+
+    /// Eight caches racing for a free lease: exactly one gets it.
+    #[test]
+    fn of_racing_caches_one_wins() {
+        let d = tempfile::tempdir().unwrap();
+        let o = std::sync::Arc::new(LocalObjects::new(d.path()).unwrap());
+        let go = std::sync::Arc::new(std::sync::Barrier::new(8));
+        let wins: usize = (0..8)
+            .map(|i| {
+                let (o, go) = (o.clone(), go.clone());
+                std::thread::spawn(move || {
+                    go.wait();
+                    acquire(&*o, &format!("w{i}"), Duration::from_secs(60), false).is_ok()
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|t| t.join().unwrap() as usize)
+            .sum();
+        assert_eq!(wins, 1);
     }
 
     #[test]

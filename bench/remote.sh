@@ -429,7 +429,7 @@ print(f"- onecopy restore = `store init --recover` {t_rec} s (CPU {rc_cpu} s, {r
       f"the mount's CPU {mt_cpu} s, peak RSS {mt_rss} MiB, until unmounted); restic = "
       f"`restic restore latest` and sync, from an empty cache.")
 print(f"- restored v{nv} against its source: onecopy {ok_o}; restic {ok_r}.")
-print(f"- onecopy's local cache keeps every container after upload (issue 32: no bounded cache yet); "
+print(f"- onecopy's local cache keeps uploaded containers up to its bound (--cache-size, default 4 GiB); "
       f"its metadata reserve ({reserve_mib} MiB) is not counted. restic's cache holds its index and snapshots.")
 print("- PUT and other request counts are the server's own (SeaweedFS_s3_request_total); objects in "
       "bucket are what is left (onecopy replaces its `manifest` at each push, restic makes and deletes "

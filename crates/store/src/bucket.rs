@@ -277,9 +277,11 @@ fn build_cache(
     rebuild_image(objects, m, &image, sealing)?;
     let meta = dir.join("meta.sqlite");
     std::fs::copy(&image, &meta).map_err(StoreError::io(&meta))?;
-    {
+    if !remote.read_only {
         let db = rusqlite::Connection::open(&meta)?;
         // Every indexed row goes into the new fingerprint index at open.
+        // A follower never writes: it needs no index (its W is the
+        // writer's, so its open replays nearly nothing).
         crate::index::reset_watermark(&db)?;
     }
     if let Some(s) = sealing {

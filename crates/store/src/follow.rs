@@ -127,10 +127,6 @@ impl crate::Store {
         let live = self.dir.join("meta.sqlite.next");
         std::fs::copy(&next, &live).map_err(StoreError::io(&live))?;
         std::fs::rename(&next, f.image()).map_err(StoreError::io(f.image()))?;
-        {
-            let db = rusqlite::Connection::open(&live)?;
-            crate::index::reset_watermark(&db)?;
-        }
         self.replace_db(&live)?;
         *at = m;
         Ok(Some(at.generation))

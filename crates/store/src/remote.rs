@@ -132,8 +132,10 @@ pub struct Tiered {
     /// The evictable local copies and the cache's bound in bytes.
     lru: Arc<Mutex<Lru>>,
     limit: u64,
-    /// Held while a container is fetched whole (one at a time).
-    fetching: Mutex<()>,
+    /// Fetches of whole containers, and the thread that fetches the next
+    /// container ahead of a sequential reader.
+    fetcher: Arc<Fetcher>,
+    ahead: std::sync::mpsc::SyncSender<u64>,
     /// A follower's tier: nothing goes to the bucket.
     read_only: bool,
 }
@@ -144,6 +146,27 @@ impl Tiered {
     pub fn new(local: LocalDir, objects: Arc<dyn Objects>, limit: u64) -> Tiered {
         let local = Arc::new(local);
         let lru = Arc::new(Mutex::new(Lru::default()));
+        let fetcher = Arc::new(Fetcher {
+            local: local.clone(),
+            objects: objects.clone(),
+            lru: lru.clone(),
+            limit,
+            flight: Mutex::new(std::collections::HashSet::new()),
+            cv: Condvar::new(),
+        });
+        let ahead = {
+            let (tx, rx) = std::sync::mpsc::sync_channel::<u64>(1);
+            let f = fetcher.clone();
+            std::thread::Builder::new()
+                .name("onecopy-fetch".into())
+                .spawn(move || {
+                    for id in rx {
+                        let _ = f.fetch(id);
+                    }
+                })
+                .expect("spawn the fetch thread");
+            tx
+        };
         let up = Arc::new(Uploads {
             q: Mutex::new(Queue::default()),
             cv: Condvar::new(),
@@ -168,7 +191,8 @@ impl Tiered {
             doomed: Mutex::new(Vec::new()),
             lru,
             limit,
-            fetching: Mutex::new(()),
+            fetcher,
+            ahead,
             read_only: false,
         }
     }
@@ -187,26 +211,15 @@ impl Tiered {
     }
 
     /// A container missing locally: fetched whole into the cache when
-    /// small enough (then `true`), else left to ranged reads.
+    /// small enough (then `true`), else left to ranged reads; the next
+    /// container is fetched ahead (a file written in one go lies in
+    /// consecutive containers), if the fetch thread is free.
     fn fetch_whole(&self, id: u64) -> Result<bool> {
-        let _one = self.fetching.lock().unwrap();
-        if self.local.len(id)?.is_some() {
-            return Ok(true);
+        let r = self.fetcher.fetch(id);
+        if matches!(r, Ok(true)) {
+            let _ = self.ahead.try_send(id + 1);
         }
-        let key = object_key(id);
-        match self.objects.size(&key).map_err(object_error)? {
-            Some(n) if n <= WHOLE_FETCH_MAX && self.limit >= n => {}
-            _ => return Ok(false),
-        }
-        let (bytes, _) = self.objects.get(&key).map_err(object_error)?;
-        self.local.install(id, &bytes)?;
-        evict(
-            &self.local,
-            &self.lru,
-            self.limit,
-            Some((id, bytes.len() as u64)),
-        );
-        Ok(true)
+        r
     }
 
     /// Reads from the local copy, fetching the container on a miss.
@@ -307,6 +320,59 @@ fn object_error(e: ObjectError) -> StoreError {
 
 fn is_missing(e: &StoreError) -> bool {
     matches!(e, StoreError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
+}
+
+/// Fetches whole containers into the cache, each once: a reader that
+/// wants one being fetched (ahead, or by another reader) waits for it.
+struct Fetcher {
+    local: Arc<LocalDir>,
+    objects: Arc<dyn Objects>,
+    lru: Arc<Mutex<Lru>>,
+    limit: u64,
+    flight: Mutex<std::collections::HashSet<u64>>,
+    cv: Condvar,
+}
+
+impl Fetcher {
+    /// Whether container `id` is local now (fetched whole if it was not
+    /// and is small enough; `false`: read it by ranges, or it is in no
+    /// bucket).
+    fn fetch(&self, id: u64) -> Result<bool> {
+        {
+            let mut f = self.flight.lock().unwrap();
+            loop {
+                if self.local.len(id)?.is_some() {
+                    return Ok(true);
+                }
+                if !f.contains(&id) {
+                    break;
+                }
+                f = self.cv.wait(f).unwrap();
+            }
+            f.insert(id);
+        }
+        let r = self.get(id);
+        self.flight.lock().unwrap().remove(&id);
+        self.cv.notify_all();
+        r
+    }
+
+    fn get(&self, id: u64) -> Result<bool> {
+        let key = object_key(id);
+        match self.objects.size(&key).map_err(object_error)? {
+            Some(n) if n <= WHOLE_FETCH_MAX && self.limit >= n => {}
+            _ => return Ok(false),
+        }
+        let (bytes, _) = self.objects.get(&key).map_err(object_error)?;
+        self.local.install(id, &bytes)?;
+        evict(
+            &self.local,
+            &self.lru,
+            self.limit,
+            Some((id, bytes.len() as u64)),
+        );
+        Ok(true)
+    }
 }
 
 /// Registers `added` as evictable and deletes the least recently used

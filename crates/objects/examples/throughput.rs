@@ -1,0 +1,64 @@
+//! The endpoint's own throughput through this crate's S3 client: `N`
+//! objects of `SIZE` bytes put one after the other (`put_new`), then read
+//! back by ranged GETs of the same size, one at a time (the concurrency
+//! of the store's upload thread and of its cache's fetches). The ceiling
+//! bench/remote-throughput.sh compares a mount's writes and cold reads
+//! with.
+//!
+//! Usage: throughput s3://BUCKET/PREFIX ENDPOINT [N] [SIZE_MIB]
+//! (credentials from the environment, as the store takes them).
+
+use std::time::Instant;
+
+use onecopy_objects::{Objects, S3Config, S3Objects};
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.len() < 3 {
+        eprintln!("usage: throughput s3://BUCKET/PREFIX ENDPOINT [N] [SIZE_MIB]");
+        std::process::exit(2);
+    }
+    let mut c = S3Config::from_url(&args[1]).expect("s3://BUCKET/PREFIX");
+    c.endpoint = Some(args[2].clone());
+    let n: usize = args.get(3).map_or(64, |s| s.parse().expect("N"));
+    let size: usize = args
+        .get(4)
+        .map_or(16, |s| s.parse::<usize>().expect("SIZE_MIB"))
+        << 20;
+    let o = S3Objects::new(&c).expect("client");
+    // Incompressible bytes, different per object.
+    let mut body = vec![0u8; size];
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for b in body.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        b.copy_from_slice(&x.to_le_bytes()[..b.len()]);
+    }
+    let t = Instant::now();
+    for i in 0..n {
+        body[..8].copy_from_slice(&(i as u64).to_le_bytes());
+        let key = format!("throughput/{i:08}");
+        o.put_new(&key, body.clone().into()).expect("put");
+    }
+    let put = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    for i in 0..n {
+        let key = format!("throughput/{i:08}");
+        let got = o.get_range(&key, 0..size as u64).expect("get");
+        assert_eq!(got.len(), size);
+    }
+    let get = t.elapsed().as_secs_f64();
+    let mib = (n * size) as f64 / (1 << 20) as f64;
+    println!(
+        "put {n} x {} MiB: {:.2} s, {:.0} MiB/s; ranged get: {:.2} s, {:.0} MiB/s",
+        size >> 20,
+        put,
+        mib / put,
+        get,
+        mib / get
+    );
+    for i in 0..n {
+        let _ = o.delete(&format!("throughput/{i:08}"));
+    }
+}

@@ -443,8 +443,12 @@ impl crate::Store {
         let keys = sealing.as_ref().map(|s| s.keys.clone());
         // Before the cache is opened: a cache out of date must not upload
         // what it holds.
+        // The local lock first: a second process on this cache (a command
+        // while it is mounted) must not touch the lease, or it would fence
+        // the mount.
+        let lock = Self::lock_dir(dir)?;
         let mut mirror = Mirror::open(dir, objects, tiered.clone(), sealing)?;
-        let mut store = Self::open_with(dir, tiered)?;
+        let mut store = Self::open_locked(dir, tiered, lock)?;
         store.lock().db.execute_batch(DOOMED_TABLE)?;
         mirror.grace = spec.grace_secs.map_or(DELETE_GRACE, Duration::from_secs);
         store.keys = keys;

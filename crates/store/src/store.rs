@@ -287,8 +287,17 @@ impl Store {
     /// (an object store, or a fault-injecting backend in tests); the
     /// metadata stays in `dir`.
     pub fn open_with(dir: &Path, containers: Arc<dyn ContainerStore>) -> Result<Store> {
+        Self::open_locked(dir, containers, lock_dir(dir)?)
+    }
+
+    /// [`Store::open_with`] with the store's lock taken (`lock`, from
+    /// [`Store::lock_dir`]).
+    pub(crate) fn open_locked(
+        dir: &Path,
+        containers: Arc<dyn ContainerStore>,
+        lock: File,
+    ) -> Result<Store> {
         let mut cfg = Self::read_config(dir)?;
-        let lock = lock_dir(dir)?;
         let db = open_db(&dir.join("meta.sqlite"), false)?;
         if cfg.format < FORMAT {
             // open_db migrated the database; the index is built below.
@@ -382,6 +391,12 @@ impl Store {
         g.db = db;
         self.cache.clear();
         Ok(())
+    }
+
+    /// Takes the store's lock (one process at a time): `Locked` if
+    /// another holds it.
+    pub(crate) fn lock_dir(dir: &Path) -> Result<File> {
+        lock_dir(dir)
     }
 
     /// Sets how reads move access times (a mount's atime option).

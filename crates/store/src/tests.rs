@@ -1692,6 +1692,24 @@ fn gc_deletes_wait_out_the_grace_for_followers() {
     );
 }
 
+/// A second open of a cache in use is refused by the local lock before
+/// it touches the bucket: the lease stays the first's, whose pushes go on.
+#[test]
+fn a_second_open_of_a_cache_in_use_leaves_the_lease_alone() {
+    let bucket = tempfile::tempdir().unwrap();
+    let (d, s) = remote_store(bucket.path());
+    file(&s, "f", &pseudo(1 << 20, 3));
+    s.push_remote().unwrap();
+    for _ in 0..3 {
+        assert!(matches!(
+            Store::open(d.path()),
+            Err(StoreError::Locked { .. })
+        ));
+    }
+    file(&s, "g", &pseudo(1 << 20, 4));
+    s.push_remote().unwrap().expect("still the writer");
+}
+
 /// While a cache holds the store's lease a second one is refused; taken
 /// over anyway (`--force`: the user says the first is gone), the first
 /// cannot commit to the bucket any more: its push fails and says why.

@@ -42,11 +42,14 @@ CREATE TABLE index_drops (id INTEGER PRIMARY KEY, key BLOB NOT NULL);
 CREATE TABLE containers (id INTEGER PRIMARY KEY, length INTEGER NOT NULL, sealed INTEGER NOT NULL);
 ";
 
-/// Sets a `meta` row. An upsert, not `INSERT OR REPLACE`: that deletes
-/// and reinserts, moving the row to a new rowid at every commit, so the
-/// pages changed even when the value did not (and a push carried them).
-pub(crate) const SET_META: &str = "INSERT INTO meta (key, value) VALUES (?1, ?2)
-    ON CONFLICT (key) DO UPDATE SET value = excluded.value";
+/// Sets a `meta` row. `INSERT OR REPLACE` moves the row to a new rowid at
+/// every commit, so an idle mount's commits change a few pages and a
+/// remote store's push carries them. An upsert avoided that, but changed
+/// how a nearly full disk fills: store_storms'
+/// `enospc_during_compaction_then_gc_completes` then failed (its online
+/// gc stayed out of space after the ballast was removed), not yet
+/// understood; the old statement is kept until it is.
+pub(crate) const SET_META: &str = "INSERT OR REPLACE INTO meta (key, value) VALUES (?1, ?2)";
 
 /// Prepared statements kept per connection. The store's hot paths use
 /// about 55 distinct ones (`prepare_cached`); with rusqlite's default of

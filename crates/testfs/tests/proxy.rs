@@ -11,6 +11,21 @@ use std::time::{Duration, Instant};
 /// A running server with a proxy in front of it.
 fn setup() -> (Weed, FaultProxy) {
     let weed = Weed::start("proxytest").expect("starting weed mini");
+    // The port answers before the bucket exists (404 NoSuchBucket until
+    // then): wait for the steady answer to an unsigned request, 403.
+    let t0 = std::time::Instant::now();
+    loop {
+        let probe = request("GET", "/proxytest/k?list-type=2", "close");
+        match exchange(&weed.endpoint, &probe) {
+            Ok(a) if status(&a) == "HTTP/1.1 403 Forbidden" => break,
+            r => assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "weed not ready: {:?}",
+                r.map(|a| status(&a).to_string())
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
     let proxy = FaultProxy::start(&weed.endpoint).expect("starting the proxy");
     (weed, proxy)
 }

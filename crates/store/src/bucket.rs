@@ -356,28 +356,41 @@ pub(crate) fn rebuild_image(
     path: &Path,
     sealing: Option<&Sealing>,
 ) -> Result<()> {
+    let f = std::fs::File::create(path).map_err(StoreError::io(path))?;
+    extend_image(objects, m, 0, path, sealing)?;
+    f.sync_all().map_err(StoreError::io(path))
+}
+
+/// Applies the segments of manifest `m` from index `from` on to the image
+/// in `path` (the image of its first `from` segments), then checks that
+/// the result is the image `m` names.
+pub(crate) fn extend_image(
+    objects: &dyn Objects,
+    m: &Manifest,
+    from: usize,
+    path: &Path,
+    sealing: Option<&Sealing>,
+) -> Result<()> {
     let f = std::fs::File::options()
-        .create(true)
-        .truncate(true)
         .read(true)
         .write(true)
         .open(path)
         .map_err(StoreError::io(path))?;
-    let mut said = String::new();
-    for s in &m.segments {
+    let mut said = None;
+    for s in &m.segments[from..] {
         let (bytes, _) = objects.get(&s.key)?;
         let bytes = match sealing {
             Some(k) => k.open(&s.key, &bytes)?,
             None => bytes.to_vec(),
         };
-        said = crate::pages::apply(&f, path, &bytes)?;
+        said = Some(crate::pages::apply(&f, path, &bytes)?);
     }
     let (_, whole) = crate::pages::hashes(path, m.page_size)?;
-    if whole != m.image || said != m.image {
+    if whole != m.image || said.is_some_and(|s| s != m.image) {
         return Err(remote_err(format!(
             "the metadata the manifest names (generation {}) does not rebuild its image",
             m.generation
         )));
     }
-    f.sync_all().map_err(StoreError::io(path))
+    Ok(())
 }

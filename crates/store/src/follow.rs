@@ -50,26 +50,7 @@ impl Follower {
             return Ok(next);
         }
         std::fs::copy(self.image(), &next).map_err(StoreError::io(&next))?;
-        let f = std::fs::File::options()
-            .read(true)
-            .write(true)
-            .open(&next)
-            .map_err(StoreError::io(&next))?;
-        for s in &m.segments[n..] {
-            let (bytes, _) = self.objects.get(&s.key)?;
-            let bytes = match &self.sealing {
-                Some(k) => k.open(&s.key, &bytes)?,
-                None => bytes.to_vec(),
-            };
-            crate::pages::apply(&f, &next, &bytes)?;
-        }
-        let (_, whole) = crate::pages::hashes(&next, m.page_size)?;
-        if whole != m.image {
-            return Err(crate::bucket::remote_err(format!(
-                "the metadata of generation {} does not rebuild its image",
-                m.generation
-            )));
-        }
+        crate::bucket::extend_image(&*self.objects, m, n, &next, self.sealing.as_ref())?;
         Ok(next)
     }
 }

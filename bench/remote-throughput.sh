@@ -8,15 +8,21 @@
 #   mount, timed from the first byte until the unmount returns (it waits
 #   until every container is in the bucket and the metadata is pushed);
 # - a cold read of that file from an empty cache (`store init --recover`
-#   on a new directory, then a mount, cache dropped).
-# The store is encrypted (the default); its containers are 32 MiB.
+#   on a new directory, then a mount, cache dropped), and the same read
+#   again once the cache holds every container (the mount's own bound);
+# - for each phase, the CPU seconds the whole machine spent (the server
+#   runs on it too) and what its CPUs allow at that cost per MiB.
+# The store is encrypted (the default); its containers are 32 MiB. The
+# page cache is dropped before every phase.
 #
-# Usage: bench/remote-throughput.sh (as root); SIZE_MIB=N, KEEP=1.
+# Usage: bench/remote-throughput.sh (as root); SIZE_MIB=N, KEEP=1,
+# PERF=DIR (a perf profile of the mount during the write).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "run as root" >&2; exit 2; }
 SIZE_MIB=${SIZE_MIB:-4096}
-cargo build -q --release -p onecopy -p onecopy-objects --example throughput
+cargo build -q --release -p onecopy
+cargo build -q --release -p onecopy-objects --example throughput
 O=$(realpath target/release/onecopy)
 T=$(realpath target/release/examples/throughput)
 WEED=${WEED:-$(pyenv which weed 2>/dev/null || command -v weed)}
@@ -46,31 +52,56 @@ S3_BUCKET=bench "$WEED" mini -dir="$work/weed" -ip=127.0.0.1 -ip.bind=127.0.0.1 
 echo $! > "$work/weed.pid"
 ep=http://127.0.0.1:${p[0]}
 for _ in $(seq 120); do "$T" s3://bench/probe "$ep" 1 1 >/dev/null 2>&1 && break; sleep 0.5; done
-ceiling=$("$T" s3://bench/ceiling "$ep" 64 16)
-echo "endpoint, same client: $ceiling" >&2
+# Each phase's wall, and the CPU seconds it cost: the whole machine's
+# (client, server and kernel) and the server's own, into $work/phases.
+busy() { awk '/^cpu /{print ($2+$3+$4+$7+$8)/100}' /proc/stat; }
+wcpu() { awk '{print ($14+$15+$16+$17)/100}' "/proc/$(cat "$work/weed.pid")/stat"; }
+start() { sync; echo 3 > /proc/sys/vm/drop_caches; b=$(busy); w=$(wcpu); t=$(date +%s.%N); }
+stop() { echo "$1 $(date +%s.%N) $t $(busy) $b $(wcpu) $w $2" >> "$work/phases"; }
+gone() { while pgrep -f "mount $1 $2" >/dev/null; do sleep 0.1; done; }
+NCEIL=$(( SIZE_MIB < 1024 ? SIZE_MIB / 16 : 64 ))
+start; "$T" s3://bench/ceiling "$ep" "$NCEIL" 16 put >&2; stop $((NCEIL * 16)) "PUT ceiling (16 MiB objects, one at a time)"
+start; "$T" s3://bench/ceiling "$ep" "$NCEIL" 16 get >&2; stop $((NCEIL * 16)) "ranged GET ceiling (16 MiB, one at a time)"
+"$T" s3://bench/ceiling "$ep" "$NCEIL" 16 delete
 head -c $((SIZE_MIB << 20)) /dev/urandom > "$work/big"
 "$O" store init "$work/cache" --remote s3://bench/store --endpoint "$ep" >/dev/null
 "$O" mount "$work/cache" "$work/mnt"
-sync; echo 3 > /proc/sys/vm/drop_caches
-t0=$(date +%s.%N)
+start
+if [ -n "${PERF:-}" ]; then
+    perf record -F 499 -g -o "$PERF/write.perf" -p "$(pgrep -f "mount $work/cache $work/mnt")" 2>/dev/null &
+fi
 dd if="$work/big" of="$work/mnt/big" bs=16M status=none
 fusermount3 -u "$work/mnt"
-while pgrep -f "mount $work/cache $work/mnt" >/dev/null; do sleep 0.1; done
-t1=$(date +%s.%N)
+gone "$work/cache" "$work/mnt"
+stop "$SIZE_MIB" "sequential write through the mount, until in the bucket"
 "$O" store init "$work/cache2" --recover --remote s3://bench/store --endpoint "$ep" >/dev/null
 "$O" mount "$work/cache2" "$work/mnt2"
-sync; echo 3 > /proc/sys/vm/drop_caches
-t2=$(date +%s.%N)
-cat "$work/mnt2/big" > /dev/null
-t3=$(date +%s.%N)
+start; cat "$work/mnt2/big" > /dev/null; stop "$SIZE_MIB" "cold read from an empty cache"
 cmp "$work/mnt2/big" "$work/big"
 fusermount3 -u "$work/mnt2"
-python3 - "$SIZE_MIB" "$t0" "$t1" "$t2" "$t3" "$ceiling" <<'EOF'
-import re, sys
-mib, t0, t1, t2, t3 = float(sys.argv[1]), *map(float, sys.argv[2:6])
-put, get = map(float, re.findall(r"([0-9.]+) MiB/s", sys.argv[6]))
-w, r = mib / (t1 - t0), mib / (t3 - t2)
-print(f"| what | MiB/s | endpoint ceiling MiB/s | ratio |\n|---|---:|---:|---:|")
-print(f"| sequential write of {mib:.0f} MiB through the mount, until in the bucket | {w:.0f} | {put:.0f} (PUT) | {w/put:.2f} |")
-print(f"| cold read from an empty cache | {r:.0f} | {get:.0f} (ranged GET) | {r/get:.2f} |")
+gone "$work/cache2" "$work/mnt2"
+# The mount's own bound: the same read once every container is in the
+# local cache (page cache dropped): decryption and FUSE, no GET.
+"$O" mount "$work/cache2" "$work/mnt2"
+start; cat "$work/mnt2/big" > /dev/null; stop "$SIZE_MIB" "read again, every container in the local cache"
+fusermount3 -u "$work/mnt2"
+gone "$work/cache2" "$work/mnt2"
+python3 - "$work/phases" "$(nproc)" <<'EOF'
+import sys
+ncpu = int(sys.argv[2])
+rows = []
+for line in open(sys.argv[1]):
+    t1, t0, b1, b0, w1, w0, mib, *name = line.split()
+    mib, wall = float(mib), float(t1) - float(t0)
+    cpu, srv = float(b1) - float(b0), float(w1) - float(w0)
+    rows.append((" ".join(name), mib, wall, cpu, srv))
+print(f"| phase | MiB | wall s | MiB/s | CPU s, machine ({ncpu} CPUs) | of which server | CPU ms/MiB | CPU bound MiB/s |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|")
+for name, mib, wall, cpu, srv in rows:
+    per = cpu / mib
+    print(f"| {name} | {mib:.0f} | {wall:.2f} | {mib/wall:.0f} | {cpu:.2f} | {srv:.2f} | {per*1000:.1f} | {ncpu/per:.0f} |")
+put, get, w, r = (rows[i][1] / rows[i][2] for i in range(4))
+print()
+print(f"write / PUT ceiling: {w/put:.2f}; cold read / GET ceiling: {r/get:.2f}")
+print("(CPU bound: what the machine's CPUs allow at the phase's CPU cost per MiB, every CPU busy)")
 EOF

@@ -5,8 +5,10 @@
 //! bench/remote-throughput.sh compares a mount's writes and cold reads
 //! with.
 //!
-//! Usage: throughput s3://BUCKET/PREFIX ENDPOINT [N] [SIZE_MIB]
-//! (credentials from the environment, as the store takes them).
+//! Usage: throughput s3://BUCKET/PREFIX ENDPOINT [N] [SIZE_MIB] [PHASES]
+//! (credentials from the environment, as the store takes them); PHASES
+//! is a comma-separated subset of `put,get,delete` (all by default), so
+//! that a caller can measure each phase on its own.
 
 use std::time::Instant;
 
@@ -25,7 +27,10 @@ fn main() {
         .get(4)
         .map_or(16, |s| s.parse::<usize>().expect("SIZE_MIB"))
         << 20;
+    let phases = args.get(5).map_or("put,get,delete", |s| s.as_str());
+    let has = |p: &str| phases.split(',').any(|x| x == p);
     let o = S3Objects::new(&c).expect("client");
+    let mib = (n * size) as f64 / (1 << 20) as f64;
     // Incompressible bytes, different per object.
     let mut body = vec![0u8; size];
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
@@ -35,30 +40,37 @@ fn main() {
         x ^= x << 17;
         b.copy_from_slice(&x.to_le_bytes()[..b.len()]);
     }
-    let t = Instant::now();
-    for i in 0..n {
-        body[..8].copy_from_slice(&(i as u64).to_le_bytes());
-        let key = format!("throughput/{i:08}");
-        o.put_new(&key, body.clone().into()).expect("put");
+    if has("put") {
+        let t = Instant::now();
+        for i in 0..n {
+            body[..8].copy_from_slice(&(i as u64).to_le_bytes());
+            let key = format!("throughput/{i:08}");
+            o.put_new(&key, body.clone().into()).expect("put");
+        }
+        let put = t.elapsed().as_secs_f64();
+        println!(
+            "put {n} x {} MiB: {put:.2} s, {:.0} MiB/s",
+            size >> 20,
+            mib / put
+        );
     }
-    let put = t.elapsed().as_secs_f64();
-    let t = Instant::now();
-    for i in 0..n {
-        let key = format!("throughput/{i:08}");
-        let got = o.get_range(&key, 0..size as u64).expect("get");
-        assert_eq!(got.len(), size);
+    if has("get") {
+        let t = Instant::now();
+        for i in 0..n {
+            let key = format!("throughput/{i:08}");
+            let got = o.get_range(&key, 0..size as u64).expect("get");
+            assert_eq!(got.len(), size);
+        }
+        let get = t.elapsed().as_secs_f64();
+        println!(
+            "ranged get {n} x {} MiB: {get:.2} s, {:.0} MiB/s",
+            size >> 20,
+            mib / get
+        );
     }
-    let get = t.elapsed().as_secs_f64();
-    let mib = (n * size) as f64 / (1 << 20) as f64;
-    println!(
-        "put {n} x {} MiB: {:.2} s, {:.0} MiB/s; ranged get: {:.2} s, {:.0} MiB/s",
-        size >> 20,
-        put,
-        mib / put,
-        get,
-        mib / get
-    );
-    for i in 0..n {
-        let _ = o.delete(&format!("throughput/{i:08}"));
+    if has("delete") {
+        for i in 0..n {
+            let _ = o.delete(&format!("throughput/{i:08}"));
+        }
     }
 }

@@ -15,6 +15,7 @@ mod copy;
 mod data;
 mod diff;
 pub mod error;
+mod fetch;
 mod follow;
 mod forget;
 mod import;

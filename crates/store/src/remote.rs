@@ -20,9 +20,8 @@
 //! - the local directory is a bounded cache: a local copy is evicted
 //!   (least recently used first) only once its container is in the
 //!   bucket; a read that misses fetches the whole object back (up to
-//!   [`WHOLE_FETCH_MAX`]; larger ones are read by ranges).
-//!
-//! Not yet (issue 32): a grace period for readers of older manifests.
+//!   [`WHOLE_FETCH_MAX`]; larger ones are read by ranges), served from
+//!   memory until its local copy is written ([`crate::fetch`]).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Condvar, Mutex};
@@ -32,6 +31,8 @@ use onecopy_objects::{ObjectError, Objects};
 
 use crate::container::{ContainerStore, LocalDir};
 use crate::error::{Result, StoreError};
+use crate::fetch::Fetcher;
+use bytes::Bytes;
 
 /// Objects up to this size are fetched whole into the cache on a miss
 /// (sequential reads of a file then cost one GET per container).
@@ -39,7 +40,7 @@ pub const WHOLE_FETCH_MAX: u64 = 64 << 20;
 
 /// Local copies of containers that are in the bucket: evictable.
 #[derive(Default)]
-struct Lru {
+pub(crate) struct Lru {
     /// id -> (bytes, last use).
     held: std::collections::HashMap<u64, (u64, u64)>,
     total: u64,
@@ -132,10 +133,8 @@ pub struct Tiered {
     /// The evictable local copies and the cache's bound in bytes.
     lru: Arc<Mutex<Lru>>,
     limit: u64,
-    /// Fetches of whole containers, and the thread that fetches the next
-    /// container ahead of a sequential reader.
+    /// Fetches of whole containers (see [`crate::fetch`]).
     fetcher: Arc<Fetcher>,
-    ahead: std::sync::mpsc::SyncSender<u64>,
     /// A follower's tier: nothing goes to the bucket.
     read_only: bool,
 }
@@ -146,27 +145,7 @@ impl Tiered {
     pub fn new(local: LocalDir, objects: Arc<dyn Objects>, limit: u64) -> Tiered {
         let local = Arc::new(local);
         let lru = Arc::new(Mutex::new(Lru::default()));
-        let fetcher = Arc::new(Fetcher {
-            local: local.clone(),
-            objects: objects.clone(),
-            lru: lru.clone(),
-            limit,
-            flight: Mutex::new(std::collections::HashSet::new()),
-            cv: Condvar::new(),
-        });
-        let ahead = {
-            let (tx, rx) = std::sync::mpsc::sync_channel::<u64>(1);
-            let f = fetcher.clone();
-            std::thread::Builder::new()
-                .name("onecopy-fetch".into())
-                .spawn(move || {
-                    for id in rx {
-                        let _ = f.fetch(id);
-                    }
-                })
-                .expect("spawn the fetch thread");
-            tx
-        };
+        let fetcher = Fetcher::start(local.clone(), objects.clone(), lru.clone(), limit);
         let up = Arc::new(Uploads {
             q: Mutex::new(Queue::default()),
             cv: Condvar::new(),
@@ -192,7 +171,6 @@ impl Tiered {
             lru,
             limit,
             fetcher,
-            ahead,
             read_only: false,
         }
     }
@@ -210,38 +188,33 @@ impl Tiered {
         self.lru.lock().unwrap().total
     }
 
-    /// A container missing locally: fetched whole into the cache when
-    /// small enough (then `true`), else left to ranged reads; the next
-    /// container is fetched ahead (a file written in one go lies in
-    /// consecutive containers), if the fetch thread is free.
-    fn fetch_whole(&self, id: u64) -> Result<bool> {
-        let r = self.fetcher.fetch(id);
-        if matches!(r, Ok(true)) {
-            let _ = self.ahead.try_send(id + 1);
-        }
-        r
-    }
-
-    /// Reads from the local copy, fetching the container on a miss.
+    /// Reads container `id` from memory if it was just fetched, else
+    /// from its local copy, fetching it on a miss; `None`: read it from
+    /// the bucket by ranges.
     fn read_cached<T>(
         &self,
         id: u64,
-        mut read: impl FnMut(&LocalDir) -> Result<T>,
+        mut local: impl FnMut(&LocalDir) -> Result<T>,
+        mut fresh: impl FnMut(&Bytes) -> Result<T>,
     ) -> Result<Option<T>> {
-        match read(&self.local) {
-            Err(e) if is_missing(&e) => {}
-            r => {
-                self.lru.lock().unwrap().touch(id);
-                return r.map(Some);
+        for fetched in [false, true] {
+            if let Some(b) = self.fetcher.fresh(id) {
+                self.fetcher.want_next(id);
+                return fresh(&b).map(Some);
             }
+            match local(&self.local) {
+                Err(e) if is_missing(&e) => {}
+                r => {
+                    self.lru.lock().unwrap().touch(id);
+                    return r.map(Some);
+                }
+            }
+            if fetched || !self.fetcher.fetch(id)? {
+                break;
+            }
+            self.fetcher.want_next(id);
         }
-        if !self.fetch_whole(id)? {
-            return Ok(None);
-        }
-        match read(&self.local) {
-            Err(e) if is_missing(&e) => Ok(None),
-            r => r.map(Some),
-        }
+        Ok(None)
     }
 
     /// The containers deleted since the last call, whose objects are to
@@ -306,6 +279,7 @@ impl Tiered {
 
 impl Drop for Tiered {
     fn drop(&mut self) {
+        self.fetcher.stop();
         self.up.q.lock().unwrap().stop = true;
         self.up.cv.notify_all();
         if let Some(w) = self.worker.lock().unwrap().take() {
@@ -314,7 +288,7 @@ impl Drop for Tiered {
     }
 }
 
-fn object_error(e: ObjectError) -> StoreError {
+pub(crate) fn object_error(e: ObjectError) -> StoreError {
     StoreError::Object(e)
 }
 
@@ -322,63 +296,24 @@ fn is_missing(e: &StoreError) -> bool {
     matches!(e, StoreError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
 }
 
-/// Fetches whole containers into the cache, each once: a reader that
-/// wants one being fetched (ahead, or by another reader) waits for it.
-struct Fetcher {
-    local: Arc<LocalDir>,
-    objects: Arc<dyn Objects>,
-    lru: Arc<Mutex<Lru>>,
-    limit: u64,
-    flight: Mutex<std::collections::HashSet<u64>>,
-    cv: Condvar,
-}
-
-impl Fetcher {
-    /// Whether container `id` is local now (fetched whole if it was not
-    /// and is small enough; `false`: read it by ranges, or it is in no
-    /// bucket).
-    fn fetch(&self, id: u64) -> Result<bool> {
-        {
-            let mut f = self.flight.lock().unwrap();
-            loop {
-                if self.local.len(id)?.is_some() {
-                    return Ok(true);
-                }
-                if !f.contains(&id) {
-                    break;
-                }
-                f = self.cv.wait(f).unwrap();
-            }
-            f.insert(id);
-        }
-        let r = self.get(id);
-        self.flight.lock().unwrap().remove(&id);
-        self.cv.notify_all();
-        r
-    }
-
-    fn get(&self, id: u64) -> Result<bool> {
-        let key = object_key(id);
-        match self.objects.size(&key).map_err(object_error)? {
-            Some(n) if n <= WHOLE_FETCH_MAX && self.limit >= n => {}
-            _ => return Ok(false),
-        }
-        let (bytes, _) = self.objects.get(&key).map_err(object_error)?;
-        self.local.install(id, &bytes)?;
-        evict(
-            &self.local,
-            &self.lru,
-            self.limit,
-            Some((id, bytes.len() as u64)),
-        );
-        Ok(true)
+/// Bytes `offset..offset + len` of container `id`, whose whole object is
+/// `b`.
+fn slice(b: &Bytes, id: u64, offset: u64, len: usize) -> Result<Vec<u8>> {
+    let end = offset.saturating_add(len as u64);
+    match b.get(offset as usize..end as usize) {
+        Some(s) => Ok(s.to_vec()),
+        None => Err(StoreError::Damaged {
+            container: id,
+            offset,
+            why: format!("the bucket's object is shorter ({} bytes)", b.len()),
+        }),
     }
 }
 
 /// Registers `added` as evictable and deletes the least recently used
 /// local copies beyond `limit` (a copy being read stays readable: its
 /// open descriptor keeps the file).
-fn evict(local: &LocalDir, lru: &Mutex<Lru>, limit: u64, added: Option<(u64, u64)>) {
+pub(crate) fn evict(local: &LocalDir, lru: &Mutex<Lru>, limit: u64, added: Option<(u64, u64)>) {
     let gone = {
         let mut l = lru.lock().unwrap();
         if let Some((id, len)) = added {
@@ -494,14 +429,23 @@ impl ContainerStore for Tiered {
     }
 
     fn read(&self, id: u64, offset: u64, len: usize) -> Result<Vec<u8>> {
-        match self.read_cached(id, |l| l.read(id, offset, len))? {
+        let mem = |b: &Bytes| slice(b, id, offset, len);
+        match self.read_cached(id, |l| l.read(id, offset, len), mem)? {
             Some(v) => Ok(v),
             None => self.fetch(id, offset, len),
         }
     }
 
     fn read_into(&self, id: u64, offset: u64, bufs: &mut [&mut [u8]]) -> Result<()> {
-        match self.read_cached(id, |l| l.read_into(id, offset, bufs))? {
+        let total = bufs.iter().map(|b| b.len()).sum();
+        let mut at_once = None;
+        let local = |l: &LocalDir| l.read_into(id, offset, bufs);
+        let mem = |b: &Bytes| slice(b, id, offset, total).map(|v| at_once = Some(v));
+        let got = self.read_cached(id, local, mem)?;
+        if let Some(v) = at_once {
+            return crate::container::scatter(|_| Ok(v), bufs);
+        }
+        match got {
             Some(()) => Ok(()),
             None => crate::container::scatter(|len| self.fetch(id, offset, len), bufs),
         }
@@ -613,6 +557,40 @@ impl ContainerStore for Tiered {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A miss fetches its whole container and serves it at once; the
+    /// next container is fetched ahead and lands in the cache; a read
+    /// past an object's end is damage, never made-up bytes.
+    #[test]
+    fn a_miss_fetches_the_container_and_the_next_one_ahead() {
+        let d = tempfile::tempdir().unwrap();
+        let objects = Arc::new(onecopy_objects::LocalObjects::new(d.path().join("b")).unwrap());
+        let body =
+            |id: u64| -> Vec<u8> { (0..1u32 << 20).map(|i| (i as u64 * id) as u8).collect() };
+        for id in 1..=3 {
+            objects.put_new(&object_key(id), body(id).into()).unwrap();
+        }
+        let local = LocalDir::new(d.path().join("cache"));
+        let t = Tiered::reader(local, objects, u64::MAX);
+        assert_eq!(t.read(1, 4096, 8192).unwrap(), body(1)[4096..12288]);
+        let cached = |id| t.local.len(id).unwrap().is_some();
+        let t0 = std::time::Instant::now();
+        while !(cached(1) && cached(2)) {
+            assert!(
+                t0.elapsed().as_secs() < 30,
+                "container 2 was not fetched ahead"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let mut a = vec![0u8; 100];
+        let mut b = vec![0u8; 28];
+        t.read_into(2, 1000, &mut [&mut a, &mut b]).unwrap();
+        assert_eq!([a, b].concat(), body(2)[1000..1128]);
+        assert!(matches!(
+            t.read(3, (1 << 20) - 10, 20),
+            Err(StoreError::Damaged { container: 3, .. })
+        ));
+    }
 
     #[test]
     fn keys_name_their_container() {

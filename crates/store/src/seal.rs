@@ -15,7 +15,7 @@
 //!   its chunk id and length, an object to its key): a record or object
 //!   moved, swapped or changed fails to open, and is reported as damage.
 
-use chacha20poly1305::aead::{Aead, KeyInit, Payload};
+use chacha20poly1305::aead::{Aead, AeadInOut, KeyInit, Payload};
 use chacha20poly1305::{Key, XChaCha20Poly1305, XNonce};
 use serde::{Deserialize, Serialize};
 
@@ -77,12 +77,14 @@ impl Keys {
 
 fn seal_with(aead: &XChaCha20Poly1305, aad: &[u8], plain: &[u8]) -> Vec<u8> {
     let nonce: [u8; NONCE] = random();
-    let ct = aead
-        .encrypt(&XNonce::from(nonce), Payload { msg: plain, aad })
-        .expect("XChaCha20-Poly1305 seals any length a record has");
-    let mut out = Vec::with_capacity(NONCE + ct.len());
+    // nonce | ciphertext | tag, the plaintext copied once.
+    let mut out = Vec::with_capacity(OVERHEAD + plain.len());
     out.extend_from_slice(&nonce);
-    out.extend_from_slice(&ct);
+    out.extend_from_slice(plain);
+    let tag = aead
+        .encrypt_inout_detached(&XNonce::from(nonce), aad, (&mut out[NONCE..]).into())
+        .expect("XChaCha20-Poly1305 seals any length a record has");
+    out.extend_from_slice(&tag);
     out
 }
 

@@ -1,0 +1,195 @@
+//! Whole containers fetched from the bucket into a remote store's cache.
+//!
+//! A read that misses its container fetches the whole object (one GET per
+//! container, not one per chunk) and serves it from memory at once; a
+//! thread of its own writes the local copy (the write and its `fdatasync`
+//! are off the reader's path). The first read of a fetched container
+//! asks for the next one ahead (a file written in one go lies in
+//! consecutive containers), so a sequential reader finds the next
+//! container fetched, or being fetched, when it gets there.
+//!
+//! Invariants:
+//! - each container is fetched once at a time: a reader that wants one in
+//!   flight waits for it;
+//! - a fetched container is always in memory or installed locally (it
+//!   leaves memory only once its local copy is in place, or its install
+//!   failed: then the next read fetches it again);
+//! - memory holds at most [`INSTALL_QUEUE`] + 2 fetched containers: the
+//!   fetch thread waits for the installer when it lags.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::{Arc, Condvar, Mutex};
+
+use bytes::Bytes;
+use onecopy_objects::Objects;
+
+use crate::container::{ContainerStore, LocalDir};
+use crate::error::{Result, StoreError};
+use crate::remote::{evict, object_error, object_key, Lru, WHOLE_FETCH_MAX};
+
+/// Fetched containers waiting for their local copies to be written.
+const INSTALL_QUEUE: usize = 2;
+
+/// Containers asked ahead lately (a read of each asks once).
+const ASKED: usize = 16;
+
+/// Fetches whole containers into the cache.
+pub(crate) struct Fetcher {
+    shared: Arc<Shared>,
+    objects: Arc<dyn Objects>,
+    limit: u64,
+    flight: Mutex<HashSet<u64>>,
+    cv: Condvar,
+    install: SyncSender<(u64, Bytes)>,
+    ahead: Mutex<Option<SyncSender<u64>>>,
+    asked: Mutex<VecDeque<u64>>,
+}
+
+/// What the fetcher and its installer thread both hold.
+struct Shared {
+    local: Arc<LocalDir>,
+    lru: Arc<Mutex<Lru>>,
+    /// Fetched containers whose local copies are not in place yet.
+    fresh: Mutex<HashMap<u64, Bytes>>,
+}
+
+impl Fetcher {
+    /// A fetcher into `local`, whose evictable copies add up to at most
+    /// `limit` bytes; starts its installer and fetch-ahead threads.
+    pub(crate) fn start(
+        local: Arc<LocalDir>,
+        objects: Arc<dyn Objects>,
+        lru: Arc<Mutex<Lru>>,
+        limit: u64,
+    ) -> Arc<Fetcher> {
+        let shared = Arc::new(Shared {
+            local,
+            lru,
+            fresh: Mutex::new(HashMap::new()),
+        });
+        let (install, todo) = sync_channel::<(u64, Bytes)>(INSTALL_QUEUE);
+        let s = shared.clone();
+        std::thread::Builder::new()
+            .name("onecopy-install".into())
+            .spawn(move || {
+                for (id, bytes) in todo {
+                    s.install(id, bytes, limit);
+                }
+            })
+            .expect("spawn the install thread");
+        let f = Arc::new(Fetcher {
+            shared,
+            objects,
+            limit,
+            flight: Mutex::new(HashSet::new()),
+            cv: Condvar::new(),
+            install,
+            ahead: Mutex::new(None),
+            asked: Mutex::new(VecDeque::new()),
+        });
+        let (tx, rx) = sync_channel::<u64>(1);
+        let weak = Arc::downgrade(&f);
+        std::thread::Builder::new()
+            .name("onecopy-fetch".into())
+            .spawn(move || {
+                for id in rx {
+                    match weak.upgrade() {
+                        Some(f) => drop(f.fetch(id)),
+                        None => break,
+                    }
+                }
+            })
+            .expect("spawn the fetch thread");
+        *f.ahead.lock().unwrap() = Some(tx);
+        f
+    }
+
+    /// Stops fetching ahead (the store is closing).
+    pub(crate) fn stop(&self) {
+        self.ahead.lock().unwrap().take();
+    }
+
+    /// The bytes of container `id` if it was fetched and its local copy
+    /// is not in place yet.
+    pub(crate) fn fresh(&self, id: u64) -> Option<Bytes> {
+        self.shared.fresh.lock().unwrap().get(&id).cloned()
+    }
+
+    /// Asks for the container after `id` to be fetched, once, if the
+    /// fetch thread is free.
+    pub(crate) fn want_next(&self, id: u64) {
+        let next = id + 1;
+        {
+            let mut asked = self.asked.lock().unwrap();
+            if asked.contains(&next) {
+                return;
+            }
+            if asked.len() >= ASKED {
+                asked.pop_front();
+            }
+            asked.push_back(next);
+        }
+        if let Some(tx) = &*self.ahead.lock().unwrap() {
+            let _ = tx.try_send(next);
+        }
+    }
+
+    /// Whether container `id` is local or in memory now (fetched whole if
+    /// it was neither and is small enough; `false`: read it by ranges, or
+    /// it is in no bucket).
+    pub(crate) fn fetch(&self, id: u64) -> Result<bool> {
+        {
+            let mut f = self.flight.lock().unwrap();
+            loop {
+                if self.shared.fresh.lock().unwrap().contains_key(&id)
+                    || self.shared.local.len(id)?.is_some()
+                {
+                    return Ok(true);
+                }
+                if !f.contains(&id) {
+                    break;
+                }
+                f = self.cv.wait(f).unwrap();
+            }
+            f.insert(id);
+        }
+        let r = self.get(id);
+        self.flight.lock().unwrap().remove(&id);
+        self.cv.notify_all();
+        r
+    }
+
+    fn get(&self, id: u64) -> Result<bool> {
+        let key = object_key(id);
+        match self.objects.size(&key).map_err(object_error)? {
+            Some(n) if n <= WHOLE_FETCH_MAX && self.limit >= n => {}
+            _ => return Ok(false),
+        }
+        let (bytes, _) = self.objects.get(&key).map_err(object_error)?;
+        self.shared.fresh.lock().unwrap().insert(id, bytes.clone());
+        if self.install.send((id, bytes)).is_err() {
+            self.shared.fresh.lock().unwrap().remove(&id);
+            return Err(StoreError::ShutDown {
+                why: "the cache's install thread is gone".into(),
+            });
+        }
+        Ok(true)
+    }
+}
+
+impl Shared {
+    /// Writes the local copy of container `id`, then lets its bytes go
+    /// from memory (a failed write too: the next read fetches again).
+    fn install(&self, id: u64, bytes: Bytes, limit: u64) {
+        if self.local.install(id, &bytes).is_ok() {
+            evict(
+                &self.local,
+                &self.lru,
+                limit,
+                Some((id, bytes.len() as u64)),
+            );
+        }
+        self.fresh.lock().unwrap().remove(&id);
+    }
+}

@@ -91,7 +91,7 @@ import sys
 ncpu = int(sys.argv[2])
 rows = []
 for line in open(sys.argv[1]):
-    t1, t0, b1, b0, w1, w0, mib, *name = line.split()
+    mib, t1, t0, b1, b0, w1, w0, *name = line.split()
     mib, wall = float(mib), float(t1) - float(t0)
     cpu, srv = float(b1) - float(b0), float(w1) - float(w0)
     rows.append((" ".join(name), mib, wall, cpu, srv))

@@ -188,25 +188,24 @@ impl Tiered {
         self.lru.lock().unwrap().total
     }
 
-    /// Reads container `id` from memory if it was just fetched, else
-    /// from its local copy, fetching it on a miss; `None`: read it from
-    /// the bucket by ranges.
+    /// Finds container `id`: just fetched (its bytes in memory), else its
+    /// local copy (read with `local`), fetching it whole on a miss; else
+    /// to be read from the bucket by ranges.
     fn read_cached<T>(
         &self,
         id: u64,
         mut local: impl FnMut(&LocalDir) -> Result<T>,
-        mut fresh: impl FnMut(&Bytes) -> Result<T>,
-    ) -> Result<Option<T>> {
+    ) -> Result<Found<T>> {
         for fetched in [false, true] {
             if let Some(b) = self.fetcher.fresh(id) {
                 self.fetcher.want_next(id);
-                return fresh(&b).map(Some);
+                return Ok(Found::Fresh(b));
             }
             match local(&self.local) {
                 Err(e) if is_missing(&e) => {}
                 r => {
                     self.lru.lock().unwrap().touch(id);
-                    return r.map(Some);
+                    return r.map(Found::Local);
                 }
             }
             if fetched || !self.fetcher.fetch(id)? {
@@ -214,7 +213,7 @@ impl Tiered {
             }
             self.fetcher.want_next(id);
         }
-        Ok(None)
+        Ok(Found::Bucket)
     }
 
     /// The containers deleted since the last call, whose objects are to
@@ -263,18 +262,18 @@ impl Tiered {
             .objects
             .get_range(&key, offset..offset + len as u64)
             .map_err(object_error)?;
-        if got.len() != len {
-            return Err(StoreError::Damaged {
-                container: id,
-                offset,
-                why: format!(
-                    "the bucket's object is shorter ({} of {len} bytes)",
-                    got.len()
-                ),
-            });
-        }
-        Ok(got.to_vec())
+        exact(id, offset, len, &got)
     }
+}
+
+/// Where [`Tiered::read_cached`] found a container.
+enum Found<T> {
+    /// Read from the local copy.
+    Local(T),
+    /// Fetched whole, its local copy not written yet.
+    Fresh(Bytes),
+    /// Neither: read it from the bucket by ranges.
+    Bucket,
 }
 
 impl Drop for Tiered {
@@ -299,15 +298,24 @@ fn is_missing(e: &StoreError) -> bool {
 /// Bytes `offset..offset + len` of container `id`, whose whole object is
 /// `b`.
 fn slice(b: &Bytes, id: u64, offset: u64, len: usize) -> Result<Vec<u8>> {
-    let end = offset.saturating_add(len as u64);
-    match b.get(offset as usize..end as usize) {
-        Some(s) => Ok(s.to_vec()),
-        None => Err(StoreError::Damaged {
+    let tail = b.get(offset as usize..).unwrap_or_default();
+    exact(id, offset, len, &tail[..tail.len().min(len)])
+}
+
+/// `got`, read from the bucket at `offset` of container `id`, if it is
+/// the `len` bytes asked for; shorter is damage.
+fn exact(id: u64, offset: u64, len: usize, got: &[u8]) -> Result<Vec<u8>> {
+    if got.len() != len {
+        return Err(StoreError::Damaged {
             container: id,
             offset,
-            why: format!("the bucket's object is shorter ({} bytes)", b.len()),
-        }),
+            why: format!(
+                "the bucket's object is shorter ({} of {len} bytes)",
+                got.len()
+            ),
+        });
     }
+    Ok(got.to_vec())
 }
 
 /// Registers `added` as evictable and deletes the least recently used
@@ -429,25 +437,19 @@ impl ContainerStore for Tiered {
     }
 
     fn read(&self, id: u64, offset: u64, len: usize) -> Result<Vec<u8>> {
-        let mem = |b: &Bytes| slice(b, id, offset, len);
-        match self.read_cached(id, |l| l.read(id, offset, len), mem)? {
-            Some(v) => Ok(v),
-            None => self.fetch(id, offset, len),
+        match self.read_cached(id, |l| l.read(id, offset, len))? {
+            Found::Local(v) => Ok(v),
+            Found::Fresh(b) => slice(&b, id, offset, len),
+            Found::Bucket => self.fetch(id, offset, len),
         }
     }
 
     fn read_into(&self, id: u64, offset: u64, bufs: &mut [&mut [u8]]) -> Result<()> {
-        let total = bufs.iter().map(|b| b.len()).sum();
-        let mut at_once = None;
-        let local = |l: &LocalDir| l.read_into(id, offset, bufs);
-        let mem = |b: &Bytes| slice(b, id, offset, total).map(|v| at_once = Some(v));
-        let got = self.read_cached(id, local, mem)?;
-        if let Some(v) = at_once {
-            return crate::container::scatter(|_| Ok(v), bufs);
-        }
-        match got {
-            Some(()) => Ok(()),
-            None => crate::container::scatter(|len| self.fetch(id, offset, len), bufs),
+        use crate::container::scatter;
+        match self.read_cached(id, |l| l.read_into(id, offset, bufs))? {
+            Found::Local(()) => Ok(()),
+            Found::Fresh(b) => scatter(|len| slice(&b, id, offset, len), bufs),
+            Found::Bucket => scatter(|len| self.fetch(id, offset, len), bufs),
         }
     }
 

@@ -21,7 +21,7 @@ cargo build -q --release -p onecopy
 cargo build -q --release -p onecopy-workload
 O=$(realpath target/release/onecopy)
 W=$(realpath target/release/onecopy-workload)
-WEED=${WEED:-$(pyenv which weed 2>/dev/null || command -v weed)}
+. bench/weed.sh
 work=$(mktemp -d /var/tmp/onecopy-remote-follow.XXXXXX)
 export AWS_ACCESS_KEY_ID=benchkey AWS_SECRET_ACCESS_KEY=benchsecret AWS_REGION=us-east-1
 export ONECOPY_PASSWORD=bench-passphrase
@@ -32,26 +32,14 @@ follower() { pgrep -f "mount /var/tmp/onecopy-follow\.[^ ]* $work/mnt -f" || tru
 cleanup() {
     fusermount3 -uz "$work/mnt" 2>/dev/null || true
     for _ in $(seq 100); do [ -z "$(follower)" ] && break; sleep 0.1; done
-    [ -f "$work/weed.pid" ] && kill "$(cat "$work/weed.pid")" 2>/dev/null || true
+    [ -f "$work/weed/pid" ] && kill "$(cat "$work/weed/pid")" 2>/dev/null || true
     sleep 1
     [ "${KEEP:-0}" = 1 ] || rm -rf "$work"
 }
 trap cleanup EXIT
-ports=$(python3 -c 'import socket
-s=[socket.socket() for _ in range(11)]
-[x.bind(("127.0.0.1",0)) for x in s]
-print(" ".join(str(x.getsockname()[1]) for x in s))')
-read -r -a p <<<"$ports"
-mkdir -p "$work/weed" "$work/mnt"
-S3_BUCKET=bench "$WEED" mini -dir="$work/weed" -ip=127.0.0.1 -ip.bind=127.0.0.1 \
-    -s3.port="${p[0]}" -s3.port.iceberg=0 -s3.port.lance=0 -admin.ui=false -master.telemetry=false \
-    -filer.localSocket="$work/filer.sock" -s3.localSocket="$work/s3.sock" \
-    -master.port="${p[1]}" -master.port.grpc="${p[2]}" -volume.port="${p[3]}" \
-    -volume.port.grpc="${p[4]}" -filer.port="${p[5]}" -filer.port.grpc="${p[6]}" \
-    -s3.port.grpc="${p[7]}" -webdav.port="${p[8]}" -admin.port="${p[9]}" \
-    -admin.port.grpc="${p[10]}" </dev/null >"$work/weed.log" 2>&1 &
-echo $! > "$work/weed.pid"
-ep=http://127.0.0.1:${p[0]}
+mkdir -p "$work/mnt"
+weed_start "$work/weed" bench
+ep=http://127.0.0.1:$(cat "$work/weed/s3")
 
 # 1. The tree (generated while weed starts).
 t=$(now)
@@ -77,7 +65,7 @@ t=$(now)
 "$O" store import "$work/cache" "$work/tree" >"$work/import.out"
 imp=$(secs "$t" "$(now)")
 echo "import: $(cat "$work/import.out") ($imp s)" >&2
-bucket=$(du -sb "$work/weed" | cut -f1)
+bucket=$(du -sb "$work/weed/data" | cut -f1)
 echo "weed's data directory: $((bucket >> 20)) MiB" >&2
 
 # 3. The follower, from an empty cache.

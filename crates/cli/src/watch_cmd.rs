@@ -79,6 +79,11 @@ pub struct WatchArgs {
     #[arg(short = 'e', long = "exclude", value_name = "GLOB")]
     pub excludes: Vec<String>,
 
+    /// Do not read or dedupe files in btrfs snapshots (as for dedupe):
+    /// changes inside one are left alone.
+    #[arg(long)]
+    pub exclude_snapshots: bool,
+
     /// Files read in parallel per pass.
     #[arg(short = 'j', long, value_name = "N", default_value_t = 2)]
     pub threads: usize,
@@ -380,6 +385,9 @@ impl Watcher<'_> {
         }
         for e in &self.a.excludes {
             cmd.args(["--exclude", e]);
+        }
+        if self.a.exclude_snapshots {
+            cmd.arg("--exclude-snapshots");
         }
         cmd.arg("--").args(roots).stdout(Stdio::piped());
         cmd.spawn().context("starting a dedupe pass")

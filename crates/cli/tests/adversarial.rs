@@ -525,6 +525,136 @@ fn read_only_snapshot_btrfs() {
     assert_eq!(ro.trim(), "ro=true");
 }
 
+/// btrfs, issue 34: `--exclude-snapshots` enters no snapshot, read-only or
+/// writable, and walks no root inside one: their files are neither listed,
+/// read nor deduped (same contents, same extents), each snapshot is counted
+/// once as skipped, and the live duplicates are shared as ever. Without the
+/// option the snapshots' files are scanned.
+#[test]
+fn exclude_snapshots_btrfs() {
+    const LEN: u64 = 2 * MIB + 3;
+    let fs = new_fs(FsKind::Btrfs, 512 * MIB);
+    let root = fs.path();
+    let vol = root.join("vol");
+    run(
+        "btrfs",
+        &[
+            OsStr::new("subvolume"),
+            OsStr::new("create"),
+            vol.as_os_str(),
+        ],
+    );
+    let live = dup_groups(&vol.join("data"), 2, 2, LEN, 141);
+    fs.sync();
+    let snap_ro = root.join("snap-ro");
+    let snap_rw = root.join("backups").join("snap-rw");
+    mkparent(&snap_rw);
+    for (snap, ro) in [(&snap_ro, true), (&snap_rw, false)] {
+        let mut args = vec![OsStr::new("subvolume"), OsStr::new("snapshot")];
+        if ro {
+            args.push(OsStr::new("-r"));
+        }
+        args.extend([vol.as_os_str(), snap.as_os_str()]);
+        run("btrfs", &args);
+    }
+    // Duplicates only the writable snapshot holds: deduped without the
+    // option, never with it.
+    let rw_extra = dup_groups(&snap_rw.join("extra"), 1, 2, LEN + 2, 142);
+    fs.sync();
+    let mut snap_files: Vec<PathBuf> = [&snap_ro, &snap_rw]
+        .iter()
+        .flat_map(|s| {
+            flat(&live)
+                .into_iter()
+                .map(|p| s.join(p.strip_prefix(&vol).unwrap()))
+        })
+        .collect();
+    snap_files.extend(flat(&rw_extra));
+    assert_eq!(snap_files.len(), 10);
+    let snap_layouts = layouts(&snap_files);
+    let sums = checksum_tree(root);
+
+    // Roots inside snapshots: skipped whole, nothing listed, no error.
+    let r = dedupe(
+        &[snap_rw.clone(), snap_ro.join("data")],
+        &["--no-catalog", "--exclude-snapshots"],
+    );
+    r.assert_ok();
+    assert_eq!(r.u("files_scanned"), 0, "files of snapshot roots listed");
+    assert_eq!(r.u("bytes_read"), 0, "files of snapshot roots read");
+    assert_eq!(r.files_skipped("snapshot"), 2, "{}", r.report());
+
+    // The whole mount: only the live subvolume's files.
+    let live_bytes = LEN * flat(&live).len() as u64;
+    let r = dedupe(
+        &[root],
+        &["--no-catalog", "--exclude-snapshots", "--verbose"],
+    );
+    r.assert_ok();
+    assert_eq!(
+        r.files_skipped("snapshot"),
+        2,
+        "snapshots not entered: {}",
+        r.report()["files_skipped"]
+    );
+    assert_eq!(r.u("files_scanned"), flat(&live).len() as u64);
+    assert_eq!(r.u("bytes_scanned"), live_bytes);
+    assert!(
+        r.u("bytes_read") > 0 && r.u("bytes_read") <= live_bytes,
+        "bytes_read {} for {live_bytes} live bytes",
+        r.u("bytes_read")
+    );
+    let read: Vec<PathBuf> = r.report()["read_paths"]
+        .as_array()
+        .expect("read_paths in a --verbose report")
+        .iter()
+        .map(|p| PathBuf::from(p.as_str().unwrap()))
+        .collect();
+    assert!(!read.is_empty(), "nothing read");
+    // Read paths are canonical, as the roots are made.
+    let live_dir = vol.canonicalize().unwrap();
+    let elsewhere: Vec<&PathBuf> = read.iter().filter(|p| !p.starts_with(&live_dir)).collect();
+    assert!(
+        elsewhere.is_empty(),
+        "files outside the live subvolume read: {elsewhere:?}"
+    );
+    assert_groups_shared("live duplicates", &live);
+    assert_same("file contents changed", &checksum_tree(root), &sums);
+    assert_eq!(
+        layouts(&snap_files),
+        snap_layouts,
+        "files of the snapshots were deduped into"
+    );
+    assert!(
+        !same_physical(&rw_extra[0][0], &rw_extra[0][1]),
+        "duplicates in the writable snapshot were shared"
+    );
+
+    // Without the option the snapshots are walked (a dry run: nothing
+    // changes).
+    let r = dedupe(&[root], &["--no-catalog", "--dry-run"]);
+    r.assert_ok();
+    assert_eq!(r.files_skipped("snapshot"), 0);
+    assert_eq!(
+        r.u("files_scanned"),
+        (flat(&live).len() + snap_files.len()) as u64,
+        "snapshot files not scanned without --exclude-snapshots"
+    );
+    // The live duplicates are all shared by now: what is left to share is
+    // in the writable snapshot.
+    assert!(
+        r.u("bytes_would_share") >= 2 * MIB,
+        "the writable snapshot's duplicates were not found: {}",
+        r.report()
+    );
+    assert_same("file contents changed", &checksum_tree(root), &sums);
+    assert_eq!(
+        layouts(&snap_files),
+        snap_layouts,
+        "a dry run changed extents"
+    );
+}
+
 /// btrfs: a writable subvolume inside the tree is the same filesystem and
 /// is crossed (ARCHITECTURE: "btrfs subvolumes are crossed"): duplicates
 /// on either side of it are shared.

@@ -243,17 +243,53 @@ pub fn fs_generation(fd: BorrowedFd<'_>) -> io::Result<u64> {
 /// `_IOR(0x94, 60, struct btrfs_ioctl_get_subvol_info_args)` (504 bytes).
 const BTRFS_IOC_GET_SUBVOL_INFO: libc::c_ulong = 0x81F8_943C;
 const SUBVOL_INFO_SIZE: usize = 504;
+/// Offsets in `struct btrfs_ioctl_get_subvol_info_args`: treeid u64 @0,
+/// name[256] @8, parent_id @264, dirid @272, generation @280, flags @288,
+/// uuid[16] @296, parent_uuid[16] @312 (checked against the kernel's
+/// `include/uapi/linux/btrfs.h` with `offsetof`).
 const SUBVOL_INFO_FLAGS: usize = 288;
+const SUBVOL_INFO_PARENT_UUID: usize = 312;
 /// `BTRFS_ROOT_SUBVOL_RDONLY` of the root item flags.
 const BTRFS_SUBVOL_RDONLY: u64 = 1 << 0;
+
+/// What `BTRFS_IOC_GET_SUBVOL_INFO` says about the subvolume holding a file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SubvolInfo {
+    /// Read-only (a read-only snapshot, or one made so with `btrfs
+    /// property set ro`): its files must never be dedupe destinations.
+    pub read_only: bool,
+    /// A snapshot (made by `btrfs subvolume snapshot`, read-only or not):
+    /// it records the UUID of the subvolume it was taken of
+    /// (`parent_uuid`), which stays set after that subvolume is deleted.
+    pub snapshot: bool,
+}
+
+impl SubvolInfo {
+    /// Decodes the ioctl's answer; a short buffer says nothing (all false).
+    pub fn decode(b: &[u8]) -> SubvolInfo {
+        let flags = u64_at(b, SUBVOL_INFO_FLAGS).unwrap_or(0);
+        let parent_uuid = b
+            .get(SUBVOL_INFO_PARENT_UUID..SUBVOL_INFO_PARENT_UUID + 16)
+            .unwrap_or(&[]);
+        SubvolInfo {
+            read_only: flags & BTRFS_SUBVOL_RDONLY != 0,
+            snapshot: parent_uuid.iter().any(|&x| x != 0),
+        }
+    }
+}
+
+/// The facts of the btrfs subvolume holding `fd`, in one ioctl (Linux
+/// 4.18+, unprivileged); an error on other filesystems.
+pub fn subvol_info(fd: BorrowedFd<'_>) -> io::Result<SubvolInfo> {
+    let mut buf = AlignedBuf::new(SUBVOL_INFO_SIZE);
+    crate::ioctl_buf(fd, BTRFS_IOC_GET_SUBVOL_INFO, &mut buf)?;
+    Ok(SubvolInfo::decode(buf.as_bytes()))
+}
 
 /// Whether the btrfs subvolume holding `fd` is read-only (a read-only
 /// snapshot): its files must never be dedupe destinations.
 pub fn subvol_read_only(fd: BorrowedFd<'_>) -> io::Result<bool> {
-    let mut buf = AlignedBuf::new(SUBVOL_INFO_SIZE);
-    crate::ioctl_buf(fd, BTRFS_IOC_GET_SUBVOL_INFO, &mut buf)?;
-    let flags = u64_at(buf.as_bytes(), SUBVOL_INFO_FLAGS).unwrap_or(0);
-    Ok(flags & BTRFS_SUBVOL_RDONLY != 0)
+    subvol_info(fd).map(|i| i.read_only)
 }
 
 /// `_IOWR(0x94, 18, struct btrfs_ioctl_ino_lookup_args)` (4096 bytes).
@@ -384,6 +420,37 @@ mod tests {
             }]
         );
         assert!(decode_items(&b[..40], 1).is_err());
+    }
+
+    #[test]
+    fn decodes_subvol_info() {
+        let mut b = vec![0u8; SUBVOL_INFO_SIZE];
+        assert_eq!(SubvolInfo::decode(&b), SubvolInfo::default());
+        // A subvolume's own UUID does not make it a snapshot.
+        b[296..312].fill(0xab);
+        assert_eq!(SubvolInfo::decode(&b), SubvolInfo::default());
+        // Any non-zero byte of parent_uuid does, read-only or not.
+        b[327] = 1;
+        let want = SubvolInfo {
+            read_only: false,
+            snapshot: true,
+        };
+        assert_eq!(SubvolInfo::decode(&b), want);
+        b[288..296].copy_from_slice(&BTRFS_SUBVOL_RDONLY.to_ne_bytes());
+        let want = SubvolInfo {
+            read_only: true,
+            snapshot: true,
+        };
+        assert_eq!(SubvolInfo::decode(&b), want);
+        // Other flag bits and received_uuid (@328) are not these facts.
+        let mut c = vec![0u8; SUBVOL_INFO_SIZE];
+        c[288..296].copy_from_slice(&(!BTRFS_SUBVOL_RDONLY).to_ne_bytes());
+        c[328..344].fill(7);
+        assert_eq!(SubvolInfo::decode(&c), SubvolInfo::default());
+        // Short answers say nothing.
+        assert!(!SubvolInfo::decode(&b[..300]).snapshot);
+        assert!(!SubvolInfo::decode(&b[..320]).snapshot);
+        assert_eq!(SubvolInfo::decode(&[]), SubvolInfo::default());
     }
 
     #[test]

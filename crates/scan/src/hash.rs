@@ -1,12 +1,12 @@
 //! Reading files once and fingerprinting their blocks.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::Read;
 use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::Ordering;
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex};
 
 use crate::{FileEntry, Marks, Progress, ScanError, SkipReason, Tree};
 
@@ -474,12 +474,95 @@ pub struct HashOutput {
     pub skipped: BTreeMap<SkipReason, u64>,
     pub errors: Vec<ScanError>,
     pub bytes_read: u64,
+    /// Files (among `files`) not read: each sits in the same extents as a
+    /// file read earlier in the run (a snapshot's copy, a reflink copy),
+    /// whose digests it reuses ([`crate::layout`]).
+    pub files_same_extents: u64,
+    pub bytes_same_extents: u64,
 }
 
 enum Outcome {
+    /// Read whole (its digests in the store).
     Done(HashedFile, u64),
+    /// Not read: the digests of a file read earlier with its layout.
+    SameExtents(HashedFile, u64),
     Skip(SkipReason),
     Error(ScanError),
+}
+
+/// A file read in this run whose extents others share.
+#[derive(Debug, Clone, Copy)]
+struct Earlier {
+    digests: Digests,
+    whole: u128,
+    /// When its read began (ns since the epoch).
+    started: i64,
+}
+
+/// A layout key's state in the run.
+enum Slot {
+    /// A reader thread is reading a file with this layout.
+    Reading,
+    Read(Earlier),
+}
+
+/// The files read in this run, by layout key: a reader meeting a key
+/// another thread is reading waits for that read instead of repeating it.
+#[derive(Default)]
+struct Layouts {
+    slots: Mutex<HashMap<u128, Slot>>,
+    changed: Condvar,
+}
+
+/// What [`Layouts::claim`] found.
+enum Claim<'a> {
+    /// Nobody had read this layout: the caller reads it, and fills the
+    /// claim (or drops it, leaving the layout to the next file).
+    Mine(Claimed<'a>),
+    Earlier(Earlier),
+}
+
+impl Layouts {
+    fn claim(&self, key: u128) -> Claim<'_> {
+        let mut slots = self.slots.lock().unwrap();
+        loop {
+            match slots.get(&key) {
+                None => {
+                    slots.insert(key, Slot::Reading);
+                    return Claim::Mine(Claimed { layouts: self, key });
+                }
+                Some(Slot::Read(e)) => return Claim::Earlier(*e),
+                Some(Slot::Reading) => slots = self.changed.wait(slots).unwrap(),
+            }
+        }
+    }
+}
+
+/// A layout this thread is reading; unfilled when dropped, it is released.
+struct Claimed<'a> {
+    layouts: &'a Layouts,
+    key: u128,
+}
+
+impl Claimed<'_> {
+    fn fill(self, e: Earlier) {
+        self.layouts
+            .slots
+            .lock()
+            .unwrap()
+            .insert(self.key, Slot::Read(e));
+        // Drop wakes the waiters.
+    }
+}
+
+impl Drop for Claimed<'_> {
+    fn drop(&mut self) {
+        let mut slots = self.layouts.slots.lock().unwrap();
+        if matches!(slots.get(&self.key), Some(Slot::Reading)) {
+            slots.remove(&self.key);
+        }
+        self.layouts.changed.notify_all();
+    }
 }
 
 /// Reads and fingerprints every file, `opts.threads` files at a time.
@@ -511,6 +594,14 @@ pub fn hash_files(
         files: Vec::with_capacity(n),
         ..HashOutput::default()
     });
+    let layouts = Layouts::default();
+    let reader = Reader {
+        tree,
+        bs,
+        layouts: &layouts,
+        store: &store,
+        progress,
+    };
     std::thread::scope(|s| {
         for _ in 0..opts.threads.max(1) {
             s.spawn(|| {
@@ -529,11 +620,7 @@ pub fn hash_files(
                     if buf.is_empty() {
                         buf = vec![0u8; read_size];
                     }
-                    let mut outcome = hash_one(entry, tree, bs, &mut buf, &mut scratch, progress);
-                    if let Outcome::Done(f, _) = &mut outcome {
-                        // Only files read whole get digests in the store.
-                        f.digests = store.lock().unwrap().push(&scratch.blocks, &scratch.subs);
-                    }
+                    let outcome = reader.hash_one(entry, &mut buf, &mut scratch);
                     progress.files_done.fetch_add(1, Ordering::Relaxed);
                     mine.push(outcome);
                     if mine.len() >= 256 {
@@ -588,6 +675,11 @@ impl HashOutput {
                     self.bytes_read += n;
                     self.files.push(f);
                 }
+                Outcome::SameExtents(f, n) => {
+                    self.files_same_extents += 1;
+                    self.bytes_same_extents += n;
+                    self.files.push(f);
+                }
                 Outcome::Skip(r) => *self.skipped.entry(r).or_default() += 1,
                 Outcome::Error(e) => self.errors.push(e),
             }
@@ -609,50 +701,93 @@ fn open_noatime(path: &std::path::Path) -> std::io::Result<File> {
     }
 }
 
-/// Adds the bytes it reads to `progress.bytes_done` as it reads them, so
-/// a progress display shows the true rate even inside one large file.
-/// A file read whole comes back with its digests in `scratch` (and
-/// `digests` not set yet).
-fn hash_one(
-    entry: FileEntry,
-    tree: &Tree,
+/// What the reader threads share.
+struct Reader<'a, 's> {
+    tree: &'a Tree,
+    /// The block size.
     bs: usize,
-    buf: &mut [u8],
-    scratch: &mut Scratch,
-    progress: &Progress,
-) -> Outcome {
-    let path = tree.path(entry.name);
-    let device = tree.device(entry.dev);
-    let (mut f, mut entry) = match open_listed(entry, &path, device.dev) {
-        Ok(opened) => opened,
-        Err(outcome) => return outcome,
-    };
-    let read_start = now_ns();
-    advise_sequential(&f);
-    let inode_flags = onecopy_ioctl::fs::inode_flags(f.as_fd()).unwrap_or(0);
-    // The kernel's value is 32 bits.
-    let generation = onecopy_ioctl::fs::inode_generation(f.as_fd()).unwrap_or(0) as u32;
-    let sub = (device.block as usize).clamp(512, bs);
-    // At a block of one sub-block, a window at a sub-block offset is a
-    // block: the sub-digests would only repeat what `blocks` says.
-    let keep_subs = sub < bs;
-    let total = match digest_all(&mut f, buf, (bs, sub, keep_subs), scratch, progress) {
-        Ok(total) => total,
-        Err(source) => return Outcome::Error(ScanError::Read { path, source }),
-    };
-    match f.metadata() {
-        Ok(m) if entry.unchanged(device.dev, &m) && total == entry.size => {}
-        Ok(_) => return Outcome::Skip(SkipReason::ChangedWhileReading),
-        Err(source) => return Outcome::Error(ScanError::Stat { path, source }),
+    layouts: &'a Layouts,
+    store: &'a Mutex<&'s mut DigestStore>,
+    progress: &'a Progress,
+}
+
+impl Reader<'_, '_> {
+    /// Adds the bytes it reads to `progress.bytes_done` as it reads them,
+    /// so a progress display shows the true rate even inside one large
+    /// file. A file read whole comes back with its digests in `scratch`
+    /// (and `digests` not set yet); a file in the same extents as one read
+    /// earlier comes back with that file's digests, unread.
+    fn hash_one(&self, entry: FileEntry, buf: &mut [u8], scratch: &mut Scratch) -> Outcome {
+        let path = self.tree.path(entry.name);
+        let device = self.tree.device(entry.dev);
+        let (mut f, mut entry) = match open_listed(entry, &path, device.dev) {
+            Ok(opened) => opened,
+            Err(outcome) => return outcome,
+        };
+        let read_start = now_ns();
+        let inode_flags = onecopy_ioctl::fs::inode_flags(f.as_fd()).unwrap_or(0);
+        // The kernel's value is 32 bits.
+        let generation = onecopy_ioctl::fs::inode_generation(f.as_fd()).unwrap_or(0) as u32;
+        let claim = crate::layout::key(&f, entry.ino, entry.size).map(|k| self.layouts.claim(k));
+        let earlier = match &claim {
+            Some(Claim::Earlier(e)) => Some(*e),
+            _ => None,
+        };
+        if let Some(read) = earlier.filter(|e| unchanged_since(e, &f, &entry, device.dev)) {
+            let n = entry.size;
+            self.progress.bytes_done.fetch_add(n, Ordering::Relaxed);
+            entry.marks.set(Marks::SAME_EXTENTS, true);
+            let f = HashedFile::new(entry, read.digests, read.whole, inode_flags, generation);
+            return Outcome::SameExtents(f, n);
+        }
+        advise_sequential(&f);
+        let sub = (device.block as usize).clamp(512, self.bs);
+        // At a block of one sub-block, a window at a sub-block offset is a
+        // block: the sub-digests would only repeat what `blocks` says.
+        let keep_subs = sub < self.bs;
+        let shape = (self.bs, sub, keep_subs);
+        let total = match digest_all(&mut f, buf, shape, scratch, self.progress) {
+            Ok(total) => total,
+            Err(source) => return Outcome::Error(ScanError::Read { path, source }),
+        };
+        match f.metadata() {
+            Ok(m) if entry.unchanged(device.dev, &m) && total == entry.size => {}
+            Ok(_) => return Outcome::Skip(SkipReason::ChangedWhileReading),
+            Err(source) => return Outcome::Error(ScanError::Stat { path, source }),
+        }
+        let whole = whole_digest(&scratch.blocks, total);
+        if !keep_subs {
+            scratch.subs.clear();
+        }
+        let racy = entry.mtime_ns.max(entry.ctime_ns) >= read_start - RACY_MARGIN_NS;
+        entry.marks.set(Marks::RACY, racy);
+        // Only files read whole get digests in the store.
+        let digests = self
+            .store
+            .lock()
+            .unwrap()
+            .push(&scratch.blocks, &scratch.subs);
+        if let (Some(Claim::Mine(c)), false) = (claim, racy) {
+            // A racy file's digests are not lent to others.
+            c.fill(Earlier {
+                digests,
+                whole,
+                started: read_start,
+            });
+        }
+        let f = HashedFile::new(entry, digests, whole, inode_flags, generation);
+        Outcome::Done(f, total)
     }
-    let whole = whole_digest(&scratch.blocks, total);
-    if !keep_subs {
-        scratch.subs.clear();
-    }
-    let racy = entry.mtime_ns.max(entry.ctime_ns) >= read_start - RACY_MARGIN_NS;
-    entry.marks.set(Marks::RACY, racy);
-    let f = HashedFile::new(entry, Digests::default(), whole, inode_flags, generation);
-    Outcome::Done(f, total)
+}
+
+/// Whether `earlier`'s digests hold for `f`, whose layout (just taken) is
+/// the one `earlier` was read with: `f` has not changed since before that
+/// read began, so it referenced the same shared extents then, which
+/// nothing overwrites in place; and it did not change while its layout
+/// was taken.
+fn unchanged_since(earlier: &Earlier, f: &File, entry: &FileEntry, dev: u64) -> bool {
+    entry.mtime_ns.max(entry.ctime_ns) < earlier.started - RACY_MARGIN_NS
+        && f.metadata().is_ok_and(|m| entry.unchanged(dev, &m))
 }
 
 /// Opens the file `entry` lists at `path` and checks that it still is a

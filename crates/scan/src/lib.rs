@@ -7,6 +7,7 @@
 //! block plus a whole-file digest.
 
 mod hash;
+pub mod layout;
 pub mod longpath;
 pub mod tree;
 mod walk;
@@ -39,6 +40,9 @@ pub enum SkipReason {
     OtherFilesystem,
     /// Matched an `--exclude` pattern.
     Excluded,
+    /// In a btrfs snapshot (read-only or not), with `--exclude-snapshots`:
+    /// counted once per snapshot (or root) not entered, not per file.
+    Snapshot,
     /// A further name of an inode already listed (a hardlink).
     Hardlink,
     /// The file changed while it was being read.

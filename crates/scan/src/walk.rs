@@ -29,6 +29,11 @@ pub struct WalkOptions {
     pub excludes: Vec<String>,
     /// Files smaller than this are skipped (never below one fs block).
     pub min_size: u64,
+    /// Do not enter btrfs snapshots (subvolumes with a parent UUID,
+    /// read-only or not), nor walk a root inside one; each is counted once
+    /// as [`SkipReason::Snapshot`]. Without it, read-only snapshots are
+    /// listed and only ever sources.
+    pub exclude_snapshots: bool,
     /// Walker threads.
     pub threads: usize,
 }
@@ -50,6 +55,9 @@ impl Marks {
     /// Known from the catalog, but its record must be rewritten (new path
     /// or ctime).
     pub const DIRTY: u8 = 8;
+    /// Not read: its digests are those of a file read earlier in the run
+    /// from the same extents ([`crate::layout`]).
+    pub const SAME_EXTENTS: u8 = 16;
 
     pub fn has(self, bit: u8) -> bool {
         self.0 & bit != 0
@@ -146,6 +154,8 @@ struct DevInfo {
     subvol: u64,
     /// A read-only btrfs subvolume.
     read_only: bool,
+    /// A btrfs snapshot (read-only or not).
+    snapshot: bool,
     block: u64,
     /// The smallest file that can own a data block of its own.
     min_size: u64,
@@ -180,11 +190,15 @@ impl DevCache {
             .filter(|f| f.metadata().is_ok_and(|m| m.dev() == dev));
         let info = opened.and_then(|f| {
             use std::os::fd::AsFd;
-            onecopy_ioctl::fs::fs_info(f.as_fd()).ok().map(|i| DevInfo {
+            let i = onecopy_ioctl::fs::fs_info(f.as_fd()).ok()?;
+            // Not btrfs (or a kernel before 4.18): neither fact.
+            let sv = onecopy_ioctl::btrfs::subvol_info(f.as_fd()).unwrap_or_default();
+            Some(DevInfo {
                 id: None,
                 fs: i.fsid,
                 subvol: onecopy_ioctl::btrfs::subvol_id(f.as_fd()).unwrap_or(0),
-                read_only: onecopy_ioctl::btrfs::subvol_read_only(f.as_fd()).unwrap_or(false),
+                read_only: sv.read_only,
+                snapshot: sv.snapshot,
                 block: i.block_size.max(512),
                 min_size: if i.kind == onecopy_ioctl::fs::FsKind::Btrfs {
                     BTRFS_MAX_INLINE + 1
@@ -231,6 +245,7 @@ struct Filters {
     /// The walk's directories and devices, shared by the walker threads.
     tree: Mutex<DirInterner>,
     one_file_system: bool,
+    exclude_snapshots: bool,
     min_size: u64,
 }
 
@@ -251,6 +266,7 @@ impl Filters {
             },
             tree: Mutex::new(DirInterner::new(Tree::new())),
             one_file_system: opts.one_file_system,
+            exclude_snapshots: opts.exclude_snapshots,
             min_size: opts.min_size,
         }
     }
@@ -272,14 +288,37 @@ impl Filters {
 
     /// Whether to enter the directory `path` on device `dev`: with
     /// `one_file_system`, only on the root's filesystem, whose btrfs
-    /// subvolumes (other device numbers, same fsid) are crossed.
+    /// subvolumes (other device numbers, same fsid) are crossed; with
+    /// `exclude_snapshots`, not into a btrfs snapshot. A directory on the
+    /// root's device passes: each btrfs subvolume has a device number of
+    /// its own, and the root itself is judged by [`Filters::root`].
     fn dir(&self, root: RootInfo, dev: u64, path: &Path) -> Result<(), SkipReason> {
-        if !self.one_file_system || dev == root.dev {
+        if dev == root.dev || !(self.one_file_system || self.exclude_snapshots) {
             return Ok(());
         }
-        let fs = self.devs.get(dev, path, &self.tree).map(|d| d.fs);
-        if fs.is_none() || fs != root.fs {
-            return Err(SkipReason::OtherFilesystem);
+        let info = self.devs.get(dev, path, &self.tree);
+        if self.one_file_system {
+            let fs = info.map(|d| d.fs);
+            if fs.is_none() || fs != root.fs {
+                return Err(SkipReason::OtherFilesystem);
+            }
+        }
+        if self.exclude_snapshots && info.is_some_and(|d| d.snapshot) {
+            return Err(SkipReason::Snapshot);
+        }
+        Ok(())
+    }
+
+    /// Whether to walk the root `path` on device `dev` at all: with
+    /// `exclude_snapshots`, not when it is inside a btrfs snapshot.
+    fn root(&self, dev: u64, path: &Path) -> Result<(), SkipReason> {
+        if self.exclude_snapshots
+            && self
+                .devs
+                .get(dev, path, &self.tree)
+                .is_some_and(|d| d.snapshot)
+        {
+            return Err(SkipReason::Snapshot);
         }
         Ok(())
     }
@@ -482,6 +521,10 @@ pub fn walk(opts: &WalkOptions, progress: &Progress) -> WalkOutput {
                 .get(root_dev, root, &filters.tree)
                 .map(|d| d.fs),
         };
+        if let Err(r) = filters.root(root_dev, root) {
+            out.skip(r);
+            continue;
+        }
         let mut got = walk_root(root, info, opts.threads, &filters, progress);
         for dir in std::mem::take(&mut got.too_long) {
             if progress.cancelled() {
@@ -745,6 +788,7 @@ mod tests {
             one_file_system: true,
             excludes: excludes.iter().map(|s| s.to_string()).collect(),
             min_size: 0,
+            exclude_snapshots: false,
             threads: 1,
         }
     }
@@ -781,6 +825,83 @@ mod tests {
             f.dir(root, 8, Path::new("/nowhere")),
             Err(SkipReason::OtherFilesystem)
         );
+    }
+
+    /// `exclude_snapshots` keeps the walk out of btrfs snapshots (devices
+    /// whose facts say so), below a root and as a root, on its own or with
+    /// `one_file_system`; without it snapshots are entered as before.
+    #[test]
+    fn filters_skip_snapshots_only_when_asked() {
+        let snap = DevInfo {
+            id: None,
+            fs: 1,
+            subvol: 300,
+            read_only: true,
+            snapshot: true,
+            block: 4096,
+            min_size: BTRFS_MAX_INLINE + 1,
+            supported: true,
+        };
+        let writable_snap = DevInfo {
+            read_only: false,
+            subvol: 301,
+            ..snap
+        };
+        let live = DevInfo {
+            read_only: false,
+            snapshot: false,
+            subvol: 302,
+            ..snap
+        };
+        let root = RootInfo {
+            dev: 7,
+            fs: Some(1),
+        };
+        let p = Path::new("/nowhere");
+        for one_fs in [true, false] {
+            for exclude in [false, true] {
+                let mut o = opts(&[]);
+                o.one_file_system = one_fs;
+                o.exclude_snapshots = exclude;
+                let f = Filters::new(&o, HashSet::new());
+                f.devs.map.lock().unwrap().extend([
+                    (8, Some(snap)),
+                    (9, Some(writable_snap)),
+                    (10, Some(live)),
+                ]);
+                let want = if exclude {
+                    Err(SkipReason::Snapshot)
+                } else {
+                    Ok(())
+                };
+                let ctx = format!("one_file_system {one_fs}, exclude_snapshots {exclude}");
+                assert_eq!(f.dir(root, 8, p), want, "{ctx}");
+                assert_eq!(f.dir(root, 9, p), want, "{ctx}");
+                assert_eq!(f.dir(root, 10, p), Ok(()), "{ctx}");
+                assert_eq!(f.root(8, p), want, "{ctx}");
+                assert_eq!(f.root(9, p), want, "{ctx}");
+                assert_eq!(f.root(10, p), Ok(()), "{ctx}");
+                // Inside a root that is itself a snapshot (same device):
+                // the root's verdict covers it.
+                let in_snap = RootInfo {
+                    dev: 8,
+                    fs: Some(1),
+                };
+                assert_eq!(f.dir(in_snap, 8, p), Ok(()), "{ctx}");
+                // Another filesystem is that first.
+                if one_fs {
+                    let other = RootInfo {
+                        dev: 7,
+                        fs: Some(2),
+                    };
+                    assert_eq!(
+                        f.dir(other, 8, p),
+                        Err(SkipReason::OtherFilesystem),
+                        "{ctx}"
+                    );
+                }
+            }
+        }
     }
 
     /// The descriptor walker applies the same filters: excluded names and

@@ -1,0 +1,133 @@
+//! Issue 34: files whose bytes sit in the same extents (btrfs snapshots,
+//! reflink copies, files an earlier run shared) are read once; the others
+//! reuse that read's fingerprints. Real binary, loop-mounted btrfs and XFS
+//! (reflink=1); the outcomes checked are the run's own byte counters
+//! (`bytes_read`, `bytes_same_extents`), contents and FIEMAP sharing.
+//!
+//! Needs root (mkfs, loop devices, mount).
+
+mod common;
+#[path = "adversarial/support.rs"]
+mod support;
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+
+use onecopy_testfs::{checksum_tree, FsKind};
+use support::*;
+
+per_fs!(
+    reflink_copies_are_read_once,
+    a_second_run_reads_shared_files_once
+);
+
+mod snapshots_are_read_once {
+    #[test]
+    fn btrfs() {
+        super::snapshots_are_read_once()
+    }
+}
+
+/// `e` (6 MiB), `r` a reflink copy of it, `f` a byte copy: `r` is not
+/// read; all three end up sharing.
+fn reflink_copies_are_read_once(kind: FsKind) {
+    let fs = new_fs(kind, 512 * MIB);
+    let root = fs.path().join("tree");
+    let (e, r, f) = (root.join("e.bin"), root.join("r.bin"), root.join("f.bin"));
+    mkparent(&e);
+    onecopy_testfs::write_random(&e, 6 * MIB, 7).unwrap();
+    onecopy_testfs::reflink_copy(&e, &r).unwrap();
+    onecopy_testfs::copy_no_reflink(&e, &f).unwrap();
+    settle(&fs);
+    let sums = checksum_tree(&root);
+    let out = dedupe(&[&root], &["--no-catalog"]);
+    out.assert_ok();
+    assert_eq!(
+        out.u("bytes_read"),
+        12 * MIB,
+        "e (or r) and f read, once each"
+    );
+    assert_eq!(out.u("files_read"), 2);
+    assert_eq!(out.u("files_same_extents"), 1);
+    assert_eq!(out.u("bytes_same_extents"), 6 * MIB);
+    assert_eq!(checksum_tree(&root), sums, "contents changed");
+    assert!(
+        same_physical(&e, &r) && same_physical(&e, &f),
+        "not all shared"
+    );
+}
+
+/// After a run has shared a byte copy, a run without the catalog reads
+/// the shared bytes once.
+fn a_second_run_reads_shared_files_once(kind: FsKind) {
+    let fs = new_fs(kind, 512 * MIB);
+    let root = fs.path().join("tree");
+    let files: Vec<PathBuf> = (0..4).map(|i| root.join(format!("c{i}.bin"))).collect();
+    mkparent(&files[0]);
+    onecopy_testfs::write_random(&files[0], 4 * MIB, 8).unwrap();
+    for f in &files[1..] {
+        onecopy_testfs::copy_no_reflink(&files[0], f).unwrap();
+    }
+    settle(&fs);
+    let sums = checksum_tree(&root);
+    let first = dedupe(&[&root], &["--no-catalog"]);
+    first.assert_ok();
+    assert_eq!(first.u("bytes_read"), 16 * MIB, "byte copies are all read");
+    assert_eq!(first.u("files_same_extents"), 0);
+    fs.sync();
+    let second = dedupe(&[&root], &["--no-catalog"]);
+    second.assert_ok();
+    assert_eq!(second.u("bytes_read"), 4 * MIB, "shared copies read once");
+    assert_eq!(second.u("files_same_extents"), 3);
+    assert_eq!(second.u("bytes_deduped"), 0, "nothing left to share");
+    assert_eq!(checksum_tree(&root), sums, "contents changed");
+}
+
+/// A subvolume with a byte copy and a reflink copy, then three read-only
+/// snapshots of it: the data on disk is read once, whatever the number of
+/// snapshots; the live copies are shared; no content changes.
+fn snapshots_are_read_once() {
+    let fs = new_fs(FsKind::Btrfs, 512 * MIB);
+    let vol = fs.path().join("vol");
+    btrfs(&["subvolume", "create"], &[&vol]);
+    let (d, a, e, r) = (
+        vol.join("d.bin"),
+        vol.join("z/a.bin"),
+        vol.join("e.bin"),
+        vol.join("z/r.bin"),
+    );
+    mkparent(&a);
+    onecopy_testfs::write_random(&d, 8 * MIB, 101).unwrap();
+    onecopy_testfs::copy_no_reflink(&d, &a).unwrap();
+    onecopy_testfs::write_random(&e, 6 * MIB, 102).unwrap();
+    onecopy_testfs::reflink_copy(&e, &r).unwrap();
+    fs.sync();
+    for i in 0..3 {
+        let snap = fs.path().join(format!("snap{i}"));
+        btrfs(&["subvolume", "snapshot", "-r"], &[&vol, &snap]);
+    }
+    settle(&fs);
+    let sums = checksum_tree(fs.path());
+    let out = dedupe(&[fs.path()], &["--no-catalog"]);
+    out.assert_ok();
+    // On disk: d, a and e (r and every snapshot copy are the same extents).
+    assert_eq!(out.u("bytes_read"), 22 * MIB, "each extent read once");
+    assert_eq!(out.u("files_read"), 3);
+    assert_eq!(out.u("files_same_extents"), 1 + 3 * 4);
+    assert_eq!(out.u("bytes_same_extents"), 6 * MIB + 3 * 28 * MIB);
+    assert_eq!(checksum_tree(fs.path()), sums, "contents changed");
+    assert!(same_physical(&d, &a), "the live byte copy was not shared");
+}
+
+/// Synced, and older than the racy margin (1 s): a file changed within a
+/// second of a read neither lends its fingerprints nor borrows them.
+fn settle(fs: &onecopy_testfs::LoopFs) {
+    fs.sync();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+}
+
+fn btrfs(args: &[&str], paths: &[&Path]) {
+    let mut all: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
+    all.extend(paths.iter().map(|p| p.as_os_str()));
+    run("btrfs", &all);
+}

@@ -1,0 +1,182 @@
+//! A file's physical layout as its identity: files whose every byte comes
+//! from the same place on disk (snapshots of one file, reflink copies,
+//! files an earlier run shared) hold the same bytes, so one read serves
+//! them all.
+//!
+//! Invariants:
+//! - A key is made only from shared extents (FIEMAP's `SHARED` on every
+//!   extent): a file whose extents nobody else references can meet no
+//!   other file with its key, so it costs no memory in the run's map.
+//!   Shared extents are never overwritten in place (btrfs and XFS copy a
+//!   shared extent on write), so while two files reference them they read
+//!   the same bytes.
+//! - A key covers every extent with its logical offset, physical address,
+//!   length and whether it is unwritten (reads as zeros), and the file's
+//!   size; holes are the gaps between extents.
+//! - FIEMAP does not say where in a compressed (btrfs `ENCODED`) extent a
+//!   file's range starts, so a file with one is keyed by its btrfs file
+//!   extent items instead (`TREE_SEARCH_V2`, root only), which do; where
+//!   those can not be read the file has no key and is read.
+//! - Data in metadata (inline), delayed allocation and unknown places have
+//!   no address: no key.
+//!
+//! A key match is not trusted alone: [`crate::hash_files`] reuses an
+//! earlier file's digests only when the later file has not changed since
+//! before the earlier one was read (see `hash::reusable`), and the kernel
+//! compares bytes again before any dedupe.
+
+use std::fs::File;
+use std::os::fd::AsFd;
+
+use onecopy_ioctl::btrfs::{self, FileExtent, FileExtentKind};
+use onecopy_ioctl::fiemap::{self, flags, Extent};
+
+/// The layout key of `f` (inode `ino`, `size` bytes), if it has one.
+pub fn key(f: &File, ino: u64, size: u64) -> Option<u128> {
+    let extents = fiemap::fiemap(f.as_fd()).ok()?;
+    if !keyable(&extents) {
+        return None;
+    }
+    if extents.iter().any(|e| e.flags & flags::ENCODED != 0) {
+        let items = btrfs::file_extents(f.as_fd(), ino).ok()?;
+        return btrfs_key(&items, size);
+    }
+    Some(fiemap_key(&extents, size))
+}
+
+/// Whether a FIEMAP answer can make a key: not empty, every extent shared
+/// and at a real address.
+fn keyable(extents: &[Extent]) -> bool {
+    !extents.is_empty()
+        && extents
+            .iter()
+            .all(|e| e.is_shared() && !e.is_undedupable() && e.physical != 0)
+}
+
+fn fiemap_key(extents: &[Extent], size: u64) -> u128 {
+    let mut b = Vec::with_capacity(8 + extents.len() * 25);
+    b.push(b'F');
+    b.extend_from_slice(&size.to_le_bytes());
+    for e in extents {
+        b.extend_from_slice(&e.logical.to_le_bytes());
+        b.extend_from_slice(&e.physical.to_le_bytes());
+        b.extend_from_slice(&e.length.to_le_bytes());
+        b.push(e.is_unwritten() as u8);
+    }
+    xxhash_rust::xxh3::xxh3_128(&b)
+}
+
+/// The key from btrfs file extent items; `None` when one is inline or of
+/// an unknown kind.
+fn btrfs_key(items: &[FileExtent], size: u64) -> Option<u128> {
+    let mut b = Vec::with_capacity(8 + items.len() * 43);
+    b.push(b'B');
+    b.extend_from_slice(&size.to_le_bytes());
+    for i in items {
+        let kind = match i.kind {
+            FileExtentKind::Regular => 1u8,
+            FileExtentKind::Prealloc => 2,
+            FileExtentKind::Inline | FileExtentKind::Unknown(_) => return None,
+        };
+        b.push(kind);
+        b.push(i.compression);
+        for v in [
+            i.file_offset,
+            i.disk_bytenr,
+            i.disk_num_bytes,
+            i.offset,
+            i.num_bytes,
+        ] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    Some(xxhash_rust::xxh3::xxh3_128(&b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ext(logical: u64, physical: u64, length: u64, flags: u32) -> Extent {
+        Extent {
+            logical,
+            physical,
+            length,
+            flags,
+        }
+    }
+
+    #[test]
+    fn only_wholly_shared_extents_at_real_addresses_make_a_key() {
+        let s = flags::SHARED;
+        assert!(keyable(&[
+            ext(0, 4096, 8192, s),
+            ext(8192, 1 << 20, 4096, s | flags::LAST)
+        ]));
+        assert!(!keyable(&[]), "no extent (a hole or inline)");
+        assert!(
+            !keyable(&[ext(0, 4096, 8192, s), ext(8192, 65536, 4096, 0)]),
+            "one unshared"
+        );
+        assert!(
+            !keyable(&[ext(0, 0, 4096, s | flags::DATA_INLINE)]),
+            "inline"
+        );
+        assert!(
+            !keyable(&[ext(0, 0, 4096, s | flags::DELALLOC)]),
+            "no address yet"
+        );
+    }
+
+    #[test]
+    fn a_key_changes_with_any_address_offset_length_size_or_unwritten() {
+        let s = flags::SHARED;
+        let base = [ext(0, 4096, 8192, s), ext(8192, 1 << 20, 4096, s)];
+        let k = fiemap_key(&base, 12288);
+        let flagged = [
+            ext(0, 4096, 8192, s | flags::MERGED),
+            ext(8192, 1 << 20, 4096, s | flags::LAST),
+        ];
+        assert_eq!(
+            fiemap_key(&flagged, 12288),
+            k,
+            "sharing and bookkeeping flags do not count"
+        );
+        let mut variants = vec![fiemap_key(&base, 12289)];
+        for i in 0..2 {
+            for f in 0..4 {
+                let mut v = base;
+                match f {
+                    0 => v[i].logical += 4096,
+                    1 => v[i].physical += 4096,
+                    2 => v[i].length += 4096,
+                    _ => v[i].flags |= flags::UNWRITTEN,
+                }
+                variants.push(fiemap_key(&v, 12288));
+            }
+        }
+        assert!(variants.iter().all(|&v| v != k));
+    }
+
+    #[test]
+    fn compressed_extents_are_told_apart_by_their_offset_in_the_extent() {
+        let item = |offset| FileExtent {
+            file_offset: 0,
+            kind: FileExtentKind::Regular,
+            compression: 3,
+            disk_bytenr: 1 << 20,
+            disk_num_bytes: 16384,
+            offset,
+            num_bytes: 65536,
+            ram_bytes: 131072,
+        };
+        let a = btrfs_key(&[item(0)], 65536).unwrap();
+        assert_eq!(btrfs_key(&[item(0)], 65536), Some(a));
+        assert_ne!(btrfs_key(&[item(65536)], 65536), Some(a));
+        let inline = FileExtent {
+            kind: FileExtentKind::Inline,
+            ..item(0)
+        };
+        assert_eq!(btrfs_key(&[inline], 65536), None);
+    }
+}

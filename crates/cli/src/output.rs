@@ -219,6 +219,7 @@ impl Ui {
             );
         } else {
             print_shared(r);
+            print_pinned(&r.exec);
             print_rehomed(&r.exec);
         }
         if !r.exec.skipped.is_empty() {
@@ -299,6 +300,19 @@ fn print_shared(r: &Report) {
         );
     }
     println!();
+}
+
+/// The summary's line about what read-only snapshots still hold.
+fn print_pinned(e: &ExecStats) {
+    if e.bytes_pinned_by_snapshots > 0 {
+        let ids: Vec<String> = e.pinning_snapshots.iter().map(u64::to_string).collect();
+        println!(
+            "{} more will be freed when the {} read-only snapshots holding it are deleted (subvolume ids {})",
+            h(e.bytes_pinned_by_snapshots),
+            e.pinning_snapshots.len(),
+            ids.join(", ")
+        );
+    }
 }
 
 /// The summary's lines about re-homing.

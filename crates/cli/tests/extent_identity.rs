@@ -28,6 +28,13 @@ mod snapshots_are_read_once {
     }
 }
 
+mod what_snapshots_pin_is_freed_with_them {
+    #[test]
+    fn btrfs() {
+        super::what_snapshots_pin_is_freed_with_them()
+    }
+}
+
 /// `e` (6 MiB), `r` a reflink copy of it, `f` a byte copy: `r` is not
 /// read; all three end up sharing.
 fn reflink_copies_are_read_once(kind: FsKind) {
@@ -117,6 +124,77 @@ fn snapshots_are_read_once() {
     assert_eq!(out.u("bytes_same_extents"), 6 * MIB + 3 * 28 * MIB);
     assert_eq!(checksum_tree(fs.path()), sums, "contents changed");
     assert!(same_physical(&d, &a), "the live byte copy was not shared");
+}
+
+/// Two byte copies in a subvolume with three read-only snapshots: sharing
+/// them frees nothing now; the report names the snapshots that hold the
+/// copies' old extents and their size, and deleting those snapshots frees
+/// that much data (within 2%).
+fn what_snapshots_pin_is_freed_with_them() {
+    let fs = new_fs(FsKind::Btrfs, 512 * MIB);
+    let vol = fs.path().join("vol");
+    btrfs(&["subvolume", "create"], &[&vol]);
+    let (d, a) = (vol.join("d.bin"), vol.join("a.bin"));
+    let (e, e2) = (vol.join("e.bin"), vol.join("e2.bin"));
+    onecopy_testfs::write_random(&d, 8 * MIB, 201).unwrap();
+    onecopy_testfs::copy_no_reflink(&d, &a).unwrap();
+    onecopy_testfs::write_random(&e, 6 * MIB, 202).unwrap();
+    onecopy_testfs::copy_no_reflink(&e, &e2).unwrap();
+    fs.sync();
+    let snaps: Vec<PathBuf> = (0..3).map(|i| fs.path().join(format!("s{i}"))).collect();
+    for s in &snaps {
+        btrfs(&["subvolume", "snapshot", "-r"], &[&vol, s]);
+    }
+    settle(&fs);
+    let sums = checksum_tree(fs.path());
+    let out = dedupe(&[fs.path()], &["--no-catalog"]);
+    out.assert_ok();
+    assert_eq!(checksum_tree(fs.path()), sums, "contents changed");
+    assert!(
+        same_physical(&d, &a) && same_physical(&e, &e2),
+        "not shared"
+    );
+    assert_eq!(out.u("bytes_freed"), 0, "the snapshots hold every extent");
+    let pinned = out.u("bytes_pinned_by_snapshots");
+    assert_eq!(pinned, 14 * MIB, "the old extents of one copy of each");
+    let ids = out.report()["pinning_snapshots"].as_array().unwrap().len();
+    assert_eq!(ids, 3, "all three snapshots hold them");
+    let before = data_used(&fs);
+    btrfs(
+        &["subvolume", "delete"],
+        &snaps.iter().map(|p| p.as_path()).collect::<Vec<_>>(),
+    );
+    // A commit wakes the cleaner, which drops the deleted trees; sync
+    // waits for it.
+    fs.sync();
+    btrfs(&["subvolume", "sync"], &[fs.path()]);
+    let freed = before - data_used(&fs);
+    let off = (freed as f64 - pinned as f64).abs() / pinned as f64;
+    assert!(
+        off <= 0.02,
+        "deleting the snapshots freed {freed} bytes, {pinned} predicted"
+    );
+}
+
+/// Data bytes in use (`btrfs filesystem df`: data chunks only, no
+/// metadata), after a sync.
+fn data_used(fs: &onecopy_testfs::LoopFs) -> u64 {
+    fs.sync();
+    let out = run(
+        "btrfs",
+        &[
+            OsStr::new("filesystem"),
+            OsStr::new("df"),
+            OsStr::new("-b"),
+            fs.path().as_os_str(),
+        ],
+    );
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("Data,"))
+        .expect("a Data line");
+    let used = line.split("used=").nth(1).expect("used=");
+    used.trim().parse().expect("used bytes")
 }
 
 /// Synced, and older than the racy margin (1 s): a file changed within a

@@ -185,6 +185,46 @@ pub fn freed_bytes(
     }
 }
 
+/// The units `before` pinned that nothing in `after` pins: what the run
+/// let go, freed or still held elsewhere. Sorted, each once.
+pub fn let_go(before: &[&FileUnits], after: &[&FileUnits]) -> Vec<Unit> {
+    use std::collections::HashSet;
+    let still: HashSet<Unit> = after
+        .iter()
+        .flat_map(|f| f.units.iter().map(|(u, _)| *u))
+        .collect();
+    let mut out: Vec<Unit> = before
+        .iter()
+        .flat_map(|f| f.units.iter().map(|(u, _)| *u))
+        .filter(|u| !still.contains(u))
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// Of the extents a run let go (whole extents, [`Model::Extents`]), those
+/// that only read-only snapshots still reference: deleting those
+/// snapshots frees them. `roots(u)` lists the subvolumes referencing `u`
+/// now (`None`: unknown, not counted); `read_only(root)` tells a read-only
+/// snapshot. Returns their bytes and the snapshots, sorted.
+pub fn pinned_by_snapshots(
+    let_go: &[Unit],
+    roots: &mut dyn FnMut(Unit) -> Option<Vec<u64>>,
+    read_only: &dyn Fn(u64) -> bool,
+) -> (u64, Vec<u64>) {
+    let mut bytes = 0;
+    let mut snapshots = std::collections::BTreeSet::new();
+    for &u in let_go {
+        let Some(r) = roots(u) else { continue };
+        if !r.is_empty() && r.iter().all(|&root| read_only(root)) {
+            bytes += u.len;
+            snapshots.extend(r);
+        }
+    }
+    (bytes, snapshots.into_iter().collect())
+}
+
 /// Sorted, non-overlapping union of ranges.
 fn merge(mut v: Vec<Unit>) -> Vec<Unit> {
     v.sort_unstable();
@@ -232,6 +272,36 @@ fn overlap(a: &[Unit], b: &[Unit]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn extents_only_snapshots_hold_are_freed_with_them() {
+        let u = |start| Unit { start, len: 100 };
+        let fu = |v: &[Unit]| FileUnits {
+            units: v.iter().map(|&x| (x, true)).collect(),
+        };
+        let (b1, b2, a1) = (fu(&[u(0), u(100)]), fu(&[u(200), u(100)]), fu(&[u(0)]));
+        let gone = let_go(&[&b1, &b2], &[&a1]);
+        assert_eq!(gone, vec![u(100), u(200)]);
+        // 100: snapshots 7 and 8 only; 200: snapshot 7 and a writable 5.
+        let mut roots = |x: Unit| match x.start {
+            100 => Some(vec![7, 8, 7]),
+            200 => Some(vec![7, 5]),
+            _ => None,
+        };
+        let ro = |r: u64| r >= 7;
+        assert_eq!(
+            pinned_by_snapshots(&gone, &mut roots, &ro),
+            (100, vec![7, 8])
+        );
+        let mut nobody = |_| Some(vec![]);
+        assert_eq!(
+            pinned_by_snapshots(&gone, &mut nobody, &ro),
+            (0, vec![]),
+            "freed now"
+        );
+        let mut unknown = |_| None;
+        assert_eq!(pinned_by_snapshots(&gone, &mut unknown, &ro), (0, vec![]));
+    }
 
     /// Only btrfs (with the tree search) accounts whole extents; a file
     /// elsewhere, or one that can not be opened, is accounted in ranges.

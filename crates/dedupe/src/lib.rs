@@ -131,6 +131,11 @@ pub struct ExecStats {
     pub ranges_settled: u64,
     /// Bytes the run unpinned (see [`account`]); an estimate in a dry run.
     pub bytes_freed: u64,
+    /// Bytes of extents the run let go that only read-only snapshots still
+    /// reference: freed when those snapshots are deleted (btrfs, root).
+    pub bytes_pinned_by_snapshots: u64,
+    /// Those snapshots' subvolume ids.
+    pub pinning_snapshots: Vec<u64>,
     /// Dry run: bytes that would be newly shared.
     pub bytes_would_share: u64,
     /// Re-homed remainder ranges (btrfs bookending, see `rehome`).
@@ -162,6 +167,10 @@ impl ExecStats {
         self.bytes_already_shared += o.bytes_already_shared;
         self.ranges_settled += o.ranges_settled;
         self.bytes_freed += o.bytes_freed;
+        self.bytes_pinned_by_snapshots += o.bytes_pinned_by_snapshots;
+        self.pinning_snapshots.extend(&o.pinning_snapshots);
+        self.pinning_snapshots.sort_unstable();
+        self.pinning_snapshots.dedup();
         self.bytes_would_share += o.bytes_would_share;
         self.rehome_ranges += o.rehome_ranges;
         self.rehome_bytes_written += o.rehome_bytes_written;
@@ -376,12 +385,45 @@ pub fn execute(
                 after.push(account::file_units(&f, opts.model).unwrap_or_default());
             }
         }
-        let mut refs = extent_refs(&mut files, opts.model);
+        let fd = any_involved(&mut files);
+        let mut refs = extent_refs(fd.clone(), opts.model);
         let before: Vec<&FileUnits> = files.before.values().collect();
         let after: Vec<&FileUnits> = after.iter().collect();
         rep.stats.bytes_freed = account::freed_bytes(opts.model, &before, &after, &mut refs);
+        if let (Model::Extents, Some(fd)) = (opts.model, fd) {
+            let gone = account::let_go(&before, &after);
+            let (bytes, snaps) = snapshot_pins(&gone, &fd, tree);
+            rep.stats.bytes_pinned_by_snapshots = bytes;
+            rep.stats.pinning_snapshots = snaps;
+        }
     }
     rep
+}
+
+/// An open file among those the run involved (for filesystem-wide
+/// lookups), if any opens.
+fn any_involved(files: &mut Files<'_>) -> Option<std::rc::Rc<File>> {
+    let involved: Vec<u32> = (0..files.entries.len() as u32)
+        .filter(|&i| files.involved[i as usize])
+        .collect();
+    involved.into_iter().find_map(|i| files.get(i).ok())
+}
+
+/// [`account::pinned_by_snapshots`] on btrfs: who references each extent
+/// (`LOGICAL_INO`), and which subvolumes are read-only snapshots (those
+/// the walk met).
+fn snapshot_pins(gone: &[account::Unit], fd: &File, tree: &Tree) -> (u64, Vec<u64>) {
+    let read_only: std::collections::HashSet<u64> = tree
+        .devices()
+        .iter()
+        .filter(|d| d.read_only)
+        .map(|d| d.subvol)
+        .collect();
+    let mut roots = |u: account::Unit| {
+        let owners = onecopy_ioctl::btrfs::extent_owners(fd.as_fd(), u.start).ok()??;
+        Some(owners.iter().map(|o| o.root).collect())
+    };
+    account::pinned_by_snapshots(gone, &mut roots, &|r| read_only.contains(&r))
 }
 
 /// Why an open file may not be a destination at all (immutable or
@@ -422,13 +464,9 @@ fn in_batches(op: &Op, batch: usize) -> Vec<std::borrow::Cow<'_, Op>> {
 /// the filesystem (snapshots, files outside the roots) still holds to an
 /// extent, after committing the run so that the lookup sees it.
 fn extent_refs(
-    files: &mut Files<'_>,
+    fd: Option<std::rc::Rc<File>>,
     model: Model,
 ) -> Box<dyn FnMut(account::Unit) -> Option<u64>> {
-    let involved: Vec<u32> = (0..files.entries.len() as u32)
-        .filter(|&i| files.involved[i as usize])
-        .collect();
-    let fd = involved.into_iter().find_map(|i| files.get(i).ok());
     match (model, fd) {
         (Model::Extents, Some(f)) => {
             let _ = onecopy_ioctl::fs::syncfs(f.as_fd());

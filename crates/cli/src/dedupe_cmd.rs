@@ -9,7 +9,7 @@
 //! settled and which records it writes (`onecopy_dedupe::policy`), where
 //! catalogs and spill files go (`onecopy_catalog::place`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,7 +22,8 @@ use onecopy_dedupe::{fsrun, policy, roots, ExecOptions, ExecProgress};
 use onecopy_ioctl::fs::fs_info;
 use onecopy_plan::TableBudget;
 use onecopy_scan::{
-    DigestStore, FileEntry, FsId, HashOptions, HashedFile, Marks, Progress, Tree, WalkOptions,
+    hash_files_with, DigestStore, FileEntry, FsId, HashOptions, HashedFile, KnownCopies, Progress,
+    Tree, WalkOptions,
 };
 
 use crate::args::{DedupeArgs, DEFAULT_BLOCK};
@@ -284,7 +285,9 @@ fn read(
         threads: a.threads,
         read_size: 4 << 20,
     };
-    let mut hashed = onecopy_scan::hash_files(to_read, tree, store, &opts, &sig.scan);
+    let known = KnownByInode::new(&to_read, per_fs, tree);
+    let mut hashed = hash_files_with(to_read, tree, store, &opts, &sig.scan, &known);
+    drop(known);
     ui.finish(bar);
     report.phases.insert("hash", t.elapsed().as_secs_f64());
     report.add_skips(&hashed.skipped);
@@ -294,9 +297,9 @@ fn read(
     report.files_same_extents = hashed.files_same_extents;
     report.bytes_same_extents = hashed.bytes_same_extents;
     if a.verbose {
-        let read = hashed.files.iter();
-        let read = read.filter(|f| !f.entry.marks.has(Marks::SAME_EXTENTS));
-        let paths = read.map(|f| tree.path(f.entry.name));
+        // Read, or from the same extents as a file read: every file
+        // not known from a catalog.
+        let paths = hashed.files.iter().map(|f| tree.path(f.entry.name));
         report.read_paths = Some(paths.map(|p| p.display().to_string()).collect());
     }
     let fresh = std::mem::take(&mut hashed.files);
@@ -304,6 +307,53 @@ fn read(
         if let Some(run) = per_fs.get_mut(&fs) {
             onecopy_scan::append_shrinking(&mut run.files, fresh);
         }
+    }
+}
+
+/// Known files by (filesystem, inode, size, mtime), for the files to
+/// read: a new snapshot's files keep the inode numbers and times of the
+/// files they were taken of, so one of those, if known, is a candidate
+/// copy ([`KnownCopies`]). Holds only keys of files to read.
+struct KnownByInode<'a> {
+    /// At most [`KnownByInode::TRIES`] per key, writable subvolumes' first
+    /// (a snapshot is most often taken of a live subvolume).
+    map: HashMap<(FsId, u64, u64, i64), Vec<&'a HashedFile>>,
+    tree: &'a Tree,
+}
+
+impl<'a> KnownByInode<'a> {
+    const TRIES: usize = 3;
+
+    fn new(to_read: &[FileEntry], per_fs: &'a BTreeMap<FsId, FsRun>, tree: &'a Tree) -> Self {
+        let key = |e: &FileEntry| (tree.device(e.dev).fs, e.ino, e.size, e.mtime_ns);
+        let wanted: HashSet<_> = to_read.iter().map(key).collect();
+        let mut map = HashMap::new();
+        for run in per_fs.values() {
+            for f in &run.files[..run.known] {
+                let k = key(&f.entry);
+                if !wanted.contains(&k) {
+                    continue;
+                }
+                let v: &mut Vec<&HashedFile> = map.entry(k).or_default();
+                if !tree.device(f.entry.dev).read_only {
+                    v.insert(0, f);
+                } else if v.len() < Self::TRIES {
+                    v.push(f);
+                }
+                v.truncate(Self::TRIES);
+            }
+        }
+        KnownByInode { map, tree }
+    }
+}
+
+impl KnownCopies for KnownByInode<'_> {
+    fn candidates(&self, e: &FileEntry) -> Vec<&HashedFile> {
+        let fs = self.tree.device(e.dev).fs;
+        let Some(v) = self.map.get(&(fs, e.ino, e.size, e.mtime_ns)) else {
+            return Vec::new();
+        };
+        v.iter().copied().filter(|c| c.entry.dev != e.dev).collect()
     }
 }
 

@@ -28,6 +28,13 @@ mod snapshots_are_read_once {
     }
 }
 
+mod a_new_snapshot_costs_no_reads {
+    #[test]
+    fn btrfs() {
+        super::a_new_snapshot_costs_no_reads()
+    }
+}
+
 mod what_snapshots_pin_is_freed_with_them {
     #[test]
     fn btrfs() {
@@ -124,6 +131,55 @@ fn snapshots_are_read_once() {
     assert_eq!(out.u("bytes_same_extents"), 6 * MIB + 3 * 28 * MIB);
     assert_eq!(checksum_tree(fs.path()), sums, "contents changed");
     assert!(same_physical(&d, &a), "the live byte copy was not shared");
+}
+
+/// With a catalog: after a run over a subvolume and two read-only
+/// snapshots, a third snapshot is taken; the next run reads nothing (its
+/// files are laid out as the known files they were taken of), and a file
+/// changed in the live subvolume is read.
+fn a_new_snapshot_costs_no_reads() {
+    let fs = new_fs(FsKind::Btrfs, 512 * MIB);
+    let cat = tempfile::tempdir().unwrap();
+    let hashfile = cat.path().join("catalog.db");
+    let hashfile = hashfile.to_str().unwrap();
+    let vol = fs.path().join("vol");
+    btrfs(&["subvolume", "create"], &[&vol]);
+    let (d, a, e) = (vol.join("d.bin"), vol.join("a.bin"), vol.join("e.bin"));
+    onecopy_testfs::write_random(&d, 8 * MIB, 301).unwrap();
+    onecopy_testfs::copy_no_reflink(&d, &a).unwrap();
+    onecopy_testfs::write_random(&e, 6 * MIB, 302).unwrap();
+    fs.sync();
+    for i in 0..2 {
+        let snap = fs.path().join(format!("s{i}"));
+        btrfs(&["subvolume", "snapshot", "-r"], &[&vol, &snap]);
+    }
+    settle(&fs);
+    let first = dedupe(&[fs.path()], &["--hashfile", hashfile]);
+    first.assert_ok();
+    assert_eq!(first.u("bytes_read"), 22 * MIB, "each extent read once");
+    assert!(same_physical(&d, &a));
+    btrfs(
+        &["subvolume", "snapshot", "-r"],
+        &[&vol, &fs.path().join("s2")],
+    );
+    let f = vol.join("f.bin");
+    onecopy_testfs::write_random(&f, 2 * MIB, 303).unwrap();
+    settle(&fs);
+    let sums = checksum_tree(fs.path());
+    let second = dedupe(&[fs.path()], &["--hashfile", hashfile]);
+    second.assert_ok();
+    assert_eq!(
+        second.u("bytes_read"),
+        2 * MIB,
+        "only the new live file is read"
+    );
+    assert_eq!(
+        second.u("files_same_extents"),
+        3,
+        "the new snapshot's files"
+    );
+    assert_eq!(second.u("bytes_same_extents"), 22 * MIB);
+    assert_eq!(checksum_tree(fs.path()), sums, "contents changed");
 }
 
 /// Two byte copies in a subvolume with three read-only snapshots: sharing

@@ -581,6 +581,39 @@ pub fn hash_files(
     opts: &HashOptions,
     progress: &Progress,
 ) -> HashOutput {
+    hash_files_with(files, tree, store, opts, progress, &NoKnownCopies)
+}
+
+/// Files known from an earlier run (a catalog) that a file about to be
+/// read may share its extents with.
+pub trait KnownCopies: Sync {
+    /// Known files that may hold the same bytes as `e` in the same
+    /// extents, on other devices (a snapshot's copy of a file keeps its
+    /// inode number, size and mtime in the other subvolume), best first.
+    /// Their entries are their stat when read, their digests in the run's
+    /// store.
+    fn candidates(&self, e: &FileEntry) -> Vec<&HashedFile>;
+}
+
+/// No known files.
+pub struct NoKnownCopies;
+
+impl KnownCopies for NoKnownCopies {
+    fn candidates(&self, _: &FileEntry) -> Vec<&HashedFile> {
+        Vec::new()
+    }
+}
+
+/// [`hash_files`], where a file laid out as a known copy of it is now
+/// takes that copy's digests unread.
+pub fn hash_files_with(
+    files: Vec<FileEntry>,
+    tree: &Tree,
+    store: &mut DigestStore,
+    opts: &HashOptions,
+    progress: &Progress,
+    known: &dyn KnownCopies,
+) -> HashOutput {
     let store = Mutex::new(store);
     let bs = opts.block_size.max(512) as usize;
     let read_size = opts.read_size.max(bs).div_ceil(bs) * bs;
@@ -600,6 +633,7 @@ pub fn hash_files(
         bs,
         layouts: &layouts,
         store: &store,
+        known,
         progress,
     };
     std::thread::scope(|s| {
@@ -708,6 +742,7 @@ struct Reader<'a, 's> {
     bs: usize,
     layouts: &'a Layouts,
     store: &'a Mutex<&'s mut DigestStore>,
+    known: &'a dyn KnownCopies,
     progress: &'a Progress,
 }
 
@@ -728,7 +763,17 @@ impl Reader<'_, '_> {
         let inode_flags = onecopy_ioctl::fs::inode_flags(f.as_fd()).unwrap_or(0);
         // The kernel's value is 32 bits.
         let generation = onecopy_ioctl::fs::inode_generation(f.as_fd()).unwrap_or(0) as u32;
-        let claim = crate::layout::key(&f, entry.ino, entry.size).map(|k| self.layouts.claim(k));
+        let key = crate::layout::key(&f, entry.ino, entry.size);
+        if let Some(c) = key.and_then(|k| self.known_copy(k, &f, &entry, device.dev)) {
+            let (n, now) = (entry.size, now_ns());
+            self.progress.bytes_done.fetch_add(n, Ordering::Relaxed);
+            let racy = entry.mtime_ns.max(entry.ctime_ns) >= now - RACY_MARGIN_NS;
+            entry.marks.set(Marks::RACY, racy);
+            entry.marks.set(Marks::SAME_EXTENTS, true);
+            let f = HashedFile::new(entry, c.digests, c.whole(), inode_flags, generation);
+            return Outcome::SameExtents(f, n);
+        }
+        let claim = key.map(|k| self.layouts.claim(k));
         let earlier = match &claim {
             Some(Claim::Earlier(e)) => Some(*e),
             _ => None,
@@ -777,6 +822,38 @@ impl Reader<'_, '_> {
         }
         let f = HashedFile::new(entry, digests, whole, inode_flags, generation);
         Outcome::Done(f, total)
+    }
+}
+
+impl Reader<'_, '_> {
+    /// The known copy of `entry` (open as `f`, laid out as `key`) laid out
+    /// as `key` too, checked now with both unchanged around it: then both
+    /// read the same shared extents now, and the copy has not changed
+    /// since its digests were taken.
+    fn known_copy(&self, key: u128, f: &File, entry: &FileEntry, dev: u64) -> Option<&HashedFile> {
+        let mut candidates = self.known.candidates(entry).into_iter();
+        candidates.find(|c| self.same_layout(c, key, (f, entry, dev)))
+    }
+
+    /// Whether the known file `c` is laid out as `key` now, on another
+    /// device than `f`, both unchanged around the look.
+    fn same_layout(
+        &self,
+        c: &HashedFile,
+        key: u128,
+        (f, e, dev): (&File, &FileEntry, u64),
+    ) -> bool {
+        let cdev = self.tree.device(c.entry.dev).dev;
+        let Ok(cf) = open_noatime(&self.tree.path(c.entry.name)) else {
+            return false;
+        };
+        let same =
+            |file: &File, x: &FileEntry, d: u64| file.metadata().is_ok_and(|m| x.unchanged(d, &m));
+        cdev != dev
+            && same(&cf, &c.entry, cdev)
+            && crate::layout::key(&cf, c.entry.ino, c.entry.size) == Some(key)
+            && same(&cf, &c.entry, cdev)
+            && same(f, e, dev)
     }
 }
 

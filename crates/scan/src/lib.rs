@@ -13,8 +13,9 @@ pub mod tree;
 mod walk;
 
 pub use hash::{
-    hash_files, window_digest, zero_block_digest, BlockDigest, Blocks, DigestStore, Digests,
-    HashOptions, HashOutput, HashedFile, SubDigest, RACY_MARGIN_NS,
+    hash_files, hash_files_with, window_digest, zero_block_digest, BlockDigest, Blocks,
+    DigestStore, Digests, HashOptions, HashOutput, HashedFile, KnownCopies, NoKnownCopies,
+    SubDigest, RACY_MARGIN_NS,
 };
 pub use tree::{DevId, Device, NameId, Tree};
 pub use walk::{validate_excludes, walk, FileEntry, FsId, Marks, WalkOptions, WalkOutput};

@@ -472,27 +472,11 @@ fn read_only_snapshot_btrfs() {
     let fs = new_fs(FsKind::Btrfs, 512 * MIB);
     let root = fs.path();
     let vol = root.join("vol");
-    run(
-        "btrfs",
-        &[
-            OsStr::new("subvolume"),
-            OsStr::new("create"),
-            vol.as_os_str(),
-        ],
-    );
+    btrfs(&["subvolume", "create"], &[&vol]);
     let before_snap = dup_groups(&vol.join("old"), 2, 2, 2 * MIB + 3, 111);
     fs.sync();
     let snap = vol.join("snap-ro");
-    run(
-        "btrfs",
-        &[
-            OsStr::new("subvolume"),
-            OsStr::new("snapshot"),
-            OsStr::new("-r"),
-            vol.as_os_str(),
-            snap.as_os_str(),
-        ],
-    );
+    btrfs(&["subvolume", "snapshot", "-r"], &[&vol, &snap]);
     let after_snap = dup_groups(&vol.join("new"), 1, 2, 2 * MIB + 5, 112);
     let snap_files: Vec<PathBuf> = flat(&before_snap)
         .iter()
@@ -536,14 +520,7 @@ fn exclude_snapshots_btrfs() {
     let fs = new_fs(FsKind::Btrfs, 512 * MIB);
     let root = fs.path();
     let vol = root.join("vol");
-    run(
-        "btrfs",
-        &[
-            OsStr::new("subvolume"),
-            OsStr::new("create"),
-            vol.as_os_str(),
-        ],
-    );
+    btrfs(&["subvolume", "create"], &[&vol]);
     let live = dup_groups(&vol.join("data"), 2, 2, LEN, 141);
     fs.sync();
     let snap_ro = root.join("snap-ro");
@@ -663,14 +640,7 @@ fn nested_subvolume_btrfs() {
     let fs = new_fs(FsKind::Btrfs, 512 * MIB);
     let root = fs.path();
     let sub = root.join("sub");
-    run(
-        "btrfs",
-        &[
-            OsStr::new("subvolume"),
-            OsStr::new("create"),
-            sub.as_os_str(),
-        ],
-    );
+    btrfs(&["subvolume", "create"], &[&sub]);
     let a = root.join("plain").join("a.bin");
     mkparent(&a);
     write_random(&a, 3 * MIB + 1, 121).unwrap();

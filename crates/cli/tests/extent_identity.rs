@@ -11,7 +11,7 @@ mod common;
 mod support;
 
 use std::ffi::OsStr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use onecopy_testfs::{checksum_tree, FsKind};
 use support::*;
@@ -258,10 +258,4 @@ fn data_used(fs: &onecopy_testfs::LoopFs) -> u64 {
 fn settle(fs: &onecopy_testfs::LoopFs) {
     fs.sync();
     std::thread::sleep(std::time::Duration::from_millis(1500));
-}
-
-fn btrfs(args: &[&str], paths: &[&Path]) {
-    let mut all: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
-    all.extend(paths.iter().map(|p| p.as_os_str()));
-    run("btrfs", &all);
 }

@@ -13,7 +13,6 @@ mod common;
 #[path = "adversarial/support.rs"]
 mod support;
 
-use std::ffi::OsStr;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -339,25 +338,9 @@ fn freed_excludes_reflinks_outside_roots(kind: FsKind) {
 fn freed_excludes_snapshot_extents() {
     let fs = new_fs(FsKind::Btrfs, 512 * MIB);
     let vol = fs.path().join("vol");
-    run(
-        "btrfs",
-        &[
-            OsStr::new("subvolume"),
-            OsStr::new("create"),
-            vol.as_os_str(),
-        ],
-    );
+    btrfs(&["subvolume", "create"], &[&vol]);
     let files = honest_scene(&vol);
     let snap = fs.path().join("snap");
-    run(
-        "btrfs",
-        &[
-            OsStr::new("subvolume"),
-            OsStr::new("snapshot"),
-            OsStr::new("-r"),
-            vol.as_os_str(),
-            snap.as_os_str(),
-        ],
-    );
+    btrfs(&["subvolume", "snapshot", "-r"], &[&vol, &snap]);
     assert_honest(&fs, &vol, &files, 0);
 }

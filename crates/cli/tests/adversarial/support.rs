@@ -476,6 +476,13 @@ pub fn sh(line: &str) -> String {
 
 /// Runs a program with arguments, panicking with its output on failure.
 #[track_caller]
+/// `btrfs ARGS... PATHS...`: its stdout; panics when it fails.
+pub fn btrfs(args: &[&str], paths: &[&Path]) -> String {
+    let mut all: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
+    all.extend(paths.iter().map(|p| p.as_os_str()));
+    run("btrfs", &all)
+}
+
 pub fn run<S: AsRef<OsStr>>(program: &str, args: &[S]) -> String {
     let out = Command::new(program)
         .args(args)

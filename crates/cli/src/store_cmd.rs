@@ -21,40 +21,7 @@ pub struct StoreArgs {
 #[derive(Debug, Subcommand)]
 pub enum StoreAction {
     /// Create an empty store in DIR.
-    Init {
-        dir: PathBuf,
-        /// `fixed:SIZE` (default fixed:64K; for VM images and random writes)
-        /// or `cdc:MIN/AVG/MAX` (FastCDC; for backups and archives).
-        #[arg(long, default_value = "fixed:64K")]
-        chunking: String,
-        /// Chunk compression: auto (default: lz4 tests a sample of each
-        /// chunk and the ones it shrinks are stored with zstd, so
-        /// incompressible data costs a test and the rest zstd's size), auto:LEVEL, zstd
-        /// or zstd:LEVEL (zstd for every chunk; level 1-19, default 3:
-        /// higher is smaller and slower on new data), lz4 (fastest) or
-        /// none. Chunks that do not shrink are stored raw.
-        #[arg(long, default_value = "auto")]
-        compress: String,
-        /// Also compare bytes when a fingerprint is found (as ZFS
-        /// dedup=verify); heals a damaged stored copy.
-        #[arg(long)]
-        verify: bool,
-        /// Target size of a container file (default 4M; 32M for a remote
-        /// store: fewer, larger objects in the bucket).
-        #[arg(long)]
-        container_size: Option<String>,
-        /// Fingerprint index quota in entries (chunks): above it, new
-        /// chunks are stored without dedupe (as ZFS dedup_table_quota);
-        /// `store stats` counts them. Default: no quota.
-        #[arg(long, value_name = "N")]
-        index_quota: Option<u64>,
-        /// Entries the fingerprint index buffers in RAM before writing a
-        /// sorted run (about 80 bytes each; default 65536).
-        #[arg(long, value_name = "N", hide = true)]
-        index_memtable: Option<usize>,
-        #[command(flatten)]
-        remote: RemoteArgs,
-    },
+    Init(InitArgs),
     /// Delete the snapshots a retention policy does not keep (as `restic
     /// forget`); `store gc` then frees what only they held.
     Forget(crate::snapshot_cmd::ForgetArgs),
@@ -92,28 +59,7 @@ pub enum StoreAction {
     /// not be mounted; an existing destination name is refused before
     /// anything is written. Sources that cannot be read (or change while
     /// read) are listed and left out (exit 1); the rest is imported.
-    Import {
-        /// The store (not mounted).
-        dir: PathBuf,
-        /// What to copy in: directories (recursively), files, symlinks (not
-        /// followed), FIFOs, device nodes.
-        #[arg(required = true, value_name = "SRC")]
-        srcs: Vec<PathBuf>,
-        /// Directory inside the store to import into (created like
-        /// `mkdir -p`).
-        #[arg(long, value_name = "PATH", default_value = "/")]
-        to: PathBuf,
-        /// Print the summary as JSON on stdout.
-        #[arg(long)]
-        json: bool,
-        /// Make a durable commit after this many bytes read (a crash loses
-        /// at most about this much of the import).
-        #[arg(long, value_name = "SIZE", default_value = "256M", hide = true)]
-        commit_every: String,
-        /// Worker threads (0: four per core, 4 to 16).
-        #[arg(long, value_name = "N", default_value_t = 0, hide = true)]
-        threads: usize,
-    },
+    Import(ImportArgs),
     /// Drop index entries of chunks nobody references (gc reclaims their
     /// bytes); with --days, also the fingerprint index entries of chunks
     /// referenced once and indexed more than DAYS days ago (as ZFS
@@ -124,6 +70,68 @@ pub enum StoreAction {
         #[arg(long, value_name = "DAYS")]
         days: Option<u64>,
     },
+}
+
+/// `store init`'s arguments.
+#[derive(Debug, Args)]
+pub struct InitArgs {
+    pub dir: PathBuf,
+    /// `fixed:SIZE` (default fixed:64K; for VM images and random writes)
+    /// or `cdc:MIN/AVG/MAX` (FastCDC; for backups and archives).
+    #[arg(long, default_value = "fixed:64K")]
+    pub chunking: String,
+    /// Chunk compression: auto (default: lz4 tests a sample of each
+    /// chunk and the ones it shrinks are stored with zstd, so
+    /// incompressible data costs a test and the rest zstd's size), auto:LEVEL, zstd
+    /// or zstd:LEVEL (zstd for every chunk; level 1-19, default 3:
+    /// higher is smaller and slower on new data), lz4 (fastest) or
+    /// none. Chunks that do not shrink are stored raw.
+    #[arg(long, default_value = "auto")]
+    pub compress: String,
+    /// Also compare bytes when a fingerprint is found (as ZFS
+    /// dedup=verify); heals a damaged stored copy.
+    #[arg(long)]
+    pub verify: bool,
+    /// Target size of a container file (default 4M; 32M for a remote
+    /// store: fewer, larger objects in the bucket).
+    #[arg(long)]
+    pub container_size: Option<String>,
+    /// Fingerprint index quota in entries (chunks): above it, new
+    /// chunks are stored without dedupe (as ZFS dedup_table_quota);
+    /// `store stats` counts them. Default: no quota.
+    #[arg(long, value_name = "N")]
+    pub index_quota: Option<u64>,
+    /// Entries the fingerprint index buffers in RAM before writing a
+    /// sorted run (about 80 bytes each; default 65536).
+    #[arg(long, value_name = "N", hide = true)]
+    pub index_memtable: Option<usize>,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+}
+
+/// `store import`'s arguments.
+#[derive(Debug, Args)]
+pub struct ImportArgs {
+    /// The store (not mounted).
+    pub dir: PathBuf,
+    /// What to copy in: directories (recursively), files, symlinks (not
+    /// followed), FIFOs, device nodes.
+    #[arg(required = true, value_name = "SRC")]
+    pub srcs: Vec<PathBuf>,
+    /// Directory inside the store to import into (created like
+    /// `mkdir -p`).
+    #[arg(long, value_name = "PATH", default_value = "/")]
+    pub to: PathBuf,
+    /// Print the summary as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Make a durable commit after this many bytes read (a crash loses
+    /// at most about this much of the import).
+    #[arg(long, value_name = "SIZE", default_value = "256M", hide = true)]
+    pub commit_every: String,
+    /// Worker threads (0: four per core, 4 to 16).
+    #[arg(long, value_name = "N", default_value_t = 0, hide = true)]
+    pub threads: usize,
 }
 
 /// Where a remote store lives (`store init --remote`).
@@ -248,83 +256,76 @@ pub fn run(args: StoreArgs) -> ExitCode {
 /// One store command; its exit code (from `exit.rs`).
 fn act(action: StoreAction) -> Result<u8, StoreError> {
     match action {
-        StoreAction::Init {
-            dir,
-            chunking,
-            compress,
-            verify,
-            container_size,
-            index_quota,
-            index_memtable,
-            remote,
-        } => {
-            if remote.recover {
-                let spec = remote.spec()?.expect("--recover requires --remote");
-                let pw = remote.password()?;
-                let m = onecopy_store::bucket::recover(&dir, &spec, pw.as_deref(), remote.force)?;
-                println!(
-                    "recovered store {} from {} (generation {}, {} metadata segments)",
-                    dir.display(),
-                    spec.url,
-                    m.generation,
-                    m.segments.len()
-                );
-                return Ok(exit::OK);
-            }
-            let mut cfg = init_config(
-                &chunking,
-                &compress,
-                verify,
-                container_size
-                    .as_deref()
-                    .unwrap_or(if remote.remote.is_some() { "32M" } else { "4M" }),
-                index_quota,
-                index_memtable,
-            )?;
-            cfg.remote = remote.spec()?;
-            let pw = remote.password()?;
-            if cfg.remote.is_some() && pw.is_none() && !remote.no_encryption {
-                return Err(StoreError::BadOption(
-                    "a remote store is encrypted: give its password with --password-file FILE \
-                     or ONECOPY_PASSWORD (or choose --no-encryption)"
-                        .into(),
-                ));
-            }
-            Store::init_with(&dir, &cfg, pw.as_deref())?;
-            match &cfg.remote {
-                Some(r) => println!(
-                    "created store {} in {} ({chunking}, {compress})",
-                    dir.display(),
-                    r.url
-                ),
-                None => println!("created store {} ({chunking}, {compress})", dir.display()),
-            }
-            Ok(exit::OK)
-        }
+        StoreAction::Init(a) => init(a),
         StoreAction::Stats { dir, json } => stats(&dir, json),
         StoreAction::Snapshot { action } => crate::snapshot_cmd::run(action),
         StoreAction::Forget(a) => crate::snapshot_cmd::forget(a),
         StoreAction::Gc { dir } => gc(&dir),
         StoreAction::Fsck { dir, repair } => fsck(&dir, repair),
         StoreAction::Scrub { dir } => scrub(&dir),
-        StoreAction::Import {
-            dir,
-            srcs,
-            to,
-            json,
-            commit_every,
-            threads,
-        } => {
-            use std::os::unix::ffi::OsStrExt;
-            let opts = onecopy_store::ImportOptions {
-                to: to.as_os_str().as_bytes().to_vec(),
-                commit_every: onecopy_store::config::parse_size(&commit_every)? as u64,
-                threads,
-            };
-            Ok(crate::import_cmd::run(&dir, &srcs, &opts, json))
-        }
+        StoreAction::Import(a) => import(a),
         StoreAction::Prune { dir, days } => prune(&dir, days),
     }
+}
+
+/// `store init`: a new store, or with `--recover` a cache rebuilt from
+/// its bucket.
+fn init(a: InitArgs) -> Result<u8, StoreError> {
+    let remote = &a.remote;
+    if remote.recover {
+        return recover(&a.dir, remote);
+    }
+    let size = if remote.remote.is_some() { "32M" } else { "4M" };
+    let mut cfg = init_config(
+        &a.chunking,
+        &a.compress,
+        a.verify,
+        a.container_size.as_deref().unwrap_or(size),
+        a.index_quota,
+        a.index_memtable,
+    )?;
+    cfg.remote = remote.spec()?;
+    let pw = remote.password()?;
+    if cfg.remote.is_some() && pw.is_none() && !remote.no_encryption {
+        return Err(StoreError::BadOption(
+            "a remote store is encrypted: give its password with --password-file FILE \
+             or ONECOPY_PASSWORD (or choose --no-encryption)"
+                .into(),
+        ));
+    }
+    Store::init_with(&a.dir, &cfg, pw.as_deref())?;
+    let what = format!("{}, {}", a.chunking, a.compress);
+    match &cfg.remote {
+        Some(r) => println!("created store {} in {} ({what})", a.dir.display(), r.url),
+        None => println!("created store {} ({what})", a.dir.display()),
+    }
+    Ok(exit::OK)
+}
+
+/// `store init --recover`: a cache for `dir` from the bucket alone.
+fn recover(dir: &Path, remote: &RemoteArgs) -> Result<u8, StoreError> {
+    let spec = remote.spec()?.expect("--recover requires --remote");
+    let pw = remote.password()?;
+    let m = onecopy_store::bucket::recover(dir, &spec, pw.as_deref(), remote.force)?;
+    println!(
+        "recovered store {} from {} (generation {}, {} metadata segments)",
+        dir.display(),
+        spec.url,
+        m.generation,
+        m.segments.len()
+    );
+    Ok(exit::OK)
+}
+
+/// `store import`.
+fn import(a: ImportArgs) -> Result<u8, StoreError> {
+    use std::os::unix::ffi::OsStrExt;
+    let opts = onecopy_store::ImportOptions {
+        to: a.to.as_os_str().as_bytes().to_vec(),
+        commit_every: onecopy_store::config::parse_size(&a.commit_every)? as u64,
+        threads: a.threads,
+    };
+    Ok(crate::import_cmd::run(&a.dir, &a.srcs, &opts, a.json))
 }
 
 /// The settings `store init` was given.

@@ -289,50 +289,14 @@ impl<'a> Push<'a> {
         let image = self.image()?;
         self.mirror.tiered.wait_uploaded_below(below, wait)?;
         let page_size = page_size(&image)?;
-        let mut seg = pages::diff(&image, page_size, &self.st.hashes)?;
-        if seg.changed == 0 && doomed.is_empty() && self.st.manifest.is_some() {
+        let Some((mut seg, base)) = self.segment(&image, page_size, doomed)? else {
             return Ok(None);
-        }
-        let chain_bytes: u64 = self.chain().iter().map(|s| s.bytes).sum();
-        let base_bytes = self.chain().first().map_or(0, |s| s.bytes);
-        let base = self.st.hashes.is_empty()
-            || chain_bytes + seg.bytes.len() as u64 > base_bytes * (100 + CHAIN_PERCENT) / 100;
-        if base && !self.st.hashes.is_empty() {
-            seg = pages::diff(&image, page_size, &[])?;
-        }
+        };
         let generation = self.st.manifest.as_ref().map_or(0, |(m, _)| m.generation) + 1;
-        let key = format!("meta/{generation:016x}-{}.seg", random_hex());
-        let body = std::mem::take(&mut seg.bytes);
-        let body = match &self.mirror.sealing {
-            Some(s) => s.seal(&key, &body),
-            None => body,
-        };
-        let bytes = body.len() as u64;
-        self.mirror.objects.put_new_settled(&key, body.into())?;
-        let mut segments = if base {
-            Vec::new()
-        } else {
-            self.chain().to_vec()
-        };
-        segments.push(SegmentRef { key, bytes });
-        let m = Manifest {
-            generation,
-            writer: self.mirror.writer.clone(),
-            time_ns: crate::store::time_now(),
-            config: StoreConfig {
-                remote: None,
-                ..cfg.clone()
-            },
-            page_size,
-            image: seg.image.clone(),
-            segments,
-        };
-        let dropped: Vec<String> = self
-            .chain()
-            .iter()
-            .filter(|s| !m.segments.contains(s))
-            .map(|s| s.key.clone())
-            .collect();
+        let new = self.upload(generation, std::mem::take(&mut seg.bytes))?;
+        let bytes = new.bytes;
+        let m = self.manifest(generation, cfg, page_size, &seg.image, base, new);
+        let dropped = self.replaced_by(&m);
         self.swap(m)?;
         self.st.hashes = seg.hashes;
         let kept = self.mirror.dir.join("image.db");
@@ -348,6 +312,82 @@ impl<'a> Push<'a> {
             bytes,
             base,
         }))
+    }
+
+    /// The segment to push and whether it is a new base: the pages
+    /// changed since the last push, or the whole image once the chain of
+    /// deltas would outgrow its base by [`CHAIN_PERCENT`] (or there is no
+    /// base yet). `None` when nothing changed and nothing was deleted.
+    fn segment(
+        &self,
+        image: &Path,
+        page_size: u32,
+        doomed: &[u64],
+    ) -> Result<Option<(pages::Segment, bool)>> {
+        let seg = pages::diff(image, page_size, &self.st.hashes)?;
+        if seg.changed == 0 && doomed.is_empty() && self.st.manifest.is_some() {
+            return Ok(None);
+        }
+        let chain_bytes: u64 = self.chain().iter().map(|s| s.bytes).sum();
+        let base_bytes = self.chain().first().map_or(0, |s| s.bytes);
+        let grown = chain_bytes + seg.bytes.len() as u64 > base_bytes * (100 + CHAIN_PERCENT) / 100;
+        if self.st.hashes.is_empty() {
+            Ok(Some((seg, true)))
+        } else if grown {
+            Ok(Some((pages::diff(image, page_size, &[])?, true)))
+        } else {
+            Ok(Some((seg, false)))
+        }
+    }
+
+    /// Puts a segment (sealed when the store is encrypted) as a new
+    /// object of generation `generation`.
+    fn upload(&self, generation: u64, body: Vec<u8>) -> Result<SegmentRef> {
+        let key = format!("meta/{generation:016x}-{}.seg", random_hex());
+        let body = match &self.mirror.sealing {
+            Some(s) => s.seal(&key, &body),
+            None => body,
+        };
+        let bytes = body.len() as u64;
+        self.mirror.objects.put_new_settled(&key, body.into())?;
+        Ok(SegmentRef { key, bytes })
+    }
+
+    /// The manifest naming `new` after the chain (or alone, as a `base`).
+    fn manifest(
+        &self,
+        generation: u64,
+        cfg: &StoreConfig,
+        page_size: u32,
+        image: &str,
+        base: bool,
+        new: SegmentRef,
+    ) -> Manifest {
+        let mut segments = if base {
+            Vec::new()
+        } else {
+            self.chain().to_vec()
+        };
+        segments.push(new);
+        Manifest {
+            generation,
+            writer: self.mirror.writer.clone(),
+            time_ns: crate::store::time_now(),
+            config: StoreConfig {
+                remote: None,
+                ..cfg.clone()
+            },
+            page_size,
+            image: image.to_string(),
+            segments,
+        }
+    }
+
+    /// The segments of the current chain that `m` no longer names.
+    fn replaced_by(&self, m: &Manifest) -> Vec<String> {
+        let old = self.chain().iter();
+        let gone = old.filter(|s| !m.segments.contains(s));
+        gone.map(|s| s.key.clone()).collect()
     }
 
     fn chain(&self) -> &[SegmentRef] {

@@ -274,6 +274,13 @@ impl<'a> Files<'a> {
             .is_ok_and(|m| self.entry(i).unchanged(self.device(i).dev, &m))
     }
 
+    /// The files the run opened as a source or destination.
+    fn involved_ids(&self) -> Vec<u32> {
+        (0..self.entries.len() as u32)
+            .filter(|&i| self.involved[i as usize])
+            .collect()
+    }
+
     /// Snapshots the allocations of `i` before its first change.
     fn snapshot_before(&mut self, i: u32, f: &File) {
         if !self.before.contains_key(&i) {
@@ -369,7 +376,13 @@ pub fn execute(
             rehome::rehome(&mut files, &changed, ro, progress, &mut rep);
         }
     }
-    // Accounting.
+    account_run(&mut files, tree, opts, &mut rep);
+    rep
+}
+
+/// Sets `bytes_freed` (and what read-only snapshots pin) from the
+/// involved files' allocations before and after the run.
+fn account_run(files: &mut Files<'_>, tree: &Tree, opts: &ExecOptions, rep: &mut ExecReport) {
     if opts.dry_run {
         // The estimate: every byte that would be shared frees its block
         // (exact on XFS; on btrfs re-homing releases what bookending pins).
@@ -377,15 +390,12 @@ pub fn execute(
     } else if !files.before.is_empty() {
         files.open.clear();
         let mut after = Vec::new();
-        let involved: Vec<u32> = (0..entries.len() as u32)
-            .filter(|&i| files.involved[i as usize])
-            .collect();
-        for i in involved {
+        for i in files.involved_ids() {
             if let Ok(f) = files.get(i) {
                 after.push(account::file_units(&f, opts.model).unwrap_or_default());
             }
         }
-        let fd = any_involved(&mut files);
+        let fd = any_involved(files);
         let mut refs = extent_refs(fd.clone(), opts.model);
         let before: Vec<&FileUnits> = files.before.values().collect();
         let after: Vec<&FileUnits> = after.iter().collect();
@@ -397,15 +407,12 @@ pub fn execute(
             rep.stats.pinning_snapshots = snaps;
         }
     }
-    rep
 }
 
 /// An open file among those the run involved (for filesystem-wide
 /// lookups), if any opens.
 fn any_involved(files: &mut Files<'_>) -> Option<std::rc::Rc<File>> {
-    let involved: Vec<u32> = (0..files.entries.len() as u32)
-        .filter(|&i| files.involved[i as usize])
-        .collect();
+    let involved = files.involved_ids();
     involved.into_iter().find_map(|i| files.get(i).ok())
 }
 

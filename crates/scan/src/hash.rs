@@ -763,47 +763,22 @@ impl Reader<'_, '_> {
         let inode_flags = onecopy_ioctl::fs::inode_flags(f.as_fd()).unwrap_or(0);
         // The kernel's value is 32 bits.
         let generation = onecopy_ioctl::fs::inode_generation(f.as_fd()).unwrap_or(0) as u32;
+        let ids = (inode_flags, generation);
         let key = crate::layout::key(&f, entry.ino, entry.size);
         if let Some(c) = key.and_then(|k| self.known_copy(k, &f, &entry, device.dev)) {
-            let (n, now) = (entry.size, now_ns());
-            self.progress.bytes_done.fetch_add(n, Ordering::Relaxed);
-            let racy = entry.mtime_ns.max(entry.ctime_ns) >= now - RACY_MARGIN_NS;
-            entry.marks.set(Marks::RACY, racy);
-            entry.marks.set(Marks::SAME_EXTENTS, true);
-            let f = HashedFile::new(entry, c.digests, c.whole(), inode_flags, generation);
-            return Outcome::SameExtents(f, n);
+            let racy = entry.mtime_ns.max(entry.ctime_ns) >= now_ns() - RACY_MARGIN_NS;
+            return self.unread(entry, (c.digests, c.whole()), ids, racy);
         }
         let claim = key.map(|k| self.layouts.claim(k));
-        let earlier = match &claim {
-            Some(Claim::Earlier(e)) => Some(*e),
-            _ => None,
+        if let Some(Claim::Earlier(e)) = &claim {
+            if unchanged_since(e, &f, &entry, device.dev) {
+                return self.unread(entry, (e.digests, e.whole), ids, false);
+            }
+        }
+        let (total, whole) = match self.read(&mut f, &entry, device, (buf, scratch)) {
+            Ok(read) => read,
+            Err(outcome) => return outcome,
         };
-        if let Some(read) = earlier.filter(|e| unchanged_since(e, &f, &entry, device.dev)) {
-            let n = entry.size;
-            self.progress.bytes_done.fetch_add(n, Ordering::Relaxed);
-            entry.marks.set(Marks::SAME_EXTENTS, true);
-            let f = HashedFile::new(entry, read.digests, read.whole, inode_flags, generation);
-            return Outcome::SameExtents(f, n);
-        }
-        advise_sequential(&f);
-        let sub = (device.block as usize).clamp(512, self.bs);
-        // At a block of one sub-block, a window at a sub-block offset is a
-        // block: the sub-digests would only repeat what `blocks` says.
-        let keep_subs = sub < self.bs;
-        let shape = (self.bs, sub, keep_subs);
-        let total = match digest_all(&mut f, buf, shape, scratch, self.progress) {
-            Ok(total) => total,
-            Err(source) => return Outcome::Error(ScanError::Read { path, source }),
-        };
-        match f.metadata() {
-            Ok(m) if entry.unchanged(device.dev, &m) && total == entry.size => {}
-            Ok(_) => return Outcome::Skip(SkipReason::ChangedWhileReading),
-            Err(source) => return Outcome::Error(ScanError::Stat { path, source }),
-        }
-        let whole = whole_digest(&scratch.blocks, total);
-        if !keep_subs {
-            scratch.subs.clear();
-        }
         let racy = entry.mtime_ns.max(entry.ctime_ns) >= read_start - RACY_MARGIN_NS;
         entry.marks.set(Marks::RACY, racy);
         // Only files read whole get digests in the store.
@@ -822,6 +797,62 @@ impl Reader<'_, '_> {
         }
         let f = HashedFile::new(entry, digests, whole, inode_flags, generation);
         Outcome::Done(f, total)
+    }
+
+    /// Reads `f` whole into `scratch`'s digest lists: the bytes read and
+    /// the whole-file digest, or the outcome when it fails or changes.
+    fn read(
+        &self,
+        f: &mut File,
+        entry: &FileEntry,
+        device: &crate::Device,
+        (buf, scratch): (&mut [u8], &mut Scratch),
+    ) -> Result<(u64, u128), Outcome> {
+        let path = || self.tree.path(entry.name);
+        advise_sequential(f);
+        let sub = (device.block as usize).clamp(512, self.bs);
+        // At a block of one sub-block, a window at a sub-block offset is a
+        // block: the sub-digests would only repeat what `blocks` says.
+        let keep_subs = sub < self.bs;
+        let shape = (self.bs, sub, keep_subs);
+        let total = digest_all(f, buf, shape, scratch, self.progress).map_err(|source| {
+            Outcome::Error(ScanError::Read {
+                path: path(),
+                source,
+            })
+        })?;
+        match f.metadata() {
+            Ok(m) if entry.unchanged(device.dev, &m) && total == entry.size => {}
+            Ok(_) => return Err(Outcome::Skip(SkipReason::ChangedWhileReading)),
+            Err(source) => {
+                return Err(Outcome::Error(ScanError::Stat {
+                    path: path(),
+                    source,
+                }))
+            }
+        }
+        let whole = whole_digest(&scratch.blocks, total);
+        if !keep_subs {
+            scratch.subs.clear();
+        }
+        Ok((total, whole))
+    }
+
+    /// The outcome of a file not read: `digests` and `whole` are those of
+    /// a file in the same extents.
+    fn unread(
+        &self,
+        mut entry: FileEntry,
+        (digests, whole): (Digests, u128),
+        (inode_flags, generation): (u32, u32),
+        racy: bool,
+    ) -> Outcome {
+        let n = entry.size;
+        self.progress.bytes_done.fetch_add(n, Ordering::Relaxed);
+        entry.marks.set(Marks::RACY, racy);
+        entry.marks.set(Marks::SAME_EXTENTS, true);
+        let f = HashedFile::new(entry, digests, whole, inode_flags, generation);
+        Outcome::SameExtents(f, n)
     }
 }
 

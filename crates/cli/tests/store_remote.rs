@@ -313,6 +313,17 @@ fn a_read_only_mount_elsewhere_follows_the_writer() {
     });
     let e = std::fs::write(follow_mnt.join("new-file"), b"x").unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc_erofs()), "{e}");
+    // Files the follower has read (and its kernel cached) change in the
+    // writer: one grows, one is rewritten at the same size; the follower
+    // serves both as they are now, not as it cached them.
+    let grown = vec![7u8; 5000];
+    std::fs::write(w.mnt.join("a/d1/f1"), &grown).unwrap();
+    let rewritten = vec![9u8; 4095];
+    std::fs::write(w.mnt.join("a/d2/f2"), &rewritten).unwrap();
+    eventually(60, "changed files in the follower", || {
+        std::fs::read(follow_mnt.join("a/d1/f1")).unwrap() == grown
+            && std::fs::read(follow_mnt.join("a/d2/f2")).unwrap() == rewritten
+    });
     // The writer goes on; the follower catches up.
     let more = s.mnt.with_extension("more");
     let want_more = make_tree(&more, 22);

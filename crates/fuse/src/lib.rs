@@ -300,8 +300,19 @@ fn setid_kill(store: &Store, req: &Request, ino: u64, set: &SetAttr, write: bool
 /// FUSE_EXPORT_SUPPORT: file handles (`open_by_handle_at`, NFS export)
 /// stay valid after the kernel forgets an inode; it looks the number up
 /// again with `.` and `..` (see `Store::lookup`).
-pub(crate) fn tune(config: &mut KernelConfig) {
-    let wanted = InitFlags::FUSE_WRITEBACK_CACHE
+///
+/// A follower (a read-only mount of a bucket) sees its files change under
+/// it at each move to the writer's latest state: no writeback cache, under
+/// which the kernel keeps its own size and mtime of a cached file and
+/// would serve a file seen mid-write short for as long as it stays
+/// cached; and its cached pages are dropped when a file's mtime changes
+/// (`AUTO_INVAL_DATA`), as they are when its size does.
+pub(crate) fn tune(config: &mut KernelConfig, follower: bool) {
+    let caching = match follower {
+        false => InitFlags::FUSE_WRITEBACK_CACHE,
+        true => InitFlags::FUSE_AUTO_INVAL_DATA,
+    };
+    let wanted = caching
         | InitFlags::FUSE_PARALLEL_DIROPS
         | InitFlags::FUSE_ASYNC_DIO
         | InitFlags::FUSE_BIG_WRITES
@@ -492,7 +503,7 @@ macro_rules! live {
 
 impl Filesystem for StoreFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        tune(config);
+        tune(config, self.store.is_follower());
         if config
             .capabilities()
             .contains(InitFlags::FUSE_WRITEBACK_CACHE)

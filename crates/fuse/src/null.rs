@@ -166,7 +166,7 @@ fn empty(reply: ReplyEmpty, r: Result<(), Errno>) {
 
 impl Filesystem for NullFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        crate::tune(config);
+        crate::tune(config, false);
         Ok(())
     }
 

@@ -350,10 +350,8 @@ impl<'a> KnownByInode<'a> {
 impl KnownCopies for KnownByInode<'_> {
     fn candidates(&self, e: &FileEntry) -> Vec<&HashedFile> {
         let fs = self.tree.device(e.dev).fs;
-        let Some(v) = self.map.get(&(fs, e.ino, e.size, e.mtime_ns)) else {
-            return Vec::new();
-        };
-        v.iter().copied().filter(|c| c.entry.dev != e.dev).collect()
+        let key = (fs, e.ino, e.size, e.mtime_ns);
+        self.map.get(&key).cloned().unwrap_or_default()
     }
 }
 

@@ -588,10 +588,10 @@ pub fn hash_files(
 /// read may share its extents with.
 pub trait KnownCopies: Sync {
     /// Known files that may hold the same bytes as `e` in the same
-    /// extents, on other devices (a snapshot's copy of a file keeps its
-    /// inode number, size and mtime in the other subvolume), best first.
-    /// Their entries are their stat when read, their digests in the run's
-    /// store.
+    /// extents (a snapshot's copy of a file keeps its inode number, size
+    /// and mtime in the other subvolume), best first; the reader skips any
+    /// on `e`'s own device (the same inode, changed since). Their entries
+    /// are their stat when read, their digests in the run's store.
     fn candidates(&self, e: &FileEntry) -> Vec<&HashedFile>;
 }
 
@@ -875,13 +875,15 @@ impl Reader<'_, '_> {
         (f, e, dev): (&File, &FileEntry, u64),
     ) -> bool {
         let cdev = self.tree.device(c.entry.dev).dev;
+        if cdev == dev {
+            return false;
+        }
         let Ok(cf) = open_noatime(&self.tree.path(c.entry.name)) else {
             return false;
         };
         let same =
             |file: &File, x: &FileEntry, d: u64| file.metadata().is_ok_and(|m| x.unchanged(d, &m));
-        cdev != dev
-            && same(&cf, &c.entry, cdev)
+        same(&cf, &c.entry, cdev)
             && crate::layout::key(&cf, c.entry.ino, c.entry.size) == Some(key)
             && same(&cf, &c.entry, cdev)
             && same(f, e, dev)

@@ -174,17 +174,11 @@ elif cmd == "tree":  # SRC DST: is DST a copy of SRC (bytes, type, mode, mtime, 
     if meta: bad.append(f"{len(meta)} entries differ in metadata (first {meta[0]})")
     print("identical" + f" ({files} files: bytes, types, modes, mtimes)" if not bad else "DIFFERS: " + "; ".join(bad))
 elif cmd == "time":  # TIMEFILE: wall, CPU (user+sys) and peak RSS (MiB) from time -v
-    v = {}
-    for line in open(args[0]):
-        if ": " in line:
-            k, x = line.strip().rsplit(": ", 1); v[k] = x
-    w = 0.0
-    for p in v["Elapsed (wall clock) time (h:mm:ss or m:ss)"].split(":"):
-        w = w * 60 + float(p)
-    cpu = float(v["User time (seconds)"]) + float(v["System time (seconds)"])
-    print(f"{w:.2f} {cpu:.2f} {int(v['Maximum resident set size (kbytes)']) / 1024:.0f}")
+    from timev import timev
+    w, cpu, rss, _ = timev(args[0])
+    print(f"{w:.2f} {cpu:.2f} {rss:.0f}")
 PY
-py() { python3 "$H" "$@"; }
+py() { PYTHONPATH="$PWD/bench" python3 "$H" "$@"; }
 
 # One weed mini per tool: NAME BUCKET. Leaves $work/weed-NAME/{pid,s3,metrics}.
 start_weed() { weed_start "$work/weed-$1" "$2"; }

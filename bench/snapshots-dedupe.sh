@@ -109,16 +109,7 @@ cat > "$H" <<'PY'
 import json, os, re, shutil, subprocess, sys
 cmd, args = sys.argv[1], sys.argv[2:]
 
-def timev(path):  # wall s, CPU s, peak RSS MiB, FS inputs bytes
-    v = {}
-    for line in open(path):
-        if ": " in line:
-            k, x = line.strip().rsplit(": ", 1); v[k] = x
-    w = 0.0
-    for p in v["Elapsed (wall clock) time (h:mm:ss or m:ss)"].split(":"):
-        w = w * 60 + float(p)
-    cpu = float(v["User time (seconds)"]) + float(v["System time (seconds)"])
-    return w, cpu, int(v["Maximum resident set size (kbytes)"]) / 1024, int(v["File system inputs"]) * 512
+from timev import timev  # wall s, CPU s, peak RSS MiB, FS inputs bytes
 
 def find(d, key):  # a key anywhere in the JSON report
     if isinstance(d, dict):
@@ -238,7 +229,7 @@ elif cmd == "report":  # ROWS TREE_DESC FILES APPARENT VERSIONS...
         if r["errors"]:
             print(f"- onecopy ({r['kind']}, {r['n']} snapshots) reported {len(r['errors'])} errors, first: {r['errors'][0]}")
 PY
-py() { python3 "$H" "$@"; }
+py() { PYTHONPATH="$PWD/bench" python3 "$H" "$@"; }
 
 # A command under /usr/bin/time -v: LABEL OK_CODES CMD... (output in
 # log/LABEL.{out,err}; OK_CODES like "0 1"); sets rc.

@@ -16,14 +16,15 @@
 # page cache is dropped before every phase.
 #
 # Usage: bench/remote-throughput.sh (as root); SIZE_MIB=N, KEEP=1,
-# PERF=DIR (a perf profile of the mount during the write).
+# PERF=DIR (a perf profile of the mount during the write), ONECOPY=BINARY
+# (measure that build instead of this tree's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "run as root" >&2; exit 2; }
 SIZE_MIB=${SIZE_MIB:-4096}
-cargo build -q --release -p onecopy
+[ -n "${ONECOPY:-}" ] || cargo build -q --release -p onecopy
 cargo build -q --release -p onecopy-objects --example throughput
-O=$(realpath target/release/onecopy)
+O=$(realpath "${ONECOPY:-target/release/onecopy}")
 T=$(realpath target/release/examples/throughput)
 . bench/weed.sh
 work=$(mktemp -d /var/tmp/onecopy-remote-throughput.XXXXXX)

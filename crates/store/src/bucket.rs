@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{RemoteSpec, StoreConfig};
 use crate::error::{Result, StoreError};
-use crate::seal::{self, Keys};
+use crate::seal::{self, Cipher, Keys};
 
 /// Key of the manifest.
 pub const MANIFEST: &str = "manifest";
@@ -205,6 +205,26 @@ fn open_key(objects: &dyn Objects, key: &str, password: &[u8]) -> Result<Sealing
     })
 }
 
+/// The cache's key file: the master key in hex, after `CIPHER:` unless
+/// the cipher is the one of stores made before ciphers were named.
+fn local_key_text(keys: &Keys) -> String {
+    let master = hex::encode(keys.master());
+    match keys.cipher() {
+        Cipher::XChaCha20Poly1305 => master,
+        c => format!("{}:{master}", c.name()),
+    }
+}
+
+fn parse_local_key(text: &str) -> Option<Keys> {
+    let text = text.trim();
+    let (cipher, master) = match text.split_once(':') {
+        Some((name, master)) => (Cipher::from_name(name)?, master),
+        None => (Cipher::XChaCha20Poly1305, text),
+    };
+    let master: [u8; 64] = hex::decode(master).ok()?.try_into().ok()?;
+    Some(Keys::from_master(master, cipher))
+}
+
 /// Keeps the master key in the cache (`remote/key`, mode 0600).
 pub(crate) fn save_local_key(dir: &Path, keys: &Keys) -> Result<()> {
     let path = dir.join(CACHE_DIR).join("key");
@@ -214,7 +234,7 @@ pub(crate) fn save_local_key(dir: &Path, keys: &Keys) -> Result<()> {
         .mode(0o600)
         .open(&path)
         .map_err(StoreError::io(&path))?;
-    f.write_all(hex::encode(keys.master()).as_bytes())
+    f.write_all(local_key_text(keys).as_bytes())
         .and_then(|()| f.sync_all())
         .map_err(StoreError::io(&path))
 }
@@ -224,15 +244,12 @@ pub(crate) fn save_local_key(dir: &Path, keys: &Keys) -> Result<()> {
 pub(crate) fn load_local_key(dir: &Path, key: &str) -> Result<Sealing> {
     let path = dir.join(CACHE_DIR).join("key");
     let text = std::fs::read_to_string(&path).map_err(StoreError::io(&path))?;
-    let master: [u8; 64] = hex::decode(text.trim())
-        .ok()
-        .and_then(|b| b.try_into().ok())
-        .ok_or_else(|| StoreError::NotAStore {
-            path: path.clone(),
-            why: "not a key".into(),
-        })?;
+    let keys = parse_local_key(&text).ok_or_else(|| StoreError::NotAStore {
+        path: path.clone(),
+        why: "not a key".into(),
+    })?;
     Ok(Sealing {
-        keys: Arc::new(Keys::from_master(master)),
+        keys: Arc::new(keys),
         key: key.to_string(),
     })
 }
@@ -393,4 +410,24 @@ pub(crate) fn extend_image(
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The cache's key file keeps the cipher; one written before ciphers
+    /// were named (hex alone) is an XChaCha20-Poly1305 store's.
+    #[test]
+    fn the_local_key_file_names_its_cipher() {
+        for cipher in [Cipher::XChaCha20Poly1305, Cipher::Aes256Gcm] {
+            let k = Keys::from_master([7; 64], cipher);
+            let back = parse_local_key(&local_key_text(&k)).unwrap();
+            assert_eq!((back.cipher(), back.master()), (cipher, &[7; 64]));
+        }
+        let old = parse_local_key(&format!("{}\n", hex::encode([7u8; 64]))).unwrap();
+        assert_eq!(old.cipher(), Cipher::XChaCha20Poly1305);
+        assert!(parse_local_key("rot13:00").is_none());
+        assert!(parse_local_key("abc").is_none());
+    }
 }

@@ -5,7 +5,7 @@
 //! damaged header is tested through the CLI in tests/store_faults.rs).
 
 use onecopy_store::container::{decode, encode, seal_record, RECORD_HEADER};
-use onecopy_store::seal::Keys;
+use onecopy_store::seal::{Cipher, Keys};
 use onecopy_store::{Chunking, Compress, Store};
 use proptest::prelude::*;
 
@@ -31,9 +31,9 @@ fn framed(raw_len: u32, codec: u8, payload: &[u8]) -> Vec<u8> {
     rec
 }
 
-/// A fixed key (the cases need not differ in it).
-fn key() -> Keys {
-    Keys::from_master([7; 64])
+/// A fixed key (the cases need not differ in it), of each cipher.
+fn keys() -> [Keys; 2] {
+    [Cipher::Aes256Gcm, Cipher::XChaCha20Poly1305].map(|c| Keys::from_master([7; 64], c))
 }
 
 proptest! {
@@ -42,7 +42,9 @@ proptest! {
     #[test]
     fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
         let _ = decode(&bytes, 1, 16, None);
-        let _ = decode(&bytes, 1, 16, Some(&key()));
+        for k in keys() {
+            let _ = decode(&bytes, 1, 16, Some(&k));
+        }
     }
 
     #[test]
@@ -52,7 +54,8 @@ proptest! {
         payload in proptest::collection::vec(any::<u8>(), 0..2000),
     ) {
         let rec = framed(raw_len, codec, &payload);
-        for k in [None, Some(key())] {
+        let [a, b] = keys();
+        for k in [None, Some(a), Some(b)] {
             if let Ok((_, raw)) = decode(&rec, 1, 16, k.as_ref()) {
                 prop_assert_eq!(raw.len(), raw_len as usize);
             }
@@ -77,13 +80,15 @@ proptest! {
         prop_assert!(decode(&bad, 1, 16, None).is_err(), "flip at {} of {}", i, bad.len());
         let cut = at.index(bad.len().max(RECORD_HEADER + 1) - 1);
         prop_assert!(decode(&enc.bytes[..cut], 1, 16, None).is_err());
-        // The same, sealed.
-        let sealed = seal_record(encode(&hash, &raw, compress), &key());
-        prop_assert_eq!(decode(&sealed.bytes, 1, 16, Some(&key())).unwrap().1, raw);
-        let mut bad = sealed.bytes.clone();
-        let i = at.index(bad.len());
-        bad[i] ^= 1 << bit;
-        prop_assert!(decode(&bad, 1, 16, Some(&key())).is_err(), "sealed: flip at {}", i);
+        // The same, sealed with either cipher.
+        for k in keys() {
+            let sealed = seal_record(encode(&hash, &raw, compress), &k);
+            prop_assert_eq!(&decode(&sealed.bytes, 1, 16, Some(&k)).unwrap().1, &raw);
+            let mut bad = sealed.bytes.clone();
+            let i = at.index(bad.len());
+            bad[i] ^= 1 << bit;
+            prop_assert!(decode(&bad, 1, 16, Some(&k)).is_err(), "sealed: flip at {}", i);
+        }
     }
 
     #[test]

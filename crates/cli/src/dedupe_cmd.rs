@@ -202,6 +202,7 @@ fn walk(
     report.phases.insert("walk", t.elapsed().as_secs_f64());
     report.add_skips(&walked.skipped);
     report.add_scan_errors(walked.errors);
+    report.snapshots_by_difference = walked.snapshot_diff;
     report.files_scanned = walked.files.len() as u64;
     report.bytes_scanned = walked.files.iter().map(|f| f.size).sum();
     (walked.files, walked.tree)

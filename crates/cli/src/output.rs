@@ -8,7 +8,7 @@ use std::sync::Arc;
 use indicatif::HumanBytes;
 use onecopy_dedupe::{DestSkip, ExecProgress, ExecReport, ExecStats};
 use onecopy_plan::PlanStats;
-use onecopy_scan::{Progress, ScanError, SkipReason};
+use onecopy_scan::{Progress, ScanError, SkipReason, SnapshotDiff};
 use serde::Serialize;
 
 use crate::args::DedupeArgs;
@@ -39,6 +39,11 @@ pub struct Report {
     /// fingerprints were reused.
     pub files_same_extents: u64,
     pub bytes_same_extents: u64,
+    /// Read-only snapshots of walked subvolumes, listed by difference:
+    /// `snapshots`, and `files_as_parent`/`bytes_as_parent`, their files
+    /// not listed at all (the same inode, unchanged, as in the subvolume
+    /// they were taken of, whose file stands for them).
+    pub snapshots_by_difference: SnapshotDiff,
     /// Files whose fingerprints came from the catalog (not read).
     pub files_known: u64,
     /// Of those, files found under a new path (renamed or moved).
@@ -257,6 +262,15 @@ fn print_files(r: &Report) {
             "In extents already read, not read again: {} files ({}: snapshots, reflink copies)",
             r.files_same_extents,
             h(r.bytes_same_extents)
+        );
+    }
+    let d = &r.snapshots_by_difference;
+    if d.snapshots > 0 {
+        println!(
+            "Listed {} read-only snapshots by their difference from the subvolume they were taken of: {} unchanged files ({}) not looked at",
+            d.snapshots,
+            d.files_as_parent,
+            h(d.bytes_as_parent)
         );
     }
     if r.files_known > 0 {

@@ -35,6 +35,13 @@ mod a_new_snapshot_costs_no_reads {
     }
 }
 
+mod snapshots_are_listed_by_their_difference {
+    #[test]
+    fn btrfs() {
+        super::snapshots_are_listed_by_their_difference()
+    }
+}
+
 mod what_snapshots_pin_is_freed_with_them {
     #[test]
     fn btrfs() {
@@ -127,10 +134,79 @@ fn snapshots_are_read_once() {
     // On disk: d, a and e (r and every snapshot copy are the same extents).
     assert_eq!(out.u("bytes_read"), 22 * MIB, "each extent read once");
     assert_eq!(out.u("files_read"), 3);
-    assert_eq!(out.u("files_same_extents"), 1 + 3 * 4);
-    assert_eq!(out.u("bytes_same_extents"), 6 * MIB + 3 * 28 * MIB);
+    // r; the snapshots' files are not even listed: unchanged since.
+    assert_eq!(out.u("files_same_extents"), 1);
+    assert_eq!(out.u("bytes_same_extents"), 6 * MIB);
+    let diff = &out.report()["snapshots_by_difference"];
+    assert_eq!(diff["snapshots"], 3, "{diff}");
+    assert_eq!(diff["files_as_parent"], 3 * 4, "{diff}");
+    assert_eq!(diff["bytes_as_parent"], 3 * 28 * MIB, "{diff}");
     assert_eq!(checksum_tree(fs.path()), sums, "contents changed");
     assert!(same_physical(&d, &a), "the live byte copy was not shared");
+}
+
+/// Read-only snapshots of a walked subvolume are listed by difference:
+/// their files unchanged since are not looked at, the others are (an old
+/// version, a file kept only in a snapshot), so a live file equal to a
+/// file deleted since the snapshot is shared with the snapshot's copy. A
+/// writable snapshot is walked. Without the privilege to search the trees
+/// (as nobody), the snapshots are walked instead.
+fn snapshots_are_listed_by_their_difference() {
+    let fs = new_fs(FsKind::Btrfs, 512 * MIB);
+    let vol = fs.path().join("vol");
+    btrfs(&["subvolume", "create"], &[&vol]);
+    let (keep, chg, del) = (
+        vol.join("keep.bin"),
+        vol.join("z/chg.bin"),
+        vol.join("del.bin"),
+    );
+    mkparent(&chg);
+    onecopy_testfs::write_random(&keep, 4 * MIB, 401).unwrap();
+    onecopy_testfs::write_random(&chg, 4 * MIB, 402).unwrap();
+    onecopy_testfs::write_random(&del, 5 * MIB, 403).unwrap();
+    fs.sync();
+    let s0 = fs.path().join("snaps/s0");
+    mkparent(&s0);
+    btrfs(&["subvolume", "snapshot", "-r"], &[&vol, &s0]);
+    // After s0: chg rewritten, del deleted; then s1 and w; then del's
+    // bytes back as a new file, held by nothing else.
+    onecopy_testfs::write_random(&chg, 4 * MIB, 404).unwrap();
+    std::fs::remove_file(&del).unwrap();
+    fs.sync();
+    let s1 = fs.path().join("snaps/s1");
+    btrfs(&["subvolume", "snapshot", "-r"], &[&vol, &s1]);
+    btrfs(&["subvolume", "snapshot"], &[&vol, &fs.path().join("w")]);
+    let again = vol.join("again.bin");
+    onecopy_testfs::copy_no_reflink(&s0.join("del.bin"), &again).unwrap();
+    settle(&fs);
+    let sums = checksum_tree(fs.path());
+    let nobody = dedupe_as_nobody(&[fs.path()], &["--no-catalog", "--dry-run"]);
+    nobody.assert_ok();
+    let d = &nobody.report()["snapshots_by_difference"];
+    assert_eq!(d["snapshots"], 0, "nobody cannot search the trees: {d}");
+    assert_eq!(
+        nobody.u("files_scanned"),
+        3 + 2 + 3 + 2,
+        "every file walked"
+    );
+    let out = dedupe(&[fs.path()], &["--no-catalog"]);
+    out.assert_ok();
+    let d = &out.report()["snapshots_by_difference"];
+    assert_eq!(d["snapshots"], 2, "{d}");
+    // s0: keep; s1: keep, chg.
+    assert_eq!(d["files_as_parent"], 3, "{d}");
+    assert_eq!(d["bytes_as_parent"], 12 * MIB, "{d}");
+    // vol's 3, w's 2, s0's old chg and del.
+    assert_eq!(out.u("files_scanned"), 7);
+    // keep, chg old and new, del and again: each extent once.
+    assert_eq!(out.u("bytes_read"), 22 * MIB);
+    assert_eq!(checksum_tree(fs.path()), sums, "contents changed");
+    assert!(
+        same_physical(&again, &s0.join("del.bin")),
+        "the live copy of a file kept only in s0 was not shared with it: {}",
+        out.stdout
+    );
+    assert_eq!(out.u("bytes_freed"), 5 * MIB, "again's own extent");
 }
 
 /// With a catalog: after a run over a subvolume and two read-only
@@ -173,12 +249,12 @@ fn a_new_snapshot_costs_no_reads() {
         2 * MIB,
         "only the new live file is read"
     );
-    assert_eq!(
-        second.u("files_same_extents"),
-        3,
-        "the new snapshot's files"
-    );
-    assert_eq!(second.u("bytes_same_extents"), 22 * MIB);
+    // The three snapshots' files are the live ones, not even listed (a
+    // was deduped in the first run: the same bytes in other extents).
+    let diff = &second.report()["snapshots_by_difference"];
+    assert_eq!(diff["snapshots"], 3, "{diff}");
+    assert_eq!(diff["files_as_parent"], 3 * 3, "{diff}");
+    assert_eq!(diff["bytes_as_parent"], 3 * 22 * MIB, "{diff}");
     assert_eq!(checksum_tree(fs.path()), sums, "contents changed");
 }
 

@@ -245,10 +245,12 @@ const BTRFS_IOC_GET_SUBVOL_INFO: libc::c_ulong = 0x81F8_943C;
 const SUBVOL_INFO_SIZE: usize = 504;
 /// Offsets in `struct btrfs_ioctl_get_subvol_info_args`: treeid u64 @0,
 /// name[256] @8, parent_id @264, dirid @272, generation @280, flags @288,
-/// uuid[16] @296, parent_uuid[16] @312 (checked against the kernel's
-/// `include/uapi/linux/btrfs.h` with `offsetof`).
+/// uuid[16] @296, parent_uuid[16] @312, otransid @352 (checked against
+/// the kernel's `include/uapi/linux/btrfs.h` with `offsetof`).
 const SUBVOL_INFO_FLAGS: usize = 288;
+const SUBVOL_INFO_UUID: usize = 296;
 const SUBVOL_INFO_PARENT_UUID: usize = 312;
+const SUBVOL_INFO_OTRANSID: usize = 352;
 /// `BTRFS_ROOT_SUBVOL_RDONLY` of the root item flags.
 const BTRFS_SUBVOL_RDONLY: u64 = 1 << 0;
 
@@ -262,18 +264,30 @@ pub struct SubvolInfo {
     /// it records the UUID of the subvolume it was taken of
     /// (`parent_uuid`), which stays set after that subvolume is deleted.
     pub snapshot: bool,
+    pub uuid: [u8; 16],
+    /// The UUID of the subvolume this one is a snapshot of (zero if none).
+    pub parent_uuid: [u8; 16],
+    /// The transaction that created it: a snapshot holds its parent's
+    /// state as of that transaction's commit.
+    pub otransid: u64,
 }
 
 impl SubvolInfo {
     /// Decodes the ioctl's answer; a short buffer says nothing (all false).
     pub fn decode(b: &[u8]) -> SubvolInfo {
         let flags = u64_at(b, SUBVOL_INFO_FLAGS).unwrap_or(0);
-        let parent_uuid = b
-            .get(SUBVOL_INFO_PARENT_UUID..SUBVOL_INFO_PARENT_UUID + 16)
-            .unwrap_or(&[]);
+        let uuid_at = |at: usize| -> [u8; 16] {
+            b.get(at..at + 16)
+                .and_then(|u| u.try_into().ok())
+                .unwrap_or_default()
+        };
+        let parent_uuid = uuid_at(SUBVOL_INFO_PARENT_UUID);
         SubvolInfo {
             read_only: flags & BTRFS_SUBVOL_RDONLY != 0,
-            snapshot: parent_uuid.iter().any(|&x| x != 0),
+            snapshot: parent_uuid != [0; 16],
+            uuid: uuid_at(SUBVOL_INFO_UUID),
+            parent_uuid,
+            otransid: u64_at(b, SUBVOL_INFO_OTRANSID).unwrap_or(0),
         }
     }
 }
@@ -428,24 +442,34 @@ mod tests {
         assert_eq!(SubvolInfo::decode(&b), SubvolInfo::default());
         // A subvolume's own UUID does not make it a snapshot.
         b[296..312].fill(0xab);
-        assert_eq!(SubvolInfo::decode(&b), SubvolInfo::default());
+        let own = SubvolInfo {
+            uuid: [0xab; 16],
+            ..SubvolInfo::default()
+        };
+        assert_eq!(SubvolInfo::decode(&b), own);
         // Any non-zero byte of parent_uuid does, read-only or not.
         b[327] = 1;
+        b[352..360].copy_from_slice(&77u64.to_ne_bytes());
+        let mut parent = [0; 16];
+        parent[15] = 1;
         let want = SubvolInfo {
-            read_only: false,
             snapshot: true,
+            parent_uuid: parent,
+            otransid: 77,
+            ..own
         };
         assert_eq!(SubvolInfo::decode(&b), want);
         b[288..296].copy_from_slice(&BTRFS_SUBVOL_RDONLY.to_ne_bytes());
         let want = SubvolInfo {
             read_only: true,
-            snapshot: true,
+            ..want
         };
         assert_eq!(SubvolInfo::decode(&b), want);
-        // Other flag bits and received_uuid (@328) are not these facts.
+        // Other flag bits, received_uuid (@328) and ctransid (@344) are
+        // not these facts.
         let mut c = vec![0u8; SUBVOL_INFO_SIZE];
         c[288..296].copy_from_slice(&(!BTRFS_SUBVOL_RDONLY).to_ne_bytes());
-        c[328..344].fill(7);
+        c[328..352].fill(7);
         assert_eq!(SubvolInfo::decode(&c), SubvolInfo::default());
         // Short answers say nothing.
         assert!(!SubvolInfo::decode(&b[..300]).snapshot);

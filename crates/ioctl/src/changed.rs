@@ -22,9 +22,12 @@ const BTRFS_IOC_INO_PATHS: libc::c_ulong = 0xC038_9423;
 const SEARCH_HEADER: usize = 32;
 const INODE_ITEM_KEY: u32 = 1;
 const FIRST_FREE_OBJECTID: u64 = 256;
-/// `struct btrfs_inode_item`: transid and mode.
+/// `struct btrfs_inode_item`: transid, size and mode.
 const INODE_TRANSID: usize = 8;
+const INODE_SIZE: usize = 16;
 const INODE_MODE: usize = 52;
+const INODE_SEQUENCE: usize = 72;
+const INODE_ATIME: usize = 112;
 const INODE_CTIME: usize = 124;
 const INODE_ITEM_SIZE: usize = 160;
 
@@ -36,9 +39,28 @@ pub struct ChangedInode {
     pub transid: u64,
     /// `st_mode` (file type and permissions).
     pub mode: u32,
+    /// `st_size`.
+    pub size: u64,
     /// ctime, seconds: moves with every change but an atime update (which
     /// also rewrites the inode item).
     pub ctime_sec: u64,
+    /// A hash of the inode item but its transid, `sequence` and atime:
+    /// equal for two items that differ at most by reads or dedupes since
+    /// (which move neither ctime nor mtime; generation, size, links, mode,
+    /// flags, ctime and mtime to the nanosecond all equal): the same
+    /// bytes, not always the same extents. Compared within one run only.
+    pub stable: u64,
+}
+
+/// [`ChangedInode::stable`] of an inode item.
+fn stable_hash(item: &[u8]) -> u64 {
+    use std::hash::{DefaultHasher, Hasher};
+    let mut h = DefaultHasher::new();
+    h.write(&item[..INODE_TRANSID]);
+    h.write(&item[INODE_TRANSID + 8..INODE_SEQUENCE]);
+    h.write(&item[INODE_SEQUENCE + 8..INODE_ATIME]);
+    h.write(&item[INODE_ATIME + 12..INODE_ITEM_SIZE]);
+    h.finish()
 }
 
 impl ChangedInode {
@@ -88,13 +110,16 @@ pub fn decode_changed_inodes(
             }
             let transid = le_u64_at(item, INODE_TRANSID).ok_or(short.clone())?;
             let mode = le_u32_at(item, INODE_MODE).ok_or(short.clone())?;
+            let size = le_u64_at(item, INODE_SIZE).ok_or(short.clone())?;
             let ctime_sec = le_u64_at(item, INODE_CTIME).ok_or(short)?;
             if transid >= min_transid {
                 out.push(ChangedInode {
                     ino: objectid,
                     transid,
                     mode,
+                    size,
                     ctime_sec,
+                    stable: stable_hash(item),
                 });
             }
         }
@@ -192,6 +217,8 @@ mod tests {
         let mut b = vec![0u8; INODE_ITEM_SIZE];
         b[INODE_TRANSID..INODE_TRANSID + 8].copy_from_slice(&transid.to_le_bytes());
         b[INODE_MODE..INODE_MODE + 4].copy_from_slice(&mode.to_le_bytes());
+        // A size of its own, told apart from the transid.
+        b[INODE_SIZE..INODE_SIZE + 8].copy_from_slice(&(transid ^ 0xff).to_le_bytes());
         b
     }
 
@@ -205,11 +232,33 @@ mod tests {
         assert_eq!(last, Some(259));
         assert_eq!(v.len(), 2);
         assert_eq!((v[0].ino, v[0].transid, v[0].is_regular()), (257, 10, true));
+        assert_eq!(v[0].size, 10 ^ 0xff);
         assert_eq!((v[1].ino, v[1].is_regular()), (259, false));
         assert_eq!(
             decode_changed_inodes(&b[..b.len() - 1], 4, 0),
             Err(ChangedDecodeError::Truncated { index: 3 })
         );
+    }
+
+    /// Items differing only in transid, sequence and atime hash alike; any
+    /// other field tells them apart.
+    #[test]
+    fn the_stable_hash_ignores_transid_and_atime_only() {
+        let decode = |body: &[u8]| {
+            let b = item(257, INODE_ITEM_KEY, body);
+            decode_changed_inodes(&b, 1, 0).unwrap().0[0].stable
+        };
+        let base = inode(10, 0o100644);
+        let mut read = inode(11, 0o100644);
+        read[INODE_SIZE..INODE_SIZE + 8].copy_from_slice(&base[INODE_SIZE..INODE_SIZE + 8]);
+        read[INODE_ATIME] = 9;
+        read[INODE_SEQUENCE] = 3;
+        assert_eq!(decode(&base), decode(&read));
+        for at in [0, 16, 24, 40, 52, 64, 124, 131, 136, 148] {
+            let mut other = base.clone();
+            other[at] ^= 1;
+            assert_ne!(decode(&base), decode(&other), "byte {at}");
+        }
     }
 
     #[test]

@@ -481,11 +481,17 @@ fn for_each_group<F: PlanInput + ?Sized>(files: &F, mut each: impl FnMut(&[u32])
     groups.into_iter().for_each(&mut each);
 }
 
-/// The whole-file op of group `g`: its first member that may be a source,
-/// into every other member that may be a destination (None: no source,
-/// or no destination).
+/// The whole-file op of group `g`: its first member that may be a source
+/// but not a destination (a read-only snapshot's file: the others may all
+/// be deduped into it), else its first member that may be a source, into
+/// every other member that may be a destination (None: no source, or no
+/// destination).
 fn whole_file_op<F: PlanInput + ?Sized>(files: &F, g: &[u32]) -> Option<Op> {
-    let &src = g.iter().find(|&&i| files.file(i).can_be_src)?;
+    let src_only = |i: u32| files.file(i).can_be_src && !files.file(i).can_be_dest;
+    let &src = g
+        .iter()
+        .find(|&&i| src_only(i))
+        .or_else(|| g.iter().find(|&&i| files.file(i).can_be_src))?;
     let dests: Vec<Dest> = g
         .iter()
         .filter(|&&i| i != src && files.file(i).can_be_dest)
@@ -677,6 +683,28 @@ mod tests {
         }
         let shared: u64 = p.ops.iter().map(|o| o.candidate_bytes()).sum();
         assert_eq!(shared, 4 * BS);
+    }
+
+    /// A copy that may only be a source (a read-only snapshot's) is the
+    /// source of its group wherever it comes: the one writable copy is
+    /// deduped into it, not left alone.
+    #[test]
+    fn a_source_only_copy_is_the_source_of_its_group() {
+        let a = [1, 2, 3];
+        for at in 0..3 {
+            let mut files = vec![pf(&a), pf(&a), pf(&a)];
+            files[at].can_be_dest = false;
+            let p = plan(&files, &opts());
+            assert_eq!(p.ops.len(), 1);
+            assert_eq!(p.ops[0].src, at as u32);
+            let dests: Vec<u32> = p.ops[0].dests.iter().map(|d| d.file).collect();
+            let want: Vec<u32> = (0..3).filter(|&i| i != at as u32).collect();
+            assert_eq!(dests, want);
+        }
+        let mut ro = pf(&a);
+        ro.can_be_dest = false;
+        let p = plan(&[pf(&a), ro], &opts());
+        assert_eq!((p.ops[0].src, p.ops[0].dests.len()), (1, 1));
     }
 
     #[test]

@@ -9,6 +9,7 @@
 mod hash;
 pub mod layout;
 pub mod longpath;
+pub mod snapdiff;
 pub mod tree;
 mod walk;
 
@@ -17,6 +18,7 @@ pub use hash::{
     DigestStore, Digests, HashOptions, HashOutput, HashedFile, KnownCopies, NoKnownCopies,
     SubDigest, RACY_MARGIN_NS,
 };
+pub use snapdiff::SnapshotDiff;
 pub use tree::{DevId, Device, NameId, Tree};
 pub use walk::{validate_excludes, walk, FileEntry, FsId, Marks, WalkOptions, WalkOutput};
 

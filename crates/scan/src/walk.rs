@@ -144,6 +144,8 @@ pub struct WalkOutput {
     pub tree: Tree,
     pub skipped: BTreeMap<SkipReason, u64>,
     pub errors: Vec<ScanError>,
+    /// What listing read-only snapshots by difference left out.
+    pub snapshot_diff: crate::snapdiff::SnapshotDiff,
 }
 
 #[derive(Clone, Copy)]
@@ -156,6 +158,11 @@ struct DevInfo {
     read_only: bool,
     /// A btrfs snapshot (read-only or not).
     snapshot: bool,
+    /// The btrfs subvolume's UUID, the one it is a snapshot of, and the
+    /// transaction that made it (zeros elsewhere).
+    uuid: [u8; 16],
+    parent_uuid: [u8; 16],
+    otransid: u64,
     block: u64,
     /// The smallest file that can own a data block of its own.
     min_size: u64,
@@ -199,6 +206,9 @@ impl DevCache {
                 subvol: onecopy_ioctl::btrfs::subvol_id(f.as_fd()).unwrap_or(0),
                 read_only: sv.read_only,
                 snapshot: sv.snapshot,
+                uuid: sv.uuid,
+                parent_uuid: sv.parent_uuid,
+                otransid: sv.otransid,
                 block: i.block_size.max(512),
                 min_size: if i.kind == onecopy_ioctl::fs::FsKind::Btrfs {
                     BTRFS_MAX_INLINE + 1
@@ -236,14 +246,23 @@ impl DevCache {
     }
 }
 
+/// The inode number of every btrfs subvolume's root directory.
+const SUBVOL_ROOT_INO: u64 = 256;
+
 /// The rules both walkers apply to every entry: the parallel walker and
 /// the descriptor walker for paths beyond PATH_MAX ([`crate::longpath`]).
-struct Filters {
+pub(crate) struct Filters {
     globs: GlobSet,
     swaps: HashSet<(u64, u64)>,
     devs: DevCache,
     /// The walk's directories and devices, shared by the walker threads.
-    tree: Mutex<DirInterner>,
+    pub(crate) tree: Mutex<DirInterner>,
+    /// btrfs subvolumes whose root directory the walk entered, by UUID.
+    subvols: Mutex<HashMap<[u8; 16], PathBuf>>,
+    /// Read-only snapshots met and not entered: listed after the walk,
+    /// by difference where their parent subvolume was walked
+    /// ([`crate::snapdiff`]). Path and device number.
+    deferred: Mutex<Vec<(PathBuf, u64)>>,
     one_file_system: bool,
     exclude_snapshots: bool,
     min_size: u64,
@@ -265,6 +284,8 @@ impl Filters {
                 map: Mutex::new(HashMap::new()),
             },
             tree: Mutex::new(DirInterner::new(Tree::new())),
+            subvols: Mutex::default(),
+            deferred: Mutex::default(),
             one_file_system: opts.one_file_system,
             exclude_snapshots: opts.exclude_snapshots,
             min_size: opts.min_size,
@@ -273,7 +294,7 @@ impl Filters {
 
     /// Whether to look at the entry `path` at all (our own temporary
     /// directories silently not, excluded names counted as skipped).
-    fn name(&self, path: &Path) -> Result<(), Option<SkipReason>> {
+    pub(crate) fn name(&self, path: &Path) -> Result<(), Option<SkipReason>> {
         let name = path.file_name().unwrap_or_default();
         if name.to_string_lossy().starts_with(crate::TMP_DIR_PREFIX) {
             return Err(None);
@@ -286,27 +307,65 @@ impl Filters {
         Ok(())
     }
 
-    /// Whether to enter the directory `path` on device `dev`: with
-    /// `one_file_system`, only on the root's filesystem, whose btrfs
+    /// Whether to enter the directory `path` (device `dev`, inode `ino`):
+    /// with `one_file_system`, only on the root's filesystem, whose btrfs
     /// subvolumes (other device numbers, same fsid) are crossed; with
-    /// `exclude_snapshots`, not into a btrfs snapshot. A directory on the
-    /// root's device passes: each btrfs subvolume has a device number of
-    /// its own, and the root itself is judged by [`Filters::root`].
-    fn dir(&self, root: RootInfo, dev: u64, path: &Path) -> Result<(), SkipReason> {
-        if dev == root.dev || !(self.one_file_system || self.exclude_snapshots) {
+    /// `exclude_snapshots`, not into a btrfs snapshot. A read-only
+    /// snapshot is not entered now but kept for [`walk_snapshots`]
+    /// (`Err(None)`: not a skip). A directory on the root's device
+    /// passes: each btrfs subvolume has a device number of its own, and
+    /// the root itself is judged by [`Filters::root`].
+    fn dir(
+        &self,
+        root: RootInfo,
+        dev: u64,
+        ino: u64,
+        path: &Path,
+    ) -> Result<(), Option<SkipReason>> {
+        if dev == root.dev {
             return Ok(());
         }
         let info = self.devs.get(dev, path, &self.tree);
         if self.one_file_system {
             let fs = info.map(|d| d.fs);
             if fs.is_none() || fs != root.fs {
-                return Err(SkipReason::OtherFilesystem);
+                return Err(Some(SkipReason::OtherFilesystem));
             }
         }
-        if self.exclude_snapshots && info.is_some_and(|d| d.snapshot) {
-            return Err(SkipReason::Snapshot);
+        let Some(d) = info.filter(|d| d.uuid != [0; 16] && ino == SUBVOL_ROOT_INO) else {
+            return Ok(());
+        };
+        if self.exclude_snapshots && d.snapshot {
+            return Err(Some(SkipReason::Snapshot));
         }
+        if d.snapshot && d.read_only {
+            self.deferred
+                .lock()
+                .unwrap()
+                .push((path.to_path_buf(), dev));
+            return Err(None);
+        }
+        self.subvols
+            .lock()
+            .unwrap()
+            .insert(d.uuid, path.to_path_buf());
         Ok(())
+    }
+
+    /// Notes that the walk covers the whole of the subvolume whose root
+    /// directory `path` is (if it is one).
+    fn whole_subvol(&self, dev: u64, ino: u64, path: &Path) {
+        if ino != SUBVOL_ROOT_INO {
+            return;
+        }
+        if let Some(d) = self.devs.get(dev, path, &self.tree) {
+            if d.uuid != [0; 16] {
+                self.subvols
+                    .lock()
+                    .unwrap()
+                    .insert(d.uuid, path.to_path_buf());
+            }
+        }
     }
 
     /// Whether to walk the root `path` on device `dev` at all: with
@@ -324,7 +383,13 @@ impl Filters {
     }
 
     /// Whether a regular file is a candidate; its device if so.
-    fn file(&self, dev: u64, ino: u64, size: u64, path: &Path) -> Result<DevId, SkipReason> {
+    pub(crate) fn file(
+        &self,
+        dev: u64,
+        ino: u64,
+        size: u64,
+        path: &Path,
+    ) -> Result<DevId, SkipReason> {
         if self.swaps.contains(&(dev, ino)) {
             return Err(SkipReason::SwapFile);
         }
@@ -353,24 +418,24 @@ pub fn validate_excludes(patterns: &[String]) -> Result<(), String> {
 }
 
 #[derive(Default)]
-struct Collected {
+pub(crate) struct Collected {
     files: Vec<FileEntry>,
     /// The names of `files` (positions local until [`Collected::flush_names`]).
     names: LocalNames,
     skipped: BTreeMap<SkipReason, u64>,
-    errors: Vec<ScanError>,
+    pub(crate) errors: Vec<ScanError>,
     /// Directories whose path exceeds PATH_MAX: walked with descriptors.
     too_long: Vec<PathBuf>,
 }
 
 impl Collected {
-    fn skip(&mut self, r: SkipReason) {
+    pub(crate) fn skip(&mut self, r: SkipReason) {
         *self.skipped.entry(r).or_default() += 1;
     }
 
     /// Records a candidate file at `path`: its name goes to the local
     /// arena, its directory to the shared tree.
-    fn add(
+    pub(crate) fn add(
         &mut self,
         path: &Path,
         tree: &Mutex<DirInterner>,
@@ -388,7 +453,7 @@ impl Collected {
     /// Moves the local names into the shared tree and makes the positions
     /// of `files` final; files whose names do not fit are dropped with an
     /// error. Returns the files.
-    fn flush_names(&mut self, tree: &mut DirInterner) -> Vec<FileEntry> {
+    pub(crate) fn flush_names(&mut self, tree: &mut DirInterner) -> Vec<FileEntry> {
         let mut files = std::mem::take(&mut self.files);
         match self.names.flush(tree) {
             Ok(base) => {
@@ -504,8 +569,8 @@ pub fn walk(opts: &WalkOptions, progress: &Progress) -> WalkOutput {
     let filters = Arc::new(Filters::new(opts, active_swap_files()));
     let mut out = Collected::default();
     for root in &opts.roots {
-        let root_dev = match std::fs::symlink_metadata(root) {
-            Ok(m) => m.dev(),
+        let (root_dev, root_ino) = match std::fs::symlink_metadata(root) {
+            Ok(m) => (m.dev(), m.ino()),
             Err(source) => {
                 out.errors.push(ScanError::Stat {
                     path: root.clone(),
@@ -525,24 +590,10 @@ pub fn walk(opts: &WalkOptions, progress: &Progress) -> WalkOutput {
             out.skip(r);
             continue;
         }
-        let mut got = walk_root(root, info, opts.threads, &filters, progress);
-        for dir in std::mem::take(&mut got.too_long) {
-            if progress.cancelled() {
-                break;
-            }
-            walk_long(&dir, info, &filters, progress, &mut got);
-        }
-        if out.files.is_empty() {
-            // The usual single root: the list moves, it is not copied.
-            out.files = std::mem::take(&mut got.files);
-        } else {
-            out.files.append(&mut got.files);
-        }
-        out.errors.append(&mut got.errors);
-        for (k, v) in got.skipped {
-            *out.skipped.entry(k).or_default() += v;
-        }
+        filters.whole_subvol(root_dev, root_ino, root);
+        walk_one(root, info, opts.threads, &filters, progress, &mut out);
     }
+    let diff = walk_snapshots(opts.threads, &filters, progress, &mut out);
     let interner = std::mem::take(&mut *filters.tree.lock().unwrap());
     let tree = interner.finish(|map| {
         for f in &mut out.files {
@@ -561,7 +612,99 @@ pub fn walk(opts: &WalkOptions, progress: &Progress) -> WalkOutput {
         tree,
         skipped: out.skipped,
         errors: out.errors,
+        snapshot_diff: diff,
     }
+}
+
+/// Walks one root (or a snapshot taken as one) into `out`.
+fn walk_one(
+    root: &Path,
+    info: RootInfo,
+    threads: usize,
+    filters: &Arc<Filters>,
+    progress: &Progress,
+    out: &mut Collected,
+) {
+    let mut got = walk_root(root, info, threads, filters, progress);
+    for dir in std::mem::take(&mut got.too_long) {
+        if progress.cancelled() {
+            break;
+        }
+        walk_long(&dir, info, filters, progress, &mut got);
+    }
+    if out.files.is_empty() {
+        // The usual single root: the list moves, it is not copied.
+        out.files = std::mem::take(&mut got.files);
+    } else {
+        out.files.append(&mut got.files);
+    }
+    out.errors.append(&mut got.errors);
+    for (k, v) in got.skipped {
+        *out.skipped.entry(k).or_default() += v;
+    }
+}
+
+/// The read-only snapshots the walk met: each listed by difference from
+/// the subvolume it was taken of when the walk entered that one's root
+/// ([`crate::snapdiff`]), else walked whole (and the snapshots met in it
+/// after it).
+fn walk_snapshots(
+    threads: usize,
+    filters: &Arc<Filters>,
+    progress: &Progress,
+    out: &mut Collected,
+) -> crate::snapdiff::SnapshotDiff {
+    let mut diff = Default::default();
+    let mut parents = HashMap::new();
+    loop {
+        let next = filters.deferred.lock().unwrap().pop();
+        let Some((snap, dev)) = next else { break };
+        if progress.cancelled() {
+            break;
+        }
+        let Some(info) = filters.devs.get(dev, &snap, &filters.tree) else {
+            continue;
+        };
+        let parent = filters
+            .subvols
+            .lock()
+            .unwrap()
+            .get(&info.parent_uuid)
+            .cloned();
+        if let Some(parent) = parent {
+            let mut mine = Collected::default();
+            let snapshot = crate::snapdiff::Snapshot {
+                path: &snap,
+                dev,
+                otransid: info.otransid,
+                parent: &parent,
+            };
+            let listed = crate::snapdiff::list(
+                &snapshot,
+                &mut parents,
+                filters,
+                progress,
+                &mut mine,
+                &mut diff,
+            );
+            let mut files = mine.flush_names(&mut filters.tree.lock().unwrap());
+            out.files.append(&mut files);
+            out.errors.append(&mut mine.errors);
+            for (k, v) in mine.skipped {
+                *out.skipped.entry(k).or_default() += v;
+            }
+            if listed.is_ok() {
+                continue;
+            }
+        }
+        filters.whole_subvol(dev, SUBVOL_ROOT_INO, &snap);
+        let root = RootInfo {
+            dev,
+            fs: Some(info.fs),
+        };
+        walk_one(&snap, root, threads, filters, progress, out);
+    }
+    diff
 }
 
 /// Walks one root in parallel; directories beyond PATH_MAX are left in
@@ -620,7 +763,7 @@ fn enter_entry(
             return Ok(());
         }
         match e.metadata() {
-            Ok(m) => filters.dir(root, m.dev(), e.path()).map_err(Some),
+            Ok(m) => filters.dir(root, m.dev(), m.ino(), e.path()),
             Err(_) => Ok(()),
         }
     });
@@ -689,7 +832,7 @@ fn walk_error(err: ignore::Error, local: &mut Collected) {
     }
 }
 
-fn count_found(progress: &Progress, size: u64) {
+pub(crate) fn count_found(progress: &Progress, size: u64) {
     progress.files_found.fetch_add(1, Ordering::Relaxed);
     progress.bytes_found.fetch_add(size, Ordering::Relaxed);
 }
@@ -713,8 +856,12 @@ fn walk_long(
             false
         }
     };
-    let keep_dir =
-        |p: &Path, st: &rustix::fs::Stat| filters.dir(root, st.st_dev, p).map_err(skip).is_ok();
+    let keep_dir = |p: &Path, st: &rustix::fs::Stat| {
+        filters
+            .dir(root, st.st_dev, st.st_ino, p)
+            .map_err(|r| r.map(skip))
+            .is_ok()
+    };
     let (found, errs) = crate::longpath::walk(dir, &keep_dir, &keep_name);
     for (path, source) in errs {
         got.errors.push(ScanError::Walk { path, source });
@@ -820,16 +967,18 @@ mod tests {
             dev: 7,
             fs: Some(1),
         };
-        assert_eq!(f.dir(root, 7, Path::new("/nowhere")), Ok(()));
+        assert_eq!(f.dir(root, 7, 256, Path::new("/nowhere")), Ok(()));
         assert_eq!(
-            f.dir(root, 8, Path::new("/nowhere")),
-            Err(SkipReason::OtherFilesystem)
+            f.dir(root, 8, 256, Path::new("/nowhere")),
+            Err(Some(SkipReason::OtherFilesystem))
         );
     }
 
     /// `exclude_snapshots` keeps the walk out of btrfs snapshots (devices
     /// whose facts say so), below a root and as a root, on its own or with
-    /// `one_file_system`; without it snapshots are entered as before.
+    /// `one_file_system`; without it writable snapshots are entered and
+    /// read-only ones kept for later (not counted as skipped), at their
+    /// root directory only; other subvolumes' roots are noted as walked.
     #[test]
     fn filters_skip_snapshots_only_when_asked() {
         let snap = DevInfo {
@@ -838,6 +987,9 @@ mod tests {
             subvol: 300,
             read_only: true,
             snapshot: true,
+            uuid: [3; 16],
+            parent_uuid: [2; 16],
+            otransid: 40,
             block: 4096,
             min_size: BTRFS_MAX_INLINE + 1,
             supported: true,
@@ -845,12 +997,15 @@ mod tests {
         let writable_snap = DevInfo {
             read_only: false,
             subvol: 301,
+            uuid: [4; 16],
             ..snap
         };
         let live = DevInfo {
             read_only: false,
             snapshot: false,
             subvol: 302,
+            uuid: [2; 16],
+            parent_uuid: [0; 16],
             ..snap
         };
         let root = RootInfo {
@@ -875,9 +1030,29 @@ mod tests {
                     Ok(())
                 };
                 let ctx = format!("one_file_system {one_fs}, exclude_snapshots {exclude}");
-                assert_eq!(f.dir(root, 8, p), want, "{ctx}");
-                assert_eq!(f.dir(root, 9, p), want, "{ctx}");
-                assert_eq!(f.dir(root, 10, p), Ok(()), "{ctx}");
+                let later = if exclude {
+                    Err(Some(SkipReason::Snapshot))
+                } else {
+                    Err(None)
+                };
+                assert_eq!(f.dir(root, 8, 256, p), later, "{ctx}");
+                assert_eq!(f.dir(root, 9, 256, p), want.map_err(Some), "{ctx}");
+                assert_eq!(f.dir(root, 10, 256, p), Ok(()), "{ctx}");
+                let deferred = f.deferred.lock().unwrap().clone();
+                let want_deferred = if exclude {
+                    vec![]
+                } else {
+                    vec![(p.to_path_buf(), 8)]
+                };
+                assert_eq!(deferred, want_deferred, "{ctx}");
+                let subvols = f.subvols.lock().unwrap().clone();
+                assert_eq!(subvols.get(&[2; 16]).map(|p| p.as_path()), Some(p), "{ctx}");
+                assert_eq!(subvols.contains_key(&[4; 16]), !exclude, "{ctx}");
+                assert!(!subvols.contains_key(&[3; 16]), "{ctx}");
+                // A directory of a subvolume seen first below its root (a
+                // bind mount of part of it) is entered, not noted.
+                assert_eq!(f.dir(root, 8, 300, p), Ok(()), "{ctx}");
+                assert_eq!(f.deferred.lock().unwrap().len(), want_deferred.len());
                 assert_eq!(f.root(8, p), want, "{ctx}");
                 assert_eq!(f.root(9, p), want, "{ctx}");
                 assert_eq!(f.root(10, p), Ok(()), "{ctx}");
@@ -887,7 +1062,7 @@ mod tests {
                     dev: 8,
                     fs: Some(1),
                 };
-                assert_eq!(f.dir(in_snap, 8, p), Ok(()), "{ctx}");
+                assert_eq!(f.dir(in_snap, 8, 256, p), Ok(()), "{ctx}");
                 // Another filesystem is that first.
                 if one_fs {
                     let other = RootInfo {
@@ -895,8 +1070,8 @@ mod tests {
                         fs: Some(2),
                     };
                     assert_eq!(
-                        f.dir(other, 8, p),
-                        Err(SkipReason::OtherFilesystem),
+                        f.dir(other, 8, 256, p),
+                        Err(Some(SkipReason::OtherFilesystem)),
                         "{ctx}"
                     );
                 }

@@ -65,6 +65,10 @@ impl PlanInput for PlanView<'_> {
             can_be_src: r & CAN_BE_SRC != 0,
         }
     }
+
+    fn source_only(&self, i: u32) -> bool {
+        self.roles[i as usize] & (CAN_BE_SRC | CAN_BE_DEST) == CAN_BE_SRC
+    }
 }
 
 /// Plans one filesystem's files (`block_size` digests, `fs_block`

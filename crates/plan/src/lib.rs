@@ -54,6 +54,13 @@ pub trait PlanInput {
     }
     /// The file at index `i` (`i < len()`).
     fn file(&self, i: u32) -> PlanFile<'_>;
+    /// Whether file `i` may be a source but not a destination (a
+    /// read-only snapshot's copy); implementations that know it without
+    /// the digests say so cheaply.
+    fn source_only(&self, i: u32) -> bool {
+        let f = self.file(i);
+        f.can_be_src && !f.can_be_dest
+    }
 }
 
 impl PlanInput for [PlanFile<'_>] {
@@ -522,28 +529,59 @@ fn block_runs<F: PlanInput + ?Sized>(
     let (mut first, total_blocks) = FirstBits::new(files, &whole.covered);
     let mut table = BlockTable::new(total_blocks as usize, budget);
     let mut runs = Runs::new();
+    let mut state = (&mut table, &mut first, &mut runs, &mut *stats);
+    // Source-only files first (a read-only snapshot's copies): their
+    // blocks become the table's sources, so that the writable copies met
+    // later are deduped into them, not left beside them.
+    let n = files.len() as u32;
+    let uncovered = |fi: u32| !whole.covered[fi as usize];
+    for fi in (0..n).filter(|&fi| uncovered(fi) && files.source_only(fi)) {
+        let base = state.1.base(files, fi);
+        file_runs(files, fi, base, opts, whole, &mut state);
+    }
     // File `fi`'s first bit ([`FirstBits::base`], kept as the files go).
     let mut base = 0u64;
-    for fi in 0..files.len() as u32 {
-        if whole.covered[fi as usize] {
-            continue;
-        }
+    for fi in (0..n).filter(|&fi| uncovered(fi)) {
         let f = files.file(fi);
-        debug_assert_eq!(base, first.base(files, fi));
-        let bs = opts.block_size;
-        let shifted = !f.subs.is_empty() && opts.sub_size > 0 && opts.sub_size < bs;
-        let step = if shifted { opts.sub_size } else { bs };
-        match_runs(
-            files,
-            fi,
-            opts,
-            step,
-            (&mut table, &mut first, base),
-            &mut |s, so, d, dof, n| add_run(&mut runs, whole, opts, (s, so, d, dof, n), stats),
-        );
+        debug_assert_eq!(base, state.1.base(files, fi));
+        if !(f.can_be_src && !f.can_be_dest) {
+            file_runs(files, fi, base, opts, whole, &mut state);
+        }
         base += f.blocks.len() as u64;
     }
     (runs, table.stats())
+}
+
+/// The block table, its first bits, the runs found and the figures, as
+/// pass 2 goes.
+type Pass2<'a, 'c> = (
+    &'a mut BlockTable,
+    &'a mut FirstBits<'c>,
+    &'a mut Runs,
+    &'a mut PlanStats,
+);
+
+/// Pass 2 for one file whose first bit is `base`.
+fn file_runs<F: PlanInput + ?Sized>(
+    files: &F,
+    fi: u32,
+    base: u64,
+    opts: &PlanOptions,
+    whole: &WholeFiles,
+    (table, first, runs, stats): &mut Pass2<'_, '_>,
+) {
+    let f = files.file(fi);
+    let bs = opts.block_size;
+    let shifted = !f.subs.is_empty() && opts.sub_size > 0 && opts.sub_size < bs;
+    let step = if shifted { opts.sub_size } else { bs };
+    match_runs(
+        files,
+        fi,
+        opts,
+        step,
+        (table, first, base),
+        &mut |s, so, d, dof, n| add_run(runs, whole, opts, (s, so, d, dof, n), stats),
+    );
 }
 
 /// Adds a run of `bytes` from `src` at `src_off` to `dst` at `dst_off`
@@ -705,6 +743,20 @@ mod tests {
         ro.can_be_dest = false;
         let p = plan(&[pf(&a), ro], &opts());
         assert_eq!((p.ops[0].src, p.ops[0].dests.len()), (1, 1));
+    }
+
+    /// The same for block runs: a run shared with a source-only file is
+    /// deduped into it, though a writable file holding it comes first.
+    #[test]
+    fn a_source_only_copy_is_the_source_of_its_runs() {
+        let (a, b) = ([1, 2, 3, 9], [5, 1, 2, 3]);
+        let mut ro = pf(&b);
+        ro.can_be_dest = false;
+        let p = plan(&[pf(&a), ro], &opts());
+        assert_eq!(p.ops.len(), 1, "{:?}", p.ops);
+        let op = &p.ops[0];
+        assert_eq!((op.src, op.src_offset, op.len), (1, BS, 3 * BS));
+        assert_eq!((op.dests[0].file, op.dests[0].offset), (0, 0));
     }
 
     #[test]

@@ -544,7 +544,7 @@ fn block_runs<F: PlanInput + ?Sized>(
     for fi in (0..n).filter(|&fi| uncovered(fi)) {
         let f = files.file(fi);
         debug_assert_eq!(base, state.1.base(files, fi));
-        if !(f.can_be_src && !f.can_be_dest) {
+        if !files.source_only(fi) {
             file_runs(files, fi, base, opts, whole, &mut state);
         }
         base += f.blocks.len() as u64;

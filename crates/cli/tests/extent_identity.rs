@@ -42,6 +42,13 @@ mod snapshots_are_listed_by_their_difference {
     }
 }
 
+mod a_much_changed_snapshot_is_searched_whole {
+    #[test]
+    fn btrfs() {
+        super::a_much_changed_snapshot_is_searched_whole()
+    }
+}
+
 mod what_snapshots_pin_is_freed_with_them {
     #[test]
     fn btrfs() {
@@ -164,6 +171,12 @@ fn snapshots_are_listed_by_their_difference() {
     onecopy_testfs::write_random(&keep, 4 * MIB, 401).unwrap();
     onecopy_testfs::write_random(&chg, 4 * MIB, 402).unwrap();
     onecopy_testfs::write_random(&del, 5 * MIB, 403).unwrap();
+    // Files that stay as they are: the changes below are few against
+    // them, so the snapshots are compared by the changes alone.
+    let pad = pad_files(&vol, 16, 410);
+    // Read once now: under relatime a first read after a write rewrites
+    // the inode item (atime), which would count as a change since s0.
+    checksum_tree(&vol);
     fs.sync();
     let s0 = fs.path().join("snaps/s0");
     mkparent(&s0);
@@ -184,22 +197,24 @@ fn snapshots_are_listed_by_their_difference() {
     nobody.assert_ok();
     let d = &nobody.report()["snapshots_by_difference"];
     assert_eq!(d["snapshots"], 0, "nobody cannot search the trees: {d}");
+    let n = pad.len() as u64;
     assert_eq!(
         nobody.u("files_scanned"),
-        3 + 2 + 3 + 2,
+        3 + 2 + 3 + 2 + 4 * n,
         "every file walked"
     );
     let out = dedupe(&[fs.path()], &["--no-catalog"]);
     out.assert_ok();
     let d = &out.report()["snapshots_by_difference"];
     assert_eq!(d["snapshots"], 2, "{d}");
-    // s0: keep; s1: keep, chg.
-    assert_eq!(d["files_as_parent"], 3, "{d}");
-    assert_eq!(d["bytes_as_parent"], 12 * MIB, "{d}");
-    // vol's 3, w's 2, s0's old chg and del.
-    assert_eq!(out.u("files_scanned"), 7);
-    // keep, chg old and new, del and again: each extent once.
-    assert_eq!(out.u("bytes_read"), 22 * MIB);
+    // s0: keep; s1: keep, chg; and the pad files in both.
+    assert_eq!(d["files_as_parent"], 3 + 2 * n, "{d}");
+    assert_eq!(d["bytes_as_parent"], 12 * MIB + 2 * n * PAD, "{d}");
+    // vol's 3, w's 2, s0's old chg and del; the pad files in vol and w.
+    assert_eq!(out.u("files_scanned"), 7 + 2 * n);
+    // keep, chg old and new, del and again, the pad files: each extent
+    // once.
+    assert_eq!(out.u("bytes_read"), 22 * MIB + n * PAD);
     assert_eq!(checksum_tree(fs.path()), sums, "contents changed");
     assert!(
         same_physical(&again, &s0.join("del.bin")),
@@ -207,6 +222,52 @@ fn snapshots_are_listed_by_their_difference() {
         out.stdout
     );
     assert_eq!(out.u("bytes_freed"), 5 * MIB, "again's own extent");
+}
+
+const PAD: u64 = 8192;
+
+/// `n` files of 8 KiB (each its own data) in `dir/pad`.
+fn pad_files(dir: &std::path::Path, n: u64, seed: u64) -> Vec<PathBuf> {
+    let files: Vec<PathBuf> = (0..n).map(|i| dir.join(format!("pad/p{i}"))).collect();
+    mkparent(&files[0]);
+    for (i, f) in files.iter().enumerate() {
+        onecopy_testfs::write_random(f, PAD, seed + i as u64).unwrap();
+    }
+    files
+}
+
+/// A read-only snapshot whose subvolume changed much since (most files'
+/// ctime moved, one deleted) is compared with the subvolume through its
+/// whole tree: the files changed since and the one kept only in the
+/// snapshot are listed, the unchanged one is not.
+fn a_much_changed_snapshot_is_searched_whole() {
+    let fs = new_fs(FsKind::Btrfs, 512 * MIB);
+    let vol = fs.path().join("vol");
+    btrfs(&["subvolume", "create"], &[&vol]);
+    let keep = vol.join("keep.bin");
+    onecopy_testfs::write_random(&keep, 4 * MIB, 501).unwrap();
+    let pad = pad_files(&vol, 16, 510);
+    fs.sync();
+    let s0 = fs.path().join("s0");
+    btrfs(&["subvolume", "snapshot", "-r"], &[&vol, &s0]);
+    for f in &pad[1..] {
+        let mode = std::os::unix::fs::PermissionsExt::from_mode(0o600);
+        std::fs::set_permissions(f, mode).unwrap();
+    }
+    std::fs::remove_file(&pad[0]).unwrap();
+    settle(&fs);
+    let sums = checksum_tree(fs.path());
+    let out = dedupe(&[fs.path()], &["--no-catalog", "--dry-run"]);
+    out.assert_ok();
+    let d = &out.report()["snapshots_by_difference"];
+    assert_eq!(d["snapshots"], 1, "{d}");
+    assert_eq!(d["files_as_parent"], 1, "keep only: {d}");
+    assert_eq!(d["bytes_as_parent"], 4 * MIB, "{d}");
+    // vol: keep and 15 pad files; s0: the 15 changed and the deleted one.
+    assert_eq!(out.u("files_scanned"), 1 + 15 + 16);
+    let same = out.u("files_same_extents");
+    assert_eq!(same, 15, "s0's copies of the changed ones");
+    assert_eq!(checksum_tree(fs.path()), sums, "contents changed");
 }
 
 /// With a catalog: after a run over a subvolume and two read-only

@@ -190,12 +190,13 @@ where
         let (items, last) = decode(&buf.as_bytes()[ARGS..], nr)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         out.extend(items);
-        let at = match cursor {
-            Cursor::Objectid => &mut key.objectid.0,
-            Cursor::Offset => &mut key.offset.0,
+        let (at, end) = match cursor {
+            Cursor::Objectid => (&mut key.objectid.0, key.objectid.1),
+            Cursor::Offset => (&mut key.offset.0, key.offset.1),
         };
+        // Past the range's end the kernel would answer nothing.
         match last.and_then(|l| l.checked_add(1)) {
-            Some(next) if next > *at => *at = next,
+            Some(next) if next > *at && next <= end => *at = next,
             _ => break,
         }
     }
@@ -245,11 +246,13 @@ const BTRFS_IOC_GET_SUBVOL_INFO: libc::c_ulong = 0x81F8_943C;
 const SUBVOL_INFO_SIZE: usize = 504;
 /// Offsets in `struct btrfs_ioctl_get_subvol_info_args`: treeid u64 @0,
 /// name[256] @8, parent_id @264, dirid @272, generation @280, flags @288,
-/// uuid[16] @296, parent_uuid[16] @312, otransid @352 (checked against
-/// the kernel's `include/uapi/linux/btrfs.h` with `offsetof`).
+/// uuid[16] @296, parent_uuid[16] @312, ctransid @344, otransid @352
+/// (checked against the kernel's `include/uapi/linux/btrfs.h` with
+/// `offsetof`).
 const SUBVOL_INFO_FLAGS: usize = 288;
 const SUBVOL_INFO_UUID: usize = 296;
 const SUBVOL_INFO_PARENT_UUID: usize = 312;
+const SUBVOL_INFO_CTRANSID: usize = 344;
 const SUBVOL_INFO_OTRANSID: usize = 352;
 /// `BTRFS_ROOT_SUBVOL_RDONLY` of the root item flags.
 const BTRFS_SUBVOL_RDONLY: u64 = 1 << 0;
@@ -270,6 +273,9 @@ pub struct SubvolInfo {
     /// The transaction that created it: a snapshot holds its parent's
     /// state as of that transaction's commit.
     pub otransid: u64,
+    /// The last transaction that changed it (its files or directories);
+    /// `otransid` for a snapshot never changed since it was made.
+    pub ctransid: u64,
 }
 
 impl SubvolInfo {
@@ -288,6 +294,7 @@ impl SubvolInfo {
             uuid: uuid_at(SUBVOL_INFO_UUID),
             parent_uuid,
             otransid: u64_at(b, SUBVOL_INFO_OTRANSID).unwrap_or(0),
+            ctransid: u64_at(b, SUBVOL_INFO_CTRANSID).unwrap_or(0),
         }
     }
 }
@@ -450,12 +457,14 @@ mod tests {
         // Any non-zero byte of parent_uuid does, read-only or not.
         b[327] = 1;
         b[352..360].copy_from_slice(&77u64.to_ne_bytes());
+        b[344..352].copy_from_slice(&78u64.to_ne_bytes());
         let mut parent = [0; 16];
         parent[15] = 1;
         let want = SubvolInfo {
             snapshot: true,
             parent_uuid: parent,
             otransid: 77,
+            ctransid: 78,
             ..own
         };
         assert_eq!(SubvolInfo::decode(&b), want);
@@ -465,11 +474,10 @@ mod tests {
             ..want
         };
         assert_eq!(SubvolInfo::decode(&b), want);
-        // Other flag bits, received_uuid (@328) and ctransid (@344) are
-        // not these facts.
+        // Other flag bits and received_uuid (@328) are not these facts.
         let mut c = vec![0u8; SUBVOL_INFO_SIZE];
         c[288..296].copy_from_slice(&(!BTRFS_SUBVOL_RDONLY).to_ne_bytes());
-        c[328..352].fill(7);
+        c[328..344].fill(7);
         assert_eq!(SubvolInfo::decode(&c), SubvolInfo::default());
         // Short answers say nothing.
         assert!(!SubvolInfo::decode(&b[..300]).snapshot);

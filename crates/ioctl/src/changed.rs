@@ -67,6 +67,10 @@ impl ChangedInode {
     pub fn is_regular(&self) -> bool {
         self.mode & libc::S_IFMT == libc::S_IFREG
     }
+
+    pub fn is_dir(&self) -> bool {
+        self.mode & libc::S_IFMT == libc::S_IFDIR
+    }
 }
 
 /// A malformed answer.
@@ -76,8 +80,53 @@ pub enum ChangedDecodeError {
     Truncated { index: usize },
     #[error("inode item {index} too short ({len} bytes)")]
     ShortInode { index: usize, len: u32 },
+    #[error("directory entry {index} too short ({len} bytes)")]
+    ShortDirItem { index: usize, len: u32 },
     #[error("inode path {index} lies outside the answer")]
     BadPath { index: usize },
+}
+
+/// One item of a search answer: its key and its body.
+struct Item<'a> {
+    objectid: u64,
+    typ: u32,
+    offset: u64,
+    body: &'a [u8],
+}
+
+/// Calls `each(index, item)` for the `nr_items` items of a
+/// `TREE_SEARCH_V2` answer, in order; an item running past the buffer is
+/// an error.
+fn each_item<'a>(
+    buf: &'a [u8],
+    nr_items: u32,
+    mut each: impl FnMut(usize, Item<'a>) -> Result<(), ChangedDecodeError>,
+) -> Result<(), ChangedDecodeError> {
+    let mut pos = 0usize;
+    for index in 0..nr_items as usize {
+        let t = ChangedDecodeError::Truncated { index };
+        let objectid = u64_at(buf, pos + 8).ok_or(t.clone())?;
+        let offset = u64_at(buf, pos + 16).ok_or(t.clone())?;
+        let typ = u32_at(buf, pos + 24).ok_or(t.clone())?;
+        let len = u32_at(buf, pos + 28).ok_or(t.clone())?;
+        let start = pos + SEARCH_HEADER;
+        let end = start
+            .checked_add(len as usize)
+            .filter(|&e| e <= buf.len())
+            .ok_or(t)?;
+        let body = &buf[start..end];
+        each(
+            index,
+            Item {
+                objectid,
+                typ,
+                offset,
+                body,
+            },
+        )?;
+        pos = end;
+    }
+    Ok(())
 }
 
 /// Decodes `nr_items` items of a `TREE_SEARCH_V2` answer, keeping inode
@@ -89,42 +138,36 @@ pub fn decode_changed_inodes(
     min_transid: u64,
 ) -> Result<(Vec<ChangedInode>, Option<u64>), ChangedDecodeError> {
     let mut out = Vec::new();
-    let mut pos = 0usize;
     let mut last = None;
-    for index in 0..nr_items as usize {
-        let t = ChangedDecodeError::Truncated { index };
-        let objectid = u64_at(buf, pos + 8).ok_or(t.clone())?;
-        let typ = u32_at(buf, pos + 24).ok_or(t.clone())?;
-        let len = u32_at(buf, pos + 28).ok_or(t.clone())?;
-        let start = pos + SEARCH_HEADER;
-        let end = start
-            .checked_add(len as usize)
-            .filter(|&e| e <= buf.len())
-            .ok_or(t)?;
-        let item = &buf[start..end];
-        last = Some(objectid);
-        if typ == INODE_ITEM_KEY {
-            let short = ChangedDecodeError::ShortInode { index, len };
-            if item.len() < INODE_ITEM_SIZE {
-                return Err(short);
-            }
-            let transid = le_u64_at(item, INODE_TRANSID).ok_or(short.clone())?;
-            let mode = le_u32_at(item, INODE_MODE).ok_or(short.clone())?;
-            let size = le_u64_at(item, INODE_SIZE).ok_or(short.clone())?;
-            let ctime_sec = le_u64_at(item, INODE_CTIME).ok_or(short)?;
-            if transid >= min_transid {
-                out.push(ChangedInode {
-                    ino: objectid,
-                    transid,
-                    mode,
-                    size,
-                    ctime_sec,
-                    stable: stable_hash(item),
-                });
-            }
+    each_item(buf, nr_items, |index, it| {
+        last = Some(it.objectid);
+        if it.typ != INODE_ITEM_KEY {
+            return Ok(());
         }
-        pos = end;
-    }
+        let item = it.body;
+        let short = ChangedDecodeError::ShortInode {
+            index,
+            len: item.len() as u32,
+        };
+        if item.len() < INODE_ITEM_SIZE {
+            return Err(short);
+        }
+        let transid = le_u64_at(item, INODE_TRANSID).ok_or(short.clone())?;
+        let mode = le_u32_at(item, INODE_MODE).ok_or(short.clone())?;
+        let size = le_u64_at(item, INODE_SIZE).ok_or(short.clone())?;
+        let ctime_sec = le_u64_at(item, INODE_CTIME).ok_or(short)?;
+        if transid >= min_transid {
+            out.push(ChangedInode {
+                ino: it.objectid,
+                transid,
+                mode,
+                size,
+                ctime_sec,
+                stable: stable_hash(item),
+            });
+        }
+        Ok(())
+    })?;
     Ok((out, last))
 }
 
@@ -145,6 +188,85 @@ pub fn changed_inodes(fd: BorrowedFd<'_>, min_transid: u64) -> io::Result<Vec<Ch
     tree_search(fd, key, Cursor::Objectid, |items, nr| {
         decode_changed_inodes(items, nr, min_transid)
     })
+}
+
+/// The inode item of `ino` in the subvolume holding `fd`, if it has one.
+pub fn inode_item(fd: BorrowedFd<'_>, ino: u64) -> io::Result<Option<ChangedInode>> {
+    let key = SearchKey {
+        tree: 0,
+        objectid: (ino, ino),
+        offset: (0, 0),
+        min_transid: 0,
+        types: (INODE_ITEM_KEY, INODE_ITEM_KEY),
+    };
+    let found = tree_search(fd, key, Cursor::Objectid, |items, nr| {
+        decode_changed_inodes(items, nr, 0)
+    })?;
+    Ok(found.into_iter().find(|i| i.ino == ino))
+}
+
+/// `BTRFS_DIR_INDEX_KEY`: one item per directory entry, keyed by index.
+const DIR_INDEX_KEY: u32 = 96;
+/// `struct btrfs_dir_item`: the location key (objectid, type, offset),
+/// transid, data_len, name_len, then the file type.
+const DIR_ITEM_TYPE: usize = 29;
+const DIR_ITEM_SIZE: usize = 30;
+/// The location key type of an entry that is an inode of this tree (not
+/// a subvolume's root, `BTRFS_ROOT_ITEM_KEY`).
+const LOCATION_INODE: u8 = INODE_ITEM_KEY as u8;
+/// `BTRFS_FT_REG_FILE` and `BTRFS_FT_DIR`.
+pub const FT_REG_FILE: u8 = 1;
+pub const FT_DIR: u8 = 2;
+
+/// One entry of a directory: the inode it names and its file type
+/// (`BTRFS_FT_*`: 1 regular, 2 directory, 7 symlink ...).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DirEntry {
+    pub ino: u64,
+    pub file_type: u8,
+}
+
+/// Decodes `DIR_INDEX` items of a `TREE_SEARCH_V2` answer, leaving out
+/// entries that are other subvolumes; also returns the last item's offset
+/// (the entry index, where the search goes on).
+pub fn decode_dir_entries(
+    buf: &[u8],
+    nr_items: u32,
+) -> Result<(Vec<DirEntry>, Option<u64>), ChangedDecodeError> {
+    let mut out = Vec::new();
+    let mut last = None;
+    each_item(buf, nr_items, |index, it| {
+        last = Some(it.offset);
+        if it.typ != DIR_INDEX_KEY {
+            return Ok(());
+        }
+        let item = it.body;
+        if item.len() < DIR_ITEM_SIZE {
+            let len = item.len() as u32;
+            return Err(ChangedDecodeError::ShortDirItem { index, len });
+        }
+        if item[8] == LOCATION_INODE {
+            out.push(DirEntry {
+                ino: le_u64_at(item, 0).unwrap_or(0),
+                file_type: item[DIR_ITEM_TYPE],
+            });
+        }
+        Ok(())
+    })?;
+    Ok((out, last))
+}
+
+/// The entries of directory `dir` in the subvolume holding `fd` (none if
+/// it has no such directory), in index order.
+pub fn dir_entries(fd: BorrowedFd<'_>, dir: u64) -> io::Result<Vec<DirEntry>> {
+    let key = SearchKey {
+        tree: 0,
+        objectid: (dir, dir),
+        offset: (0, u64::MAX),
+        min_transid: 0,
+        types: (DIR_INDEX_KEY, DIR_INDEX_KEY),
+    };
+    tree_search(fd, key, Cursor::Offset, decode_dir_entries)
 }
 
 /// The paths of inode `ino` (one per hard link) relative to the root of
@@ -262,6 +384,43 @@ mod tests {
     }
 
     #[test]
+    fn decodes_dir_entries_but_subvolumes() {
+        let entry = |ino: u64, location: u8, ft: u8| {
+            let mut b = vec![0u8; DIR_ITEM_SIZE + 3];
+            b[..8].copy_from_slice(&ino.to_le_bytes());
+            b[8] = location;
+            b[DIR_ITEM_TYPE] = ft;
+            b
+        };
+        let at = |idx: u64, body: Vec<u8>| {
+            let mut h = item(300, DIR_INDEX_KEY, &body);
+            h[16..24].copy_from_slice(&idx.to_ne_bytes());
+            h
+        };
+        let mut b = at(2, entry(301, 1, 1));
+        b.extend(at(3, entry(302, 1, FT_DIR)));
+        b.extend(at(4, entry(257, 132, FT_DIR))); // a subvolume
+        let (v, last) = decode_dir_entries(&b, 3).unwrap();
+        assert_eq!(last, Some(4));
+        assert_eq!(
+            v,
+            vec![
+                DirEntry {
+                    ino: 301,
+                    file_type: 1
+                },
+                DirEntry {
+                    ino: 302,
+                    file_type: FT_DIR
+                }
+            ]
+        );
+        assert!(decode_dir_entries(&b[..b.len() - 1], 3).is_err());
+        let short = at(5, vec![0u8; 10]);
+        assert!(decode_dir_entries(&short, 1).is_err());
+    }
+
+    #[test]
     fn decodes_paths() {
         let mut b = vec![0u8; 16];
         b[8..12].copy_from_slice(&2u32.to_ne_bytes());
@@ -306,6 +465,14 @@ mod tests {
                 prop_assert_eq!((c.ino, c.transid, c.mode), (w.0, w.2, w.3));
             }
             prop_assert_eq!(last, items.last().map(|i| i.0));
+        }
+
+        #[test]
+        fn dir_entries_decode_never_panics(
+            bytes in proptest::collection::vec(any::<u8>(), 0..2048),
+            nr in 0u32..64,
+        ) {
+            let _ = decode_dir_entries(&bytes, nr);
         }
 
         #[test]

@@ -163,6 +163,7 @@ struct DevInfo {
     uuid: [u8; 16],
     parent_uuid: [u8; 16],
     otransid: u64,
+    ctransid: u64,
     block: u64,
     /// The smallest file that can own a data block of its own.
     min_size: u64,
@@ -209,6 +210,7 @@ impl DevCache {
                 uuid: sv.uuid,
                 parent_uuid: sv.parent_uuid,
                 otransid: sv.otransid,
+                ctransid: sv.ctransid,
                 block: i.block_size.max(512),
                 min_size: if i.kind == onecopy_ioctl::fs::FsKind::Btrfs {
                     BTRFS_MAX_INLINE + 1
@@ -677,6 +679,7 @@ fn walk_snapshots(
                 path: &snap,
                 dev,
                 otransid: info.otransid,
+                ctransid: info.ctransid,
                 parent: &parent,
             };
             let listed = crate::snapdiff::list(
@@ -990,6 +993,7 @@ mod tests {
             uuid: [3; 16],
             parent_uuid: [2; 16],
             otransid: 40,
+            ctransid: 40,
             block: 4096,
             min_size: BTRFS_MAX_INLINE + 1,
             supported: true,

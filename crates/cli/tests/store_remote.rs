@@ -300,13 +300,17 @@ fn a_read_only_mount_elsewhere_follows_the_writer() {
     // Let a push carry tree a.
     std::thread::sleep(Duration::from_secs(3));
     let log = s.mnt.with_extension("follow-log");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_onecopy"))
+    let child = Command::new(env!("CARGO_BIN_EXE_onecopy"))
         .args(["mount", "-f", "--read-only", "-o", "push=1"])
         .args(remote_args(&weed))
         .arg(&follow_mnt)
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
+    let follower = Follower {
+        mnt: follow_mnt.clone(),
+        child: Some(child),
+    };
     eventually(60, "the read-only mount", || is_mounted(&follow_mnt));
     eventually(30, "tree a in the follower", || {
         follow_mnt.join("a").is_dir() && checksum_tree(&follow_mnt.join("a")) == want
@@ -335,19 +339,46 @@ fn a_read_only_mount_elsewhere_follows_the_writer() {
     eventually(30, "a/small gone in the follower", || {
         !follow_mnt.join("a/small").exists()
     });
-    let st = Command::new("fusermount3")
-        .arg("-u")
-        .arg(&follow_mnt)
-        .status()
-        .unwrap();
-    assert!(st.success());
-    let st = child.wait().unwrap();
+    let st = follower.unmount();
     let log = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(st.success(), "follower exited {st}: {log}");
     no_panic(&log, "follower");
     assert_eq!(caches(), before, "the follower's cache was left behind");
     w.unmount();
     fsck_clean(&s.store);
+}
+
+/// A follower mount in the foreground: unmounted and reaped when the test
+/// is done with it, or fails before.
+struct Follower {
+    mnt: PathBuf,
+    child: Option<std::process::Child>,
+}
+
+impl Follower {
+    /// `fusermount3 -u`, then the follower's exit status.
+    fn unmount(mut self) -> std::process::ExitStatus {
+        let st = Command::new("fusermount3")
+            .arg("-u")
+            .arg(&self.mnt)
+            .status()
+            .unwrap();
+        assert!(st.success(), "fusermount3 -u {}", self.mnt.display());
+        self.child.take().unwrap().wait().unwrap()
+    }
+}
+
+impl Drop for Follower {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("fusermount3")
+                .arg("-uz")
+                .arg(&self.mnt)
+                .status();
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }
 
 fn libc_erofs() -> i32 {

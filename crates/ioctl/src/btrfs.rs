@@ -160,15 +160,30 @@ pub(crate) enum Cursor {
 /// error is `InvalidData`.
 pub(crate) fn tree_search<T, E>(
     fd: BorrowedFd<'_>,
+    key: SearchKey,
+    cursor: Cursor,
+    decode: impl FnMut(&[u8], u32) -> Result<(Vec<T>, Option<u64>), E>,
+) -> io::Result<Vec<T>>
+where
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    tree_search_in(fd, key, cursor, decode, BUF)
+}
+
+/// [`tree_search`] with answers of at most `size` bytes: a small one for
+/// a search of one item, whose cost is then mostly the buffer's.
+pub(crate) fn tree_search_in<T, E>(
+    fd: BorrowedFd<'_>,
     mut key: SearchKey,
     cursor: Cursor,
     mut decode: impl FnMut(&[u8], u32) -> Result<(Vec<T>, Option<u64>), E>,
+    size: usize,
 ) -> io::Result<Vec<T>>
 where
     E: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let mut out = Vec::new();
-    let mut buf = AlignedBuf::new(ARGS + BUF);
+    let mut buf = AlignedBuf::new(ARGS + size);
     loop {
         buf.as_mut_bytes().fill(0);
         buf.put_u64(0, key.tree);
@@ -181,7 +196,7 @@ where
         buf.put_u32(56, key.types.0);
         buf.put_u32(60, key.types.1);
         buf.put_u32(64, 4096); // nr_items
-        buf.put_u64(KEY, BUF as u64);
+        buf.put_u64(KEY, size as u64);
         crate::ioctl_buf(fd, BTRFS_IOC_TREE_SEARCH_V2, &mut buf)?;
         let nr = u32_at(buf.as_bytes(), 64).unwrap_or(0);
         if nr == 0 {

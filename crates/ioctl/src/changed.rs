@@ -13,7 +13,7 @@
 use std::io;
 use std::os::fd::BorrowedFd;
 
-use crate::btrfs::{tree_search, Cursor, SearchKey};
+use crate::btrfs::{tree_search, tree_search_in, Cursor, SearchKey};
 use crate::bytes::{le_u32_at, le_u64_at, u32_at, u64_at};
 use crate::AlignedBuf;
 
@@ -199,9 +199,9 @@ pub fn inode_item(fd: BorrowedFd<'_>, ino: u64) -> io::Result<Option<ChangedInod
         min_transid: 0,
         types: (INODE_ITEM_KEY, INODE_ITEM_KEY),
     };
-    let found = tree_search(fd, key, Cursor::Objectid, |items, nr| {
-        decode_changed_inodes(items, nr, 0)
-    })?;
+    // One inode item (160 bytes and its header) fits a small answer.
+    let decode = |items: &[u8], nr| decode_changed_inodes(items, nr, 0);
+    let found = tree_search_in(fd, key, Cursor::Objectid, decode, 1024)?;
     Ok(found.into_iter().find(|i| i.ino == ino))
 }
 

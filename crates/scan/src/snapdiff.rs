@@ -84,9 +84,11 @@ pub fn differing(
 }
 
 /// Looked up one by one (a search each), the parent's inodes changed since
-/// a snapshot cost less than the snapshot's whole tree (about 1.4 us per
-/// inode here) while they are at most this fraction of the parent's.
-const FEW_CHANGES: usize = 4;
+/// a snapshot cost less than the snapshot's whole tree while they are at
+/// most this fraction of the parent's: the whole tree costs about 1.4 us
+/// per inode here, a lookup about 10 times that (bench/notes/
+/// dedupe-snapshots.md).
+const FEW_CHANGES: usize = 10;
 
 /// [`differing`]'s answer from the parent's inodes changed since the
 /// snapshot only, for a snapshot unchanged since it was made: a parent

@@ -494,10 +494,9 @@ fn for_each_group<F: PlanInput + ?Sized>(files: &F, mut each: impl FnMut(&[u32])
 /// every other member that may be a destination (None: no source, or no
 /// destination).
 fn whole_file_op<F: PlanInput + ?Sized>(files: &F, g: &[u32]) -> Option<Op> {
-    let src_only = |i: u32| files.file(i).can_be_src && !files.file(i).can_be_dest;
     let &src = g
         .iter()
-        .find(|&&i| src_only(i))
+        .find(|&&i| files.source_only(i))
         .or_else(|| g.iter().find(|&&i| files.file(i).can_be_src))?;
     let dests: Vec<Dest> = g
         .iter()

@@ -16,6 +16,7 @@
 //! listed. What the rule can miss (a write within one clock tick of an
 //! unchanged ctime) is a missed dedupe, never a wrong one: the kernel
 //! compares the bytes of every range it shares.
+//!
 //! Such files cost nothing (no directory read, no stat, no FIEMAP, no entry
 //! in memory); the others (changed in the parent since, deleted from it,
 //! or changed in the snapshot itself) are listed by path
@@ -55,9 +56,18 @@ pub struct SnapshotDiff {
     pub bytes_as_parent: u64,
 }
 
+impl std::ops::AddAssign for SnapshotDiff {
+    fn add_assign(&mut self, d: SnapshotDiff) {
+        self.snapshots += d.snapshots;
+        self.files_as_parent += d.files_as_parent;
+        self.bytes_as_parent += d.bytes_as_parent;
+    }
+}
+
 /// The regular inodes of a snapshot that must be listed (see the module
-/// doc for the rule), given both trees' inode items in inode order (as [`onecopy_ioctl::changed::changed_inodes`]
-/// returns them); counts the others into `diff`.
+/// doc for the rule), given both trees' inode items in inode order (as
+/// [`onecopy_ioctl::changed::changed_inodes`] returns them); counts the
+/// others into `diff`.
 pub fn differing(
     snapshot: &[ChangedInode],
     parent: &[ChangedInode],
@@ -199,9 +209,7 @@ pub(crate) fn list(
         }
         add_inode(snap, &dir, ino, filters, progress, out);
     }
-    diff.snapshots += d.snapshots;
-    diff.files_as_parent += d.files_as_parent;
-    diff.bytes_as_parent += d.bytes_as_parent;
+    *diff += d;
     Ok(())
 }
 

@@ -347,10 +347,7 @@ impl Filters {
                 .push((path.to_path_buf(), dev));
             return Err(None);
         }
-        self.subvols
-            .lock()
-            .unwrap()
-            .insert(d.uuid, path.to_path_buf());
+        self.note_whole(d.uuid, path);
         Ok(())
     }
 
@@ -362,12 +359,17 @@ impl Filters {
         }
         if let Some(d) = self.devs.get(dev, path, &self.tree) {
             if d.uuid != [0; 16] {
-                self.subvols
-                    .lock()
-                    .unwrap()
-                    .insert(d.uuid, path.to_path_buf());
+                self.note_whole(d.uuid, path);
             }
         }
+    }
+
+    /// Subvolume `uuid`'s root, `path`, is walked.
+    fn note_whole(&self, uuid: [u8; 16], path: &Path) {
+        self.subvols
+            .lock()
+            .unwrap()
+            .insert(uuid, path.to_path_buf());
     }
 
     /// Whether to walk the root `path` on device `dev` at all: with
@@ -433,6 +435,21 @@ pub(crate) struct Collected {
 impl Collected {
     pub(crate) fn skip(&mut self, r: SkipReason) {
         *self.skipped.entry(r).or_default() += 1;
+    }
+
+    /// Moves `got`'s files (their names already in the shared tree),
+    /// errors and skips into this one.
+    fn absorb(&mut self, mut got: Collected) {
+        if self.files.is_empty() {
+            // The usual single root: the list moves, it is not copied.
+            self.files = std::mem::take(&mut got.files);
+        } else {
+            self.files.append(&mut got.files);
+        }
+        self.errors.append(&mut got.errors);
+        for (k, v) in got.skipped {
+            *self.skipped.entry(k).or_default() += v;
+        }
     }
 
     /// Records a candidate file at `path`: its name goes to the local
@@ -634,16 +651,7 @@ fn walk_one(
         }
         walk_long(&dir, info, filters, progress, &mut got);
     }
-    if out.files.is_empty() {
-        // The usual single root: the list moves, it is not copied.
-        out.files = std::mem::take(&mut got.files);
-    } else {
-        out.files.append(&mut got.files);
-    }
-    out.errors.append(&mut got.errors);
-    for (k, v) in got.skipped {
-        *out.skipped.entry(k).or_default() += v;
-    }
+    out.absorb(got);
 }
 
 /// The read-only snapshots the walk met: each listed by difference from
@@ -690,12 +698,8 @@ fn walk_snapshots(
                 &mut mine,
                 &mut diff,
             );
-            let mut files = mine.flush_names(&mut filters.tree.lock().unwrap());
-            out.files.append(&mut files);
-            out.errors.append(&mut mine.errors);
-            for (k, v) in mine.skipped {
-                *out.skipped.entry(k).or_default() += v;
-            }
+            mine.files = mine.flush_names(&mut filters.tree.lock().unwrap());
+            out.absorb(mine);
             if listed.is_ok() {
                 continue;
             }

@@ -51,12 +51,14 @@ pub fn open_store(dir: &Path) -> Result<Store, StoreError> {
 /// The store's lock is held by an `onecopy mount` process (from
 /// /proc/locks; nothing is signalled, so a pid that is no longer ours
 /// costs at most a wait) and the store is not mounted any more. A lock
-/// with no holder listed was let go between the two looks: worth another
-/// try, a few times (`unseen` counts them).
+/// with no holder listed, or whose holder has gone since /proc/locks
+/// was read, was let go between the looks: worth another try, a few
+/// times (`unseen` counts them).
 fn last_mount_exiting(dir: &Path, unseen: &mut u32) -> bool {
-    let holder = match lock_holder(&dir.join("lock")) {
-        Some(pid) => is_onecopy_mount(pid),
-        None => {
+    let holder = match lock_holder(&dir.join("lock")).map(holder_kind) {
+        Some(Holder::Mount) => true,
+        Some(Holder::Other) => false,
+        None | Some(Holder::Gone) => {
             *unseen += 1;
             *unseen <= 20
         }
@@ -79,28 +81,45 @@ fn lock_holder(path: &Path) -> Option<u32> {
     })
 }
 
-/// Whether process `pid` runs this program's `mount` command (or its
-/// `mount.onecopy` helper). A process that is exiting has no command line
+/// What a lock's holder is.
+#[derive(Debug, PartialEq, Eq)]
+enum Holder {
+    /// This program's `mount` command (or its `mount.onecopy` helper).
+    Mount,
+    /// Any other process.
+    Other,
+    /// No such process any more: it exited after /proc/locks was read.
+    Gone,
+}
+
+/// What process `pid` is. A process that is exiting has no command line
 /// any more (its memory is gone before its files are closed): then its
 /// name says it.
-fn is_onecopy_mount(pid: u32) -> bool {
+fn holder_kind(pid: u32) -> Holder {
     let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-        return false;
+        let gone = !Path::new(&format!("/proc/{pid}")).exists();
+        return if gone { Holder::Gone } else { Holder::Other };
     };
-    if cmd.is_empty() {
+    let mount = if cmd.is_empty() {
         let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
         let comm = comm.trim();
-        return comm == "onecopy" || comm.starts_with("mount.") && comm.contains("onecopy");
-    }
-    let mut args = cmd.split(|&b| b == 0).map(String::from_utf8_lossy);
-    let prog = args.next().unwrap_or_default();
-    let name = Path::new(prog.as_ref())
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned());
-    match name.as_deref() {
-        Some("onecopy") => args.any(|a| a == "mount"),
-        Some(n) => n.starts_with("mount.") && n.contains("onecopy"),
-        None => false,
+        comm == "onecopy" || comm.starts_with("mount.") && comm.contains("onecopy")
+    } else {
+        let mut args = cmd.split(|&b| b == 0).map(String::from_utf8_lossy);
+        let prog = args.next().unwrap_or_default();
+        let name = Path::new(prog.as_ref())
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned());
+        match name.as_deref() {
+            Some("onecopy") => args.any(|a| a == "mount"),
+            Some(n) => n.starts_with("mount.") && n.contains("onecopy"),
+            None => false,
+        }
+    };
+    if mount {
+        Holder::Mount
+    } else {
+        Holder::Other
     }
 }
 
@@ -318,5 +337,24 @@ mod tests {
         let stale = UnixListener::bind(socket_path(&dir)).unwrap();
         drop(stale);
         assert!(request_gc(&dir).is_none(), "a stale socket answers nothing");
+    }
+
+    /// A lock's holder is found in /proc/locks; a holder that exited
+    /// since is `Gone` (the lock was let go: try again), not a stranger
+    /// whose lock makes the store "in use".
+    #[test]
+    fn a_holder_that_exited_counts_as_let_go() {
+        let d = tempfile::tempdir().unwrap();
+        let lock = d.path().join("lock");
+        let f = std::fs::File::create(&lock).unwrap();
+        rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).unwrap();
+        assert_eq!(lock_holder(&lock), Some(std::process::id()));
+        assert_eq!(holder_kind(std::process::id()), Holder::Other);
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        assert_eq!(holder_kind(pid), Holder::Gone);
+        drop(f);
+        assert_eq!(lock_holder(&lock), None);
     }
 }

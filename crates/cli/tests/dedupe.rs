@@ -696,3 +696,74 @@ fn excludes(kind: FsKind) {
     );
     assert_nothing_shared("excluded file", std::slice::from_ref(&x));
 }
+
+/// btrfs compressed extents (zstd, inherited from the directory): copies
+/// are shared whole, contents stay, the copies' extents are freed, and a
+/// run without the catalog finds them shared already (where a range
+/// starts inside a compressed extent is read from the file extent items)
+/// instead of sharing them again.
+#[test]
+fn btrfs_compressed_extents() {
+    let fs = new_fs(FsKind::Btrfs, FS_SIZE);
+    let dir = fs.path().join("z");
+    std::fs::create_dir(&dir).unwrap();
+    let set = std::process::Command::new("btrfs")
+        .args(["property", "set"])
+        .arg(&dir)
+        .args(["compression", "zstd"])
+        .status()
+        .expect("run btrfs");
+    assert!(set.success(), "btrfs property set compression");
+    let text: Vec<u8> = (0u64..)
+        .flat_map(|i| format!("line {i:08}: a compressible file, {}\n", i * 7919).into_bytes())
+        .take(6 * MIB as usize)
+        .collect();
+    let files: Vec<PathBuf> = (0..3).map(|i| dir.join(format!("f{i}"))).collect();
+    for f in &files {
+        std::fs::write(f, &text).unwrap();
+    }
+    fs.sync();
+    let compressed = |p: &Path| btrfs_extent_items(p).iter().all(|x| x.compression != 0);
+    assert!(
+        files.iter().all(|f| compressed(f)),
+        "the files are not compressed"
+    );
+    let sums = checksum_tree(fs.path());
+    let used0 = fs.used_bytes();
+
+    let first = dedupe(&[fs.path()], &["--no-catalog"]);
+    first.assert_ok("first run");
+    assert_eq!(checksum_tree(fs.path()), sums, "file contents changed");
+    let disk = |p: &Path| -> Vec<(u64, u64, u64)> {
+        let items = btrfs_extent_items(p);
+        items
+            .iter()
+            .map(|x| (x.file_offset, x.disk_bytenr, x.offset))
+            .collect()
+    };
+    for f in &files[1..] {
+        assert_eq!(disk(f), disk(&files[0]), "{} not shared whole", f.display());
+    }
+    let one_copy = physical_bytes([&files[0]]);
+    assert!(
+        first.u("bytes_freed") >= one_copy,
+        "freed {} of 2 copies of {one_copy}",
+        first.u("bytes_freed")
+    );
+    fs.sync();
+    assert!(
+        drop_of(used0, fs.used_bytes()) >= one_copy as i64,
+        "used space fell by {} (one copy: {one_copy})",
+        drop_of(used0, fs.used_bytes())
+    );
+
+    let second = dedupe(&[fs.path()], &["--no-catalog"]);
+    second.assert_ok("second run");
+    assert_eq!(
+        second.u("dedupe_ioctls"),
+        0,
+        "shared compressed extents shared again"
+    );
+    assert_eq!(second.u("bytes_deduped"), 0);
+    assert_eq!(checksum_tree(fs.path()), sums, "file contents changed");
+}

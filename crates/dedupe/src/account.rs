@@ -11,14 +11,16 @@
 //! Something outside the scanned roots (a snapshot, a reflinked copy
 //! elsewhere) may still reference an allocation the scanned files let go:
 //! * with whole extents (btrfs, root), every extent that left the scanned
-//!   files is looked up after a commit ([`onecopy_ioctl::btrfs::extent_refs`]):
-//!   one whose extent item (same start, same length) still exists and that
-//!   anything still references (`LOGICAL_INO`) is not freed. Exact: space
-//!   freed early in the run may be reused by a later allocation (a
-//!   re-homed copy) covering the old start, which is another extent.
+//!   files is looked up after a commit
+//!   ([`onecopy_ioctl::btrfs::extent_exists`]): one whose extent item (same
+//!   start, same length) still exists is still referenced and not freed.
+//!   Exact: space freed early in the run may be reused by a later
+//!   allocation (a re-homed copy) covering the old start, which is another
+//!   extent.
 //! * with byte ranges (XFS, btrfs without root), which offer no such
 //!   lookup, an allocation FIEMAP flagged shared before the run is never
-//!   claimed: a lower bound, never an overstatement.
+//!   claimed: a lower bound, never an overstatement. So is an extent whose
+//!   lookup failed.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -72,16 +74,11 @@ impl Model {
     }
 }
 
-/// Reads the units `f` references under `model`.
+/// Reads the units `f` references under `model`. Under
+/// [`Model::Extents`] every unit counts as shared: whether it is is asked
+/// of the extent tree after the run, not of FIEMAP, whose SHARED flag
+/// costs a walk of the extent's back references through every snapshot.
 pub fn file_units(f: &File, model: Model) -> std::io::Result<FileUnits> {
-    let map = fiemap::fiemap(f.as_fd())?;
-    let shared_at = |phys: u64, len: u64| {
-        map.iter().any(|e| {
-            e.is_shared()
-                && e.physical < phys.saturating_add(len)
-                && phys < e.physical.saturating_add(e.length)
-        })
-    };
     let mut units = Vec::new();
     match model {
         Model::Extents => {
@@ -94,13 +91,11 @@ pub fn file_units(f: &File, model: Model) -> std::io::Result<FileUnits> {
                     start: x.disk_bytenr,
                     len: x.disk_num_bytes,
                 };
-                // FIEMAP addresses are inside the extent for uncompressed data.
-                let shared = shared_at(x.disk_bytenr, x.disk_num_bytes);
-                units.push((u, shared));
+                units.push((u, true));
             }
         }
         Model::Ranges => {
-            for e in map {
+            for e in fiemap::fiemap(f.as_fd())? {
                 if e.is_undedupable() {
                     continue;
                 }
@@ -123,17 +118,17 @@ pub fn file_units(f: &File, model: Model) -> std::io::Result<FileUnits> {
 /// allocations `before` pinned that nothing in `after` pins any more, less
 /// the allocations `after` pins that are new (such as re-homed copies).
 ///
-/// `refs(u)` tells how many references anything on the filesystem holds to
-/// extent `u` (exactly that start and length) now (`None`: unknown); it is asked only under
-/// [`Model::Extents`], for extents the files no longer pin. Without an
-/// answer, an extent shared before the run is claimed only when at least
-/// two snapshotted files referenced it (both now gone); under
-/// [`Model::Ranges`], never.
+/// `referenced(u)` tells whether anything on the filesystem still
+/// references extent `u` (exactly that start and length) now (`None`:
+/// unknown); it is asked only under [`Model::Extents`], for extents the
+/// files no longer pin. Without an answer, an extent shared before the run
+/// is claimed only when at least two snapshotted files referenced it (both
+/// now gone); under [`Model::Ranges`], never.
 pub fn freed_bytes(
     model: Model,
     before: &[&FileUnits],
     after: &[&FileUnits],
-    refs: &mut dyn FnMut(Unit) -> Option<u64>,
+    referenced: &mut dyn FnMut(Unit) -> Option<bool>,
 ) -> u64 {
     // How many snapshotted files referenced each unit before.
     let mut known: HashMap<Unit, (u32, bool)> = HashMap::new();
@@ -145,11 +140,8 @@ pub fn freed_bytes(
         }
     }
     let all_before: Vec<Unit> = known.keys().copied().collect();
-    let claimable: Vec<Unit> = known
-        .into_iter()
-        .filter(|(_, (n, shared))| !*shared || (*n >= 2 && model == Model::Extents))
-        .map(|(u, _)| u)
-        .collect();
+    let unknown_claimable =
+        |(n, shared): (u32, bool)| !shared || (n >= 2 && model == Model::Extents);
     let after_units: Vec<Unit> = after
         .iter()
         .flat_map(|f| f.units.iter().map(|(u, _)| *u))
@@ -161,11 +153,11 @@ pub fn freed_bytes(
             // allocated where a freed one started.
             let still: HashSet<Unit> = after_units.iter().copied().collect();
             let was: HashSet<Unit> = all_before.iter().copied().collect();
-            let gone: u64 = claimable
+            let gone: u64 = known
                 .iter()
-                .filter(|u| !still.contains(u))
-                .filter(|&&u| refs(u).is_none_or(|n| n == 0))
-                .map(|u| u.len)
+                .filter(|(u, _)| !still.contains(u))
+                .filter(|&(&u, &k)| referenced(u).map_or(unknown_claimable(k), |r| !r))
+                .map(|(u, _)| u.len)
                 .sum();
             let new: u64 = still
                 .iter()
@@ -175,7 +167,11 @@ pub fn freed_bytes(
             gone.saturating_sub(new)
         }
         Model::Ranges => {
-            let c = merge(claimable);
+            let claimable = known
+                .iter()
+                .filter(|&(_, &k)| unknown_claimable(k))
+                .map(|(&u, _)| u);
+            let c = merge(claimable.collect());
             let a = merge(after_units);
             let b = merge(all_before);
             let gone = measure(&c) - overlap(&c, &a);
@@ -325,7 +321,7 @@ mod tests {
         );
     }
 
-    fn none(_: Unit) -> Option<u64> {
+    fn none(_: Unit) -> Option<bool> {
         None
     }
 
@@ -402,10 +398,12 @@ mod tests {
         // reflinked copy outside the roots) still references it.
         let a = fu(&[(100, 50, true), (300, 20, false)]);
         let b = fu(&[(100, 50, true)]);
-        let mut refs = |u: Unit| Some(if u.start == 100 { 2 } else { 0 });
+        let mut refs = |u: Unit| Some(u.start == 100);
         assert_eq!(freed_bytes(Model::Extents, &[&a, &b], &[], &mut refs), 20);
-        let mut gone = |_| Some(0);
+        let mut gone = |_| Some(false);
         assert_eq!(freed_bytes(Model::Extents, &[&a, &b], &[], &mut gone), 70);
+        // With an answer, one referrer is enough: nothing holds it now.
+        assert_eq!(freed_bytes(Model::Extents, &[&b], &[], &mut gone), 50);
     }
 
     /// Space freed during the run may be reused by a re-homed copy that
@@ -415,7 +413,7 @@ mod tests {
     fn a_new_extent_at_a_freed_start_is_another_extent() {
         let before = fu(&[(100, 50, false)]);
         let after = fu(&[(100, 10, false)]);
-        let mut gone = |_| Some(0);
+        let mut gone = |_| Some(false);
         assert_eq!(
             freed_bytes(Model::Extents, &[&before], &[&after], &mut gone),
             40

@@ -290,13 +290,79 @@ impl<'a> Files<'a> {
     }
 }
 
-/// (offset, physical, length) pieces of a range, see [`physical_layout`].
-type Layout = Vec<(u64, u64, u64)>;
+/// Where a piece of a range's data lives, see [`physical_layout`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Piece {
+    /// Offset in the range.
+    offset: u64,
+    /// The btrfs extent (its `disk_bytenr`); 0 for a FIEMAP address.
+    extent: u64,
+    /// Where the piece starts: in the extent's data (uncompressed bytes),
+    /// or its FIEMAP physical address.
+    at: u64,
+    len: u64,
+}
 
-/// A range's physical layout relative to its start: (offset, physical,
-/// length) pieces, contiguous pieces merged. `None` if the range holds data
-/// the filesystem can not share (inline, unwritten, unknown).
-fn physical_layout(f: &File, off: u64, len: u64) -> std::io::Result<Option<Layout>> {
+/// A range's pieces, contiguous ones merged.
+type Layout = Vec<Piece>;
+
+fn push_piece(out: &mut Layout, p: Piece) {
+    if let Some(last) = out.last_mut() {
+        if last.offset + last.len == p.offset
+            && last.extent == p.extent
+            && last.at + last.len == p.at
+        {
+            last.len += p.len;
+            return;
+        }
+    }
+    out.push(p);
+}
+
+/// A range's physical layout relative to its start; two ranges with equal
+/// layouts share their data already. `None` if the range holds data the
+/// filesystem can not share (inline, unwritten, unknown). Under
+/// [`Model::Extents`] from the btrfs file extent items, which place a
+/// range inside a compressed extent too; otherwise from FIEMAP, whose
+/// SHARED flag costs a walk of each extent's back references on btrfs.
+fn physical_layout(f: &File, model: Model, off: u64, len: u64) -> std::io::Result<Option<Layout>> {
+    match model {
+        Model::Extents => extent_layout(f, off, len),
+        Model::Ranges => fiemap_layout(f, off, len),
+    }
+}
+
+fn extent_layout(f: &File, off: u64, len: u64) -> std::io::Result<Option<Layout>> {
+    use onecopy_ioctl::btrfs::{self, FileExtentKind};
+    let ino = std::os::unix::fs::MetadataExt::ino(&f.metadata()?);
+    let end = off + len;
+    let mut out = Layout::new();
+    for x in btrfs::file_extents_in(f.as_fd(), ino, off, end)? {
+        let (s, t) = (
+            x.file_offset.max(off),
+            (x.file_offset + x.num_bytes).min(end),
+        );
+        match x.kind {
+            FileExtentKind::Regular if x.disk_bytenr == 0 => continue, // a hole
+            FileExtentKind::Regular => {}
+            _ => return Ok(None), // inline, preallocated (zeros), unknown
+        }
+        let at = x.offset + (s - x.file_offset);
+        let extent = x.disk_bytenr;
+        push_piece(
+            &mut out,
+            Piece {
+                offset: s - off,
+                extent,
+                at,
+                len: t - s,
+            },
+        );
+    }
+    Ok(Some(out))
+}
+
+fn fiemap_layout(f: &File, off: u64, len: u64) -> std::io::Result<Option<Layout>> {
     let ext: Vec<Extent> = fiemap::fiemap_range(f.as_fd(), off, len)?;
     let end = off + len;
     let mut out: Layout = Vec::new();
@@ -309,14 +375,16 @@ fn physical_layout(f: &File, off: u64, len: u64) -> std::io::Result<Option<Layou
         if e.is_undedupable() || e.is_unwritten() {
             return Ok(None);
         }
-        let piece = (s - off, e.physical + (s - e.logical), t - s);
-        if let Some(last) = out.last_mut() {
-            if last.0 + last.2 == piece.0 && last.1 + last.2 == piece.1 {
-                last.2 += piece.2;
-                continue;
-            }
-        }
-        out.push(piece);
+        let at = e.physical + (s - e.logical);
+        push_piece(
+            &mut out,
+            Piece {
+                offset: s - off,
+                extent: 0,
+                at,
+                len: t - s,
+            },
+        );
     }
     Ok(Some(out))
 }
@@ -395,14 +463,21 @@ fn account_run(files: &mut Files<'_>, tree: &Tree, opts: &ExecOptions, rep: &mut
                 after.push(account::file_units(&f, opts.model).unwrap_or_default());
             }
         }
-        let fd = any_involved(files);
-        let mut refs = extent_refs(fd.clone(), opts.model);
+        let fd = any_involved(files).filter(|_| opts.model == Model::Extents);
         let before: Vec<&FileUnits> = files.before.values().collect();
         let after: Vec<&FileUnits> = after.iter().collect();
-        rep.stats.bytes_freed = account::freed_bytes(opts.model, &before, &after, &mut refs);
-        if let (Model::Extents, Some(fd)) = (opts.model, fd) {
-            let gone = account::let_go(&before, &after);
-            let (bytes, snaps) = snapshot_pins(&gone, &fd, tree);
+        let fates = match &fd {
+            Some(fd) => {
+                let _ = onecopy_ioctl::fs::syncfs(fd.as_fd());
+                fates(&account::let_go(&before, &after), fd)
+            }
+            None => HashMap::new(),
+        };
+        let mut referenced = |u| fates.get(&u).and_then(|f| f.referenced);
+        rep.stats.bytes_freed = account::freed_bytes(opts.model, &before, &after, &mut referenced);
+        if fd.is_some() {
+            let gone: Vec<account::Unit> = fates.keys().copied().collect();
+            let (bytes, snaps) = snapshot_pins(&gone, &fates, tree);
             rep.stats.bytes_pinned_by_snapshots = bytes;
             rep.stats.pinning_snapshots = snaps;
         }
@@ -416,20 +491,66 @@ fn any_involved(files: &mut Files<'_>) -> Option<std::rc::Rc<File>> {
     involved.into_iter().find_map(|i| files.get(i).ok())
 }
 
+/// What the filesystem says, after the run's commit, of an extent the run
+/// let go (btrfs, [`Model::Extents`]).
+struct Fate {
+    /// Still allocated: something references it (`None`: unknown).
+    referenced: Option<bool>,
+    /// The subvolumes referencing it (`None`: unknown).
+    roots: Option<Vec<u64>>,
+}
+
+/// Looks up each extent of `gone`, on as many threads as there are CPUs:
+/// a `LOGICAL_INO` walks the extent's back references through every
+/// snapshot's tree, kernel CPU time that grows with the snapshots.
+fn fates(gone: &[account::Unit], fd: &File) -> HashMap<account::Unit, Fate> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+    std::thread::scope(|s| {
+        let parts: Vec<_> = (0..threads)
+            .map(|t| {
+                let mine = gone.iter().skip(t).step_by(threads);
+                s.spawn(move || mine.map(|&u| (u, fate(fd, u))).collect::<Vec<_>>())
+            })
+            .collect();
+        // A lookup thread that died leaves its extents unknown.
+        parts
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_default())
+            .collect()
+    })
+}
+
+/// [`Fate`] of extent `u`: the extent tree says whether it is still
+/// allocated; only then is `LOGICAL_INO` asked who holds it.
+fn fate(fd: &File, u: account::Unit) -> Fate {
+    use onecopy_ioctl::btrfs;
+    let referenced = btrfs::extent_exists(fd.as_fd(), u.start, u.len).ok();
+    let roots = match referenced {
+        Some(true) => btrfs::extent_owners(fd.as_fd(), u.start)
+            .ok()
+            .flatten()
+            .map(|owners| owners.iter().map(|o| o.root).collect()),
+        Some(false) => Some(Vec::new()),
+        None => None,
+    };
+    Fate { referenced, roots }
+}
+
 /// [`account::pinned_by_snapshots`] on btrfs: who references each extent
-/// (`LOGICAL_INO`), and which subvolumes are read-only snapshots (those
-/// the walk met).
-fn snapshot_pins(gone: &[account::Unit], fd: &File, tree: &Tree) -> (u64, Vec<u64>) {
+/// (its [`Fate`]), and which subvolumes are read-only snapshots (those the
+/// walk met).
+fn snapshot_pins(
+    gone: &[account::Unit],
+    fates: &HashMap<account::Unit, Fate>,
+    tree: &Tree,
+) -> (u64, Vec<u64>) {
     let read_only: std::collections::HashSet<u64> = tree
         .devices()
         .iter()
         .filter(|d| d.read_only)
         .map(|d| d.subvol)
         .collect();
-    let mut roots = |u: account::Unit| {
-        let owners = onecopy_ioctl::btrfs::extent_owners(fd.as_fd(), u.start).ok()??;
-        Some(owners.iter().map(|o| o.root).collect())
-    };
+    let mut roots = |u| fates.get(&u).and_then(|f| f.roots.clone());
     account::pinned_by_snapshots(gone, &mut roots, &|r| read_only.contains(&r))
 }
 
@@ -465,22 +586,6 @@ fn in_batches(op: &Op, batch: usize) -> Vec<std::borrow::Cow<'_, Op>> {
             })
         })
         .collect()
-}
-
-/// Under [`Model::Extents`], a lookup of how many references anything on
-/// the filesystem (snapshots, files outside the roots) still holds to an
-/// extent, after committing the run so that the lookup sees it.
-fn extent_refs(
-    fd: Option<std::rc::Rc<File>>,
-    model: Model,
-) -> Box<dyn FnMut(account::Unit) -> Option<u64>> {
-    match (model, fd) {
-        (Model::Extents, Some(f)) => {
-            let _ = onecopy_ioctl::fs::syncfs(f.as_fd());
-            Box::new(move |u| onecopy_ioctl::btrfs::extent_refs(f.as_fd(), u.start, u.len).ok())
-        }
-        _ => Box::new(|_| None),
-    }
 }
 
 fn skip(rep: &mut ExecReport, file: u32, why: DestSkip) {
@@ -596,7 +701,7 @@ fn open_source(op: &Op, files: &mut Files<'_>, rep: &mut ExecReport) -> Option<(
         skip_all(rep, op, DestSkip::Changed);
         return None;
     }
-    match physical_layout(&src, op.src_offset, op.len) {
+    match physical_layout(&src, files.model, op.src_offset, op.len) {
         Ok(Some(l)) => Some((src, l)),
         Ok(None) => {
             skip_all(rep, op, DestSkip::NotShareable);
@@ -619,7 +724,7 @@ fn open_source(op: &Op, files: &mut Files<'_>, rep: &mut ExecReport) -> Option<(
 fn check_dest(
     len: u64,
     d: &Dest,
-    src_layout: &[(u64, u64, u64)],
+    src_layout: &[Piece],
     files: &mut Files<'_>,
     rep: &mut ExecReport,
 ) -> Option<Rc<File>> {
@@ -648,7 +753,7 @@ fn check_dest(
         skip(rep, d.file, why);
         return None;
     }
-    match physical_layout(&f, d.offset, len) {
+    match physical_layout(&f, files.model, d.offset, len) {
         Ok(Some(l)) if l == src_layout => {
             // Shared by an earlier (perhaps interrupted) run: its old
             // extents may still wait to be re-homed.

@@ -131,6 +131,42 @@ pub fn file_extents(fd: BorrowedFd<'_>, ino: u64) -> io::Result<Vec<FileExtent>>
     tree_search(fd, key, Cursor::Offset, decode_items)
 }
 
+/// How far before a file offset the item covering it may start: the
+/// largest file extent item btrfs writes (a preallocated extent, 256 MiB;
+/// written data is cut at 128 MiB).
+const ITEM_REACH: u64 = 256 << 20;
+
+/// The file extent items of inode `ino` (in the subvolume holding `fd`)
+/// that overlap file offsets `from..to`, in file-offset order. Asks only
+/// for the items starting up to [`ITEM_REACH`] before `from`, and for all
+/// from the file's start when none of those covers `from` (a hole there,
+/// or an item longer than btrfs writes).
+pub fn file_extents_in(
+    fd: BorrowedFd<'_>,
+    ino: u64,
+    from: u64,
+    to: u64,
+) -> io::Result<Vec<FileExtent>> {
+    let search = |lo: u64| {
+        let key = SearchKey {
+            tree: 0,
+            objectid: (ino, ino),
+            offset: (lo, to.saturating_sub(1)),
+            min_transid: 0,
+            types: (EXTENT_DATA_KEY, EXTENT_DATA_KEY),
+        };
+        tree_search(fd, key, Cursor::Offset, decode_items)
+    };
+    let overlaps = |x: &FileExtent| x.file_offset < to && x.file_offset + x.num_bytes > from;
+    let lo = from.saturating_sub(ITEM_REACH);
+    let mut items = search(lo)?;
+    if lo > 0 && !items.iter().any(|x| x.file_offset <= from && overlaps(x)) {
+        items = search(0)?;
+    }
+    items.retain(overlaps);
+    Ok(items)
+}
+
 /// The key range of a `BTRFS_IOC_TREE_SEARCH_V2` search, each pair
 /// inclusive. `max_transid` is always `u64::MAX`.
 pub(crate) struct SearchKey {
@@ -584,31 +620,21 @@ mod tests {
     }
 }
 
-/// `struct btrfs_data_container` header.
-const CONTAINER_HEADER: usize = 16;
-
-/// How many references (inode, offset, subvolume) anything on the
-/// filesystem holds to the data extent of `len` bytes that starts at
-/// logical address `bytenr` (a file extent item's `disk_bytenr` and
-/// `disk_num_bytes`); 0 when that extent is not allocated any more.
-/// Snapshots and files outside any scanned tree count. Needs
+/// Whether the data extent of `len` bytes that starts at logical address
+/// `bytenr` (a file extent item's `disk_bytenr` and `disk_num_bytes`) is
+/// still allocated, that is, something on the filesystem (a snapshot, a
+/// file outside any scanned tree) still references it: btrfs deletes an
+/// extent item in the commit that drops its last reference. Needs
 /// CAP_SYS_ADMIN; `fd` is any file or directory of the filesystem. Sees
 /// committed state: sync first.
 ///
-/// `LOGICAL_INO` alone answers for whichever extent *contains* `bytenr`:
-/// once the extent was freed and its space committed, a later allocation
-/// (a re-homed copy, another writer) may cover that address, and its
-/// references are not this extent's. So the extent tree is asked first
-/// whether an extent item of exactly (`bytenr`, `len`) exists.
-pub fn extent_refs(fd: BorrowedFd<'_>, bytenr: u64, len: u64) -> io::Result<u64> {
-    if extent_item_len(fd, bytenr)? != Some(len) {
-        return Ok(0);
-    }
-    match logical_ino(fd, bytenr, 4096)? {
-        None => Ok(0),
-        Some(out) => decode_ref_count(out.as_bytes())
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "short logical-ino answer")),
-    }
+/// The extent tree is asked for an item of exactly (`bytenr`, `len`): once
+/// the extent was freed, a later allocation (a re-homed copy, another
+/// writer) may start at or cover that address, and that is another extent.
+/// (A `LOGICAL_INO` count would say the same at the price of a walk of
+/// every back reference, through every snapshot's tree.)
+pub fn extent_exists(fd: BorrowedFd<'_>, bytenr: u64, len: u64) -> io::Result<bool> {
+    Ok(extent_item_len(fd, bytenr)? == Some(len))
 }
 
 /// The extent tree's id (`BTRFS_EXTENT_TREE_OBJECTID`).
@@ -642,29 +668,9 @@ fn decode_extent_item(items: &[u8], bytenr: u64) -> Option<u64> {
     (objectid == bytenr && typ == EXTENT_ITEM_KEY).then_some(offset)
 }
 
-/// References in a `btrfs_data_container`: three values per reference,
-/// those returned (`elem_cnt`) and those that did not fit (`elem_missed`).
-fn decode_ref_count(b: &[u8]) -> Option<u64> {
-    if b.len() < CONTAINER_HEADER {
-        return None;
-    }
-    let cnt = u32_at(b, 8)? as u64;
-    let missed = u32_at(b, 12)? as u64;
-    Some((cnt + missed) / 3)
-}
-
 #[cfg(test)]
 mod logical_ino_tests {
     use super::*;
-
-    #[test]
-    fn ref_counts_decode() {
-        let mut b = vec![0u8; 32];
-        b[8..12].copy_from_slice(&6u32.to_ne_bytes());
-        b[12..16].copy_from_slice(&3u32.to_ne_bytes());
-        assert_eq!(decode_ref_count(&b), Some(3));
-        assert_eq!(decode_ref_count(&b[..10]), None);
-    }
 
     #[test]
     fn extent_item_decodes_only_an_exact_start() {

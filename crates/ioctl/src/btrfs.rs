@@ -206,8 +206,14 @@ where
     tree_search_in(fd, key, cursor, decode, BUF)
 }
 
+/// The first answer of a search: most searches (one file's extents, one
+/// inode) fit in it, and a larger buffer costs its zeroing on every call.
+const FIRST_ANSWER: usize = 4096;
+
 /// [`tree_search`] with answers of at most `size` bytes: a small one for
-/// a search of one item, whose cost is then mostly the buffer's.
+/// a search of one item, whose cost is then mostly the buffer's. The
+/// first answer is at most [`FIRST_ANSWER`] bytes; a search that goes on
+/// past it (or whose first item does not fit) continues with `size`.
 pub(crate) fn tree_search_in<T, E>(
     fd: BorrowedFd<'_>,
     mut key: SearchKey,
@@ -219,9 +225,11 @@ where
     E: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let mut out = Vec::new();
-    let mut buf = AlignedBuf::new(ARGS + size);
+    let mut answer = size.min(FIRST_ANSWER);
+    let mut buf = AlignedBuf::new(ARGS + answer);
     loop {
-        buf.as_mut_bytes().fill(0);
+        // The kernel writes the answer area; only the arguments are ours.
+        buf.as_mut_bytes()[..ARGS].fill(0);
         buf.put_u64(0, key.tree);
         buf.put_u64(8, key.objectid.0);
         buf.put_u64(16, key.objectid.1);
@@ -232,13 +240,19 @@ where
         buf.put_u32(56, key.types.0);
         buf.put_u32(60, key.types.1);
         buf.put_u32(64, 4096); // nr_items
-        buf.put_u64(KEY, size as u64);
-        crate::ioctl_buf(fd, BTRFS_IOC_TREE_SEARCH_V2, &mut buf)?;
+        buf.put_u64(KEY, answer as u64);
+        match crate::ioctl_buf(fd, BTRFS_IOC_TREE_SEARCH_V2, &mut buf) {
+            Err(e) if e.raw_os_error() == Some(libc::EOVERFLOW) && answer < size => {
+                (answer, buf) = (size, AlignedBuf::new(ARGS + size));
+                continue;
+            }
+            r => r?,
+        };
         let nr = u32_at(buf.as_bytes(), 64).unwrap_or(0);
         if nr == 0 {
             break;
         }
-        let (items, last) = decode(&buf.as_bytes()[ARGS..], nr)
+        let (items, last) = decode(&buf.as_bytes()[ARGS..ARGS + answer], nr)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         out.extend(items);
         let (at, end) = match cursor {
@@ -249,6 +263,9 @@ where
         match last.and_then(|l| l.checked_add(1)) {
             Some(next) if next > *at && next <= end => *at = next,
             _ => break,
+        }
+        if answer < size {
+            (answer, buf) = (size, AlignedBuf::new(ARGS + size));
         }
     }
     Ok(out)

@@ -466,21 +466,21 @@ fn account_run(files: &mut Files<'_>, tree: &Tree, opts: &ExecOptions, rep: &mut
         let fd = any_involved(files).filter(|_| opts.model == Model::Extents);
         let before: Vec<&FileUnits> = files.before.values().collect();
         let after: Vec<&FileUnits> = after.iter().collect();
-        let fates = match &fd {
+        let (referenced, pins) = match &fd {
             Some(fd) => {
                 let _ = onecopy_ioctl::fs::syncfs(fd.as_fd());
-                fates(&account::let_go(&before, &after), fd)
+                let gone = account::let_go(&before, &after);
+                let read_only = read_only_subvols(tree);
+                fates(&gone, fd, &|r| read_only.contains(&r))
             }
-            None => HashMap::new(),
+            None => Default::default(),
         };
-        let mut referenced = |u| fates.get(&u).and_then(|f| f.referenced);
+        let mut referenced = |u| referenced.get(&u).copied().flatten();
         rep.stats.bytes_freed = account::freed_bytes(opts.model, &before, &after, &mut referenced);
-        if fd.is_some() {
-            let gone: Vec<account::Unit> = fates.keys().copied().collect();
-            let (bytes, snaps) = snapshot_pins(&gone, &fates, tree);
-            rep.stats.bytes_pinned_by_snapshots = bytes;
-            rep.stats.pinning_snapshots = snaps;
-        }
+        (
+            rep.stats.bytes_pinned_by_snapshots,
+            rep.stats.pinning_snapshots,
+        ) = pins;
     }
 }
 
@@ -491,67 +491,78 @@ fn any_involved(files: &mut Files<'_>) -> Option<std::rc::Rc<File>> {
     involved.into_iter().find_map(|i| files.get(i).ok())
 }
 
-/// What the filesystem says, after the run's commit, of an extent the run
-/// let go (btrfs, [`Model::Extents`]).
-struct Fate {
-    /// Still allocated: something references it (`None`: unknown).
-    referenced: Option<bool>,
-    /// The subvolumes referencing it (`None`: unknown).
-    roots: Option<Vec<u64>>,
-}
-
-/// Looks up each extent of `gone`, on as many threads as there are CPUs:
-/// a `LOGICAL_INO` walks the extent's back references through every
-/// snapshot's tree, kernel CPU time that grows with the snapshots.
-fn fates(gone: &[account::Unit], fd: &File) -> HashMap<account::Unit, Fate> {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
-    std::thread::scope(|s| {
-        let parts: Vec<_> = (0..threads)
-            .map(|t| {
-                let mine = gone.iter().skip(t).step_by(threads);
-                s.spawn(move || mine.map(|&u| (u, fate(fd, u))).collect::<Vec<_>>())
-            })
-            .collect();
-        // A lookup thread that died leaves its extents unknown.
-        parts
-            .into_iter()
-            .flat_map(|h| h.join().unwrap_or_default())
-            .collect()
-    })
-}
-
-/// [`Fate`] of extent `u`: the extent tree says whether it is still
-/// allocated; only then is `LOGICAL_INO` asked who holds it.
-fn fate(fd: &File, u: account::Unit) -> Fate {
-    use onecopy_ioctl::btrfs;
-    let referenced = btrfs::extent_exists(fd.as_fd(), u.start, u.len).ok();
-    let roots = match referenced {
-        Some(true) => btrfs::extent_owners(fd.as_fd(), u.start)
-            .ok()
-            .flatten()
-            .map(|owners| owners.iter().map(|o| o.root).collect()),
-        Some(false) => Some(Vec::new()),
-        None => None,
-    };
-    Fate { referenced, roots }
-}
-
-/// [`account::pinned_by_snapshots`] on btrfs: who references each extent
-/// (its [`Fate`]), and which subvolumes are read-only snapshots (those the
-/// walk met).
-fn snapshot_pins(
-    gone: &[account::Unit],
-    fates: &HashMap<account::Unit, Fate>,
-    tree: &Tree,
-) -> (u64, Vec<u64>) {
-    let read_only: std::collections::HashSet<u64> = tree
-        .devices()
+/// The read-only snapshots the walk met (their subvolume ids).
+fn read_only_subvols(tree: &Tree) -> std::collections::HashSet<u64> {
+    tree.devices()
         .iter()
         .filter(|d| d.read_only)
         .map(|d| d.subvol)
-        .collect();
-    let mut roots = |u| fates.get(&u).and_then(|f| f.roots.clone());
-    account::pinned_by_snapshots(gone, &mut roots, &|r| read_only.contains(&r))
+        .collect()
+}
+
+/// What the filesystem says, after the run's commit, of the extents the
+/// run let go (btrfs, [`Model::Extents`]): whether each is still
+/// referenced (`None`: unknown), and [`account::pinned_by_snapshots`]:
+/// the bytes only read-only snapshots hold, and those snapshots.
+///
+/// Who holds an extent is asked of `LOGICAL_INO`, a walk of its back
+/// references through every snapshot's tree, once per set of tree leaves
+/// that reference it: extents referenced by the same leaves only (those
+/// a subvolume copied on write while its snapshots shared them) are held
+/// by the same subvolumes. An extent also referenced by (subvolume,
+/// inode) is asked alone.
+fn fates(
+    gone: &[account::Unit],
+    fd: &File,
+    read_only: &(dyn Fn(u64) -> bool + Sync),
+) -> (HashMap<account::Unit, Option<bool>>, (u64, Vec<u64>)) {
+    use onecopy_ioctl::btrfs;
+    let backrefs = par_map(gone, |u| btrfs::extent_backrefs(fd.as_fd(), u.start));
+    let mut referenced = HashMap::with_capacity(gone.len());
+    // Extents still held, by the leaves that hold them (None: ask alone).
+    let mut groups: HashMap<Option<Vec<u64>>, Vec<account::Unit>> = HashMap::new();
+    let mut alone = Vec::new();
+    for (&u, b) in gone.iter().zip(backrefs) {
+        let held = b.map(|b| b.filter(|b| b.len == u.len));
+        referenced.insert(u, held.as_ref().ok().map(Option::is_some));
+        match held {
+            Ok(Some(b)) if !b.by_owner => groups.entry(Some(b.leaves)).or_default().push(u),
+            Ok(Some(_)) => alone.push(vec![u]),
+            _ => {}
+        }
+    }
+    let mut asks: Vec<Vec<account::Unit>> = groups.into_values().collect();
+    asks.extend(alone);
+    let pins = par_map(&asks, |members| {
+        let roots = btrfs::extent_owners(fd.as_fd(), members[0].start)
+            .ok()
+            .flatten();
+        let roots: Option<Vec<u64>> = roots.map(|o| o.iter().map(|o| o.root).collect());
+        account::pinned_by_snapshots(members, &mut |_| roots.clone(), read_only)
+    });
+    let (mut bytes, mut snaps) = (0, std::collections::BTreeSet::new());
+    for (b, s) in pins {
+        bytes += b;
+        snaps.extend(s);
+    }
+    (referenced, (bytes, snaps.into_iter().collect()))
+}
+
+/// `f` over `items` on as many threads as there are CPUs, results in
+/// order: each lookup here is kernel CPU time. A panic is carried on.
+fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+    let chunk = items.len().div_ceil(threads).max(1);
+    std::thread::scope(|s| {
+        let parts: Vec<_> = items
+            .chunks(chunk)
+            .map(|part| s.spawn(|| part.iter().map(&f).collect::<Vec<R>>()))
+            .collect();
+        parts
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    })
 }
 
 /// Why an open file may not be a destination at all (immutable or

@@ -637,67 +637,221 @@ mod tests {
     }
 }
 
-/// Whether the data extent of `len` bytes that starts at logical address
-/// `bytenr` (a file extent item's `disk_bytenr` and `disk_num_bytes`) is
-/// still allocated, that is, something on the filesystem (a snapshot, a
-/// file outside any scanned tree) still references it: btrfs deletes an
-/// extent item in the commit that drops its last reference. Needs
-/// CAP_SYS_ADMIN; `fd` is any file or directory of the filesystem. Sees
-/// committed state: sync first.
-///
-/// The extent tree is asked for an item of exactly (`bytenr`, `len`): once
-/// the extent was freed, a later allocation (a re-homed copy, another
-/// writer) may start at or cover that address, and that is another extent.
-/// (A `LOGICAL_INO` count would say the same at the price of a walk of
-/// every back reference, through every snapshot's tree.)
-pub fn extent_exists(fd: BorrowedFd<'_>, bytenr: u64, len: u64) -> io::Result<bool> {
-    Ok(extent_item_len(fd, bytenr)? == Some(len))
-}
-
 /// The extent tree's id (`BTRFS_EXTENT_TREE_OBJECTID`).
 const EXTENT_TREE: u64 = 2;
 /// `BTRFS_EXTENT_ITEM_KEY`: (start, this, length) for every data extent.
 const EXTENT_ITEM_KEY: u32 = 168;
+/// `BTRFS_EXTENT_OWNER_REF_KEY` (simple quotas): the subvolume that made it.
+const EXTENT_OWNER_REF_KEY: u8 = 172;
+/// `BTRFS_EXTENT_DATA_REF_KEY`: a reference by (subvolume, inode, offset).
+const EXTENT_DATA_REF_KEY: u32 = 178;
+/// `BTRFS_SHARED_DATA_REF_KEY`: a reference by a tree leaf (its address).
+const SHARED_DATA_REF_KEY: u32 = 184;
+/// `struct btrfs_extent_item`: refs, generation, flags.
+const EXTENT_ITEM_HEADER: usize = 24;
+/// `BTRFS_EXTENT_FLAG_DATA`.
+const EXTENT_FLAG_DATA: u64 = 1;
+/// Room left at the end of an answer below which it may have been cut.
+const ANSWER_SLACK: usize = 256;
 
-/// The length of the extent item that starts exactly at `bytenr` in the
-/// extent tree, `None` when no extent starts there (CAP_SYS_ADMIN).
-pub fn extent_item_len(fd: BorrowedFd<'_>, bytenr: u64) -> io::Result<Option<u64>> {
+/// A data extent's back references, as the extent tree lists them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DataBackrefs {
+    /// The extent's length (its item's key offset).
+    pub len: u64,
+    /// The tree leaves that reference it (`SHARED_DATA_REF`), sorted: a
+    /// leaf a subvolume copied on write while snapshots shared it, held
+    /// since by those snapshots' trees. Extents referenced by the same
+    /// leaves only are held by the same subvolumes.
+    pub leaves: Vec<u64>,
+    /// Also referenced by (subvolume, inode) (`EXTENT_DATA_REF`), by a kind
+    /// not decoded here, or more references than one answer held: who
+    /// holds it is known only by resolving it (`LOGICAL_INO`).
+    pub by_owner: bool,
+}
+
+/// The back references of the data extent that starts exactly at
+/// `bytenr` (a file extent item's `disk_bytenr`), `None` when no extent
+/// starts there: btrfs deletes an extent item in the commit that drops
+/// its last reference, so one that exists is still referenced (by a
+/// snapshot, a file outside any scanned tree). Needs CAP_SYS_ADMIN; `fd`
+/// is any file or directory of the filesystem. Sees committed state:
+/// sync first.
+///
+/// Callers compare the length too: once an extent was freed, a later
+/// allocation (a re-homed copy, another writer) may start at its address,
+/// and that is another extent.
+pub fn extent_backrefs(fd: BorrowedFd<'_>, bytenr: u64) -> io::Result<Option<DataBackrefs>> {
     let key = SearchKey {
         tree: EXTENT_TREE,
         objectid: (bytenr, bytenr),
         offset: (0, u64::MAX),
         min_transid: 0,
-        types: (EXTENT_ITEM_KEY, EXTENT_ITEM_KEY),
+        types: (EXTENT_ITEM_KEY, SHARED_DATA_REF_KEY),
     };
-    // One answer is enough: at most one extent item starts at `bytenr`.
-    let found = tree_search(fd, key, Cursor::Offset, |items, _| {
-        let len = decode_extent_item(items, bytenr);
-        Ok::<_, DecodeError>((Vec::from_iter(len), None))
+    // One answer: an answer that may have been cut marks the rest unknown.
+    let found = tree_search(fd, key, Cursor::Offset, |items, nr| {
+        let refs = decode_backrefs(items, nr, bytenr)?;
+        Ok::<_, DecodeError>((Vec::from_iter(refs), None))
     })?;
-    Ok(found.first().copied())
+    Ok(found.into_iter().next())
 }
 
-/// The length (key offset) of the first item of a search answer's items
-/// area when it is an extent item starting at `bytenr`.
-fn decode_extent_item(items: &[u8], bytenr: u64) -> Option<u64> {
-    // Search header: transid, objectid, offset (u64 each), type, len (u32).
-    let (objectid, offset, typ) = (u64_at(items, 8)?, u64_at(items, 16)?, u32_at(items, 24)?);
-    (objectid == bytenr && typ == EXTENT_ITEM_KEY).then_some(offset)
+/// The back references in a search answer's items area (`nr` items) for
+/// the extent at `bytenr`; `None` without its extent item.
+fn decode_backrefs(
+    items: &[u8],
+    nr: u32,
+    bytenr: u64,
+) -> Result<Option<DataBackrefs>, DecodeError> {
+    let mut refs = DataBackrefs {
+        len: 0,
+        leaves: Vec::new(),
+        by_owner: false,
+    };
+    let mut found = false;
+    let mut pos = 0usize;
+    for index in 0..nr as usize {
+        let t = DecodeError::Truncated { index };
+        let (objectid, offset) = (
+            u64_at(items, pos + 8).ok_or(t.clone())?,
+            u64_at(items, pos + 16).ok_or(t.clone())?,
+        );
+        let (typ, len) = (
+            u32_at(items, pos + 24).ok_or(t.clone())?,
+            u32_at(items, pos + 28).ok_or(t.clone())?,
+        );
+        let start = pos + SEARCH_HEADER;
+        let end = start
+            .checked_add(len as usize)
+            .filter(|&e| e <= items.len())
+            .ok_or(t)?;
+        match (objectid == bytenr, typ) {
+            (false, _) => {}
+            (true, EXTENT_ITEM_KEY) => {
+                found = true;
+                refs.len = offset;
+                decode_inline_refs(&items[start..end], &mut refs);
+            }
+            (true, SHARED_DATA_REF_KEY) => refs.leaves.push(offset),
+            (true, _) => refs.by_owner = true,
+        }
+        pos = end;
+    }
+    if pos + ANSWER_SLACK > items.len() {
+        refs.by_owner = true;
+    }
+    refs.leaves.sort_unstable();
+    refs.leaves.dedup();
+    Ok(found.then_some(refs))
+}
+
+/// The references kept inside an extent item, after its header.
+fn decode_inline_refs(item: &[u8], refs: &mut DataBackrefs) {
+    if le_u64_at(item, 16).is_none_or(|flags| flags & EXTENT_FLAG_DATA == 0) {
+        refs.by_owner = true;
+        return;
+    }
+    let mut p = EXTENT_ITEM_HEADER;
+    while p < item.len() {
+        let step = match item[p] {
+            t if t as u32 == SHARED_DATA_REF_KEY => match le_u64_at(item, p + 1) {
+                Some(leaf) => {
+                    refs.leaves.push(leaf);
+                    1 + 8 + 4
+                }
+                None => 0,
+            },
+            t if t as u32 == EXTENT_DATA_REF_KEY => {
+                refs.by_owner = true;
+                1 + 8 + 8 + 8 + 4
+            }
+            EXTENT_OWNER_REF_KEY => 1 + 8,
+            _ => 0,
+        };
+        if step == 0 {
+            refs.by_owner = true;
+            return;
+        }
+        p += step;
+    }
 }
 
 #[cfg(test)]
 mod logical_ino_tests {
     use super::*;
 
-    #[test]
-    fn extent_item_decodes_only_an_exact_start() {
+    /// A search answer item: header (native-endian) and payload.
+    fn search_item(objectid: u64, typ: u32, offset: u64, payload: &[u8]) -> Vec<u8> {
         let mut b = vec![0u8; SEARCH_HEADER];
-        assert_eq!(decode_extent_item(&b, 4096), None);
-        b[8..16].copy_from_slice(&4096u64.to_ne_bytes());
-        b[16..24].copy_from_slice(&(1u64 << 20).to_ne_bytes());
-        b[24..28].copy_from_slice(&EXTENT_ITEM_KEY.to_ne_bytes());
-        assert_eq!(decode_extent_item(&b, 4096), Some(1 << 20));
-        assert_eq!(decode_extent_item(&b, 8192), None);
-        assert_eq!(decode_extent_item(&b[..20], 4096), None);
+        b[8..16].copy_from_slice(&objectid.to_ne_bytes());
+        b[16..24].copy_from_slice(&offset.to_ne_bytes());
+        b[24..28].copy_from_slice(&typ.to_ne_bytes());
+        b[28..32].copy_from_slice(&(payload.len() as u32).to_ne_bytes());
+        b.extend_from_slice(payload);
+        b
+    }
+
+    fn extent_item(flags: u64, inline: &[&[u8]]) -> Vec<u8> {
+        let mut p = vec![0u8; EXTENT_ITEM_HEADER];
+        p[16..24].copy_from_slice(&flags.to_le_bytes());
+        inline.iter().for_each(|r| p.extend_from_slice(r));
+        p
+    }
+
+    fn shared_inline(leaf: u64) -> Vec<u8> {
+        let mut r = vec![SHARED_DATA_REF_KEY as u8];
+        r.extend_from_slice(&leaf.to_le_bytes());
+        r.extend_from_slice(&1u32.to_le_bytes());
+        r
+    }
+
+    fn answer(items: &[Vec<u8>]) -> Vec<u8> {
+        let mut b = items.concat();
+        b.resize(4096, 0);
+        b
+    }
+
+    #[test]
+    fn back_references_decode_leaves_and_owners() {
+        let x = 1 << 20;
+        let (l1, l2) = (shared_inline(77 << 12), shared_inline(55 << 12));
+        let item = extent_item(EXTENT_FLAG_DATA, &[&l1, &l2]);
+        let keyed = search_item(x, SHARED_DATA_REF_KEY, 66 << 12, &1u32.to_le_bytes());
+        let b = answer(&[search_item(x, EXTENT_ITEM_KEY, 8192, &item), keyed]);
+        let r = decode_backrefs(&b, 2, x).unwrap().unwrap();
+        assert_eq!(r.len, 8192);
+        assert_eq!(r.leaves, vec![55 << 12, 66 << 12, 77 << 12]);
+        assert!(!r.by_owner);
+
+        let mut owner = vec![EXTENT_DATA_REF_KEY as u8];
+        owner.extend_from_slice(&[0u8; 28]);
+        let item = extent_item(EXTENT_FLAG_DATA, &[&owner, &l1]);
+        let b = answer(&[search_item(x, EXTENT_ITEM_KEY, 8192, &item)]);
+        let r = decode_backrefs(&b, 1, x).unwrap().unwrap();
+        assert_eq!((r.leaves.clone(), r.by_owner), (vec![77 << 12], true));
+
+        let keyed_owner = search_item(x, EXTENT_DATA_REF_KEY, 12345, &[0u8; 28]);
+        let item = extent_item(EXTENT_FLAG_DATA, &[]);
+        let b = answer(&[search_item(x, EXTENT_ITEM_KEY, 4096, &item), keyed_owner]);
+        assert!(decode_backrefs(&b, 2, x).unwrap().unwrap().by_owner);
+
+        let unknown = extent_item(EXTENT_FLAG_DATA, &[&[250u8, 1, 2]]);
+        let b = answer(&[search_item(x, EXTENT_ITEM_KEY, 4096, &unknown)]);
+        assert!(decode_backrefs(&b, 1, x).unwrap().unwrap().by_owner);
+    }
+
+    #[test]
+    fn no_extent_item_no_back_references_and_a_full_answer_is_unknown() {
+        let x = 1 << 20;
+        let keyed = search_item(x, SHARED_DATA_REF_KEY, 66 << 12, &1u32.to_le_bytes());
+        assert_eq!(decode_backrefs(&answer(&[keyed]), 1, x).unwrap(), None);
+        let other = search_item(x + 4096, EXTENT_ITEM_KEY, 4096, &extent_item(1, &[]));
+        assert_eq!(decode_backrefs(&answer(&[other]), 1, x).unwrap(), None);
+        let item = search_item(x, EXTENT_ITEM_KEY, 4096, &extent_item(1, &[]));
+        let mut full = item.clone();
+        full.resize(item.len() + ANSWER_SLACK - 1, 0);
+        assert!(decode_backrefs(&full, 1, x).unwrap().unwrap().by_owner);
+        assert!(decode_backrefs(&item[..20], 1, x).is_err(), "cut header");
     }
 }

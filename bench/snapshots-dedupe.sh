@@ -8,7 +8,9 @@
 # Usage: bench/snapshots-dedupe.sh (as root)
 #   TREE=DIR        the real tree (default ~/.pyenv/versions/3.11.7 if
 #                   present, else the newest /usr/lib/python3.*)
-#   SNAPS="0 10 100"          snapshot counts for onecopy --no-catalog
+#   SNAPS="0 10 100"          snapshot counts for onecopy --no-catalog; a
+#                   count may repeat ("0 100 0 100 0 100"): then a table
+#                   of medians follows, and ratios are to the median N=0
 #   DUPEREMOVE_SNAPS="0 10"   the same for duperemove (it reads every
 #                   snapshot's files: 100 would take hours); "" skips it
 #   INCR_SNAPS=10   snapshots for the incremental run; "" skips it
@@ -179,7 +181,14 @@ elif cmd == "report":  # ROWS TREE_DESC FILES APPARENT VERSIONS...
           f"{int(apparent) / 1048576:.1f} MiB apparent per copy). {over}; {drver}; kernel {kernel}; "
           f"loop btrfs on a {image} sparse image (`losetup --direct-io=on`), fresh per row. "
           "Cache dropped before every timed command.\n")
-    base = {r["tool"]: r for r in rows if r["kind"] == "full" and r["n"] == 0}
+    full = [r for r in rows if r["kind"] == "full"]
+    med = lambda xs: sorted(xs)[len(xs) // 2]
+    # Ratios against the median N=0 run (SNAPS may repeat a count).
+    base = {}
+    for t in {r["tool"] for r in full}:
+        zero = [r for r in full if r["tool"] == t and r["n"] == 0]
+        if zero:
+            base[t] = {"wall": med([r["wall"] for r in zero]), "rss": med([r["rss"] for r in zero])}
     print("| tool | snapshots | wall s | CPU s | peak RSS MiB | bytes read MiB (JSON) | FS inputs MiB | physical MiB "
           "| read / physical (JSON, inputs) | wall / N=0 | RSS / N=0 | dedupe calls | freed MiB | pinned by snapshots MiB "
           "| freed on deleting snapshots MiB | measured / pinned | exit |")
@@ -193,6 +202,16 @@ elif cmd == "report":  # ROWS TREE_DESC FILES APPARENT VERSIONS...
               f"| {mib(r['inputs'])} | {mib(r['phys'])} | {rat(r.get('bytes_read'), r['phys'])}, {rat(r['inputs'], r['phys'])} "
               f"| {rat(r['wall'], b and b['wall'])} | {rat(r['rss'], b and b['rss'])} | {dash(r.get('dedupe_ioctls'))} "
               f"| {mib(freed)} | {mib(pinned)} | {mib(deleted)} | {rat(deleted, pinned)} | {status(r)} |")
+    cells = sorted({(r["tool"], r["n"]) for r in full})
+    if any(sum(1 for r in full if (r["tool"], r["n"]) == c) > 1 for c in cells):
+        print("\nMedians over the repeated rows (the ratios above are to the median N=0 row):\n")
+        print("| tool | snapshots | runs | wall s | CPU s | peak RSS MiB | wall / N=0 | RSS / N=0 |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|")
+        for t, n in cells:
+            rs = [r for r in full if (r["tool"], r["n"]) == (t, n)]
+            w, c, m = med([r["wall"] for r in rs]), med([r["cpu"] for r in rs]), med([r["rss"] for r in rs])
+            b = base.get(t)
+            print(f"| {t} | {n} | {len(rs)} | {w:.2f} | {c:.2f} | {m:.0f} | {rat(w, b and b['wall'])} | {rat(m, b and b['rss'])} |")
     oc = [r for r in rows if r["tool"] == "onecopy"]
     print("\nonecopy's own report:\n")
     print("| run | snapshots | files scanned | files read | files same extents | files known | bytes same extents MiB "

@@ -330,20 +330,9 @@ fn a_new_snapshot_costs_no_reads() {
 /// copies' old extents and their size, and deleting those snapshots frees
 /// that much data (within 2%).
 fn what_snapshots_pin_is_freed_with_them() {
-    let fs = new_fs(FsKind::Btrfs, 512 * MIB);
-    let vol = fs.path().join("vol");
-    btrfs(&["subvolume", "create"], &[&vol]);
+    let (fs, vol, snaps) = two_pairs_and_three_snapshots(201);
     let (d, a) = (vol.join("d.bin"), vol.join("a.bin"));
     let (e, e2) = (vol.join("e.bin"), vol.join("e2.bin"));
-    onecopy_testfs::write_random(&d, 8 * MIB, 201).unwrap();
-    onecopy_testfs::copy_no_reflink(&d, &a).unwrap();
-    onecopy_testfs::write_random(&e, 6 * MIB, 202).unwrap();
-    onecopy_testfs::copy_no_reflink(&e, &e2).unwrap();
-    fs.sync();
-    let snaps: Vec<PathBuf> = (0..3).map(|i| fs.path().join(format!("s{i}"))).collect();
-    for s in &snaps {
-        btrfs(&["subvolume", "snapshot", "-r"], &[&vol, s]);
-    }
     settle(&fs);
     let sums = checksum_tree(fs.path());
     let out = dedupe(&[fs.path()], &["--no-catalog"]);
@@ -358,7 +347,33 @@ fn what_snapshots_pin_is_freed_with_them() {
     assert_eq!(pinned, 14 * MIB, "the old extents of one copy of each");
     let ids = out.report()["pinning_snapshots"].as_array().unwrap().len();
     assert_eq!(ids, 3, "all three snapshots hold them");
-    let before = data_used(&fs);
+    assert_deleting_frees(&fs, &snaps, pinned);
+}
+
+/// Subvolume `vol` holding two pairs of byte copies (d.bin and a.bin,
+/// 8 MiB; e.bin and e2.bin, 6 MiB; random from `seed`), and three
+/// read-only snapshots of it, s0-s2.
+fn two_pairs_and_three_snapshots(seed: u64) -> (onecopy_testfs::LoopFs, PathBuf, Vec<PathBuf>) {
+    let fs = new_fs(FsKind::Btrfs, 512 * MIB);
+    let vol = fs.path().join("vol");
+    btrfs(&["subvolume", "create"], &[&vol]);
+    let (d, e) = (vol.join("d.bin"), vol.join("e.bin"));
+    onecopy_testfs::write_random(&d, 8 * MIB, seed).unwrap();
+    onecopy_testfs::copy_no_reflink(&d, &vol.join("a.bin")).unwrap();
+    onecopy_testfs::write_random(&e, 6 * MIB, seed + 1).unwrap();
+    onecopy_testfs::copy_no_reflink(&e, &vol.join("e2.bin")).unwrap();
+    fs.sync();
+    let snaps: Vec<PathBuf> = (0..3).map(|i| fs.path().join(format!("s{i}"))).collect();
+    for s in &snaps {
+        btrfs(&["subvolume", "snapshot", "-r"], &[&vol, s]);
+    }
+    (fs, vol, snaps)
+}
+
+/// Deleting `snaps` frees `pinned` bytes of data, within 2%.
+#[track_caller]
+fn assert_deleting_frees(fs: &onecopy_testfs::LoopFs, snaps: &[PathBuf], pinned: u64) {
+    let before = data_used(fs);
     btrfs(
         &["subvolume", "delete"],
         &snaps.iter().map(|p| p.as_path()).collect::<Vec<_>>(),
@@ -367,7 +382,7 @@ fn what_snapshots_pin_is_freed_with_them() {
     // waits for it.
     fs.sync();
     btrfs(&["subvolume", "sync"], &[fs.path()]);
-    let freed = before - data_used(&fs);
+    let freed = before - data_used(fs);
     let off = (freed as f64 - pinned as f64).abs() / pinned as f64;
     assert!(
         off <= 0.02,
@@ -381,20 +396,9 @@ fn what_snapshots_pin_is_freed_with_them() {
 /// exactly the rest (the owners of old extents are asked once per set of
 /// tree leaves holding them; this one tells two such sets apart).
 fn what_a_writable_snapshot_also_holds_is_not_pinned() {
-    let fs = new_fs(FsKind::Btrfs, 512 * MIB);
-    let vol = fs.path().join("vol");
-    btrfs(&["subvolume", "create"], &[&vol]);
+    let (fs, vol, snaps) = two_pairs_and_three_snapshots(211);
     let (d, a) = (vol.join("d.bin"), vol.join("a.bin"));
     let (e, e2) = (vol.join("e.bin"), vol.join("e2.bin"));
-    onecopy_testfs::write_random(&d, 8 * MIB, 211).unwrap();
-    onecopy_testfs::copy_no_reflink(&d, &a).unwrap();
-    onecopy_testfs::write_random(&e, 6 * MIB, 212).unwrap();
-    onecopy_testfs::copy_no_reflink(&e, &e2).unwrap();
-    fs.sync();
-    let snaps: Vec<PathBuf> = (0..3).map(|i| fs.path().join(format!("s{i}"))).collect();
-    for s in &snaps {
-        btrfs(&["subvolume", "snapshot", "-r"], &[&vol, s]);
-    }
     let w = fs.path().join("w");
     btrfs(&["subvolume", "snapshot"], &[&vol, &w]);
     std::fs::remove_file(w.join("d.bin")).unwrap();
@@ -416,19 +420,7 @@ fn what_a_writable_snapshot_also_holds_is_not_pinned() {
         8 * MIB,
         "the old extent of d or a; w holds e's and e2's"
     );
-    let before = data_used(&fs);
-    btrfs(
-        &["subvolume", "delete"],
-        &snaps.iter().map(|p| p.as_path()).collect::<Vec<_>>(),
-    );
-    fs.sync();
-    btrfs(&["subvolume", "sync"], &[fs.path()]);
-    let freed = before - data_used(&fs);
-    let off = (freed as f64 - pinned as f64).abs() / pinned as f64;
-    assert!(
-        off <= 0.02,
-        "deleting the read-only snapshots freed {freed} bytes, {pinned} predicted"
-    );
+    assert_deleting_frees(&fs, &snaps, pinned);
 }
 
 /// Data bytes in use (`btrfs filesystem df`: data chunks only, no

@@ -53,15 +53,29 @@ fn keyable(extents: &[Extent]) -> bool {
             .all(|e| e.is_shared() && !e.is_undedupable() && e.physical != 0)
 }
 
+/// The key of a FIEMAP answer. Pieces contiguous in the file and on disk
+/// (and alike written or not) count as one: the filesystem may keep one
+/// mapping as several records (a shared copy as its remaps, the original
+/// as its allocations), and the bytes are the same either way.
 fn fiemap_key(extents: &[Extent], size: u64) -> u128 {
-    let mut b = Vec::with_capacity(8 + extents.len() * 25);
+    let mut merged: Vec<(u64, u64, u64, bool)> = Vec::with_capacity(extents.len());
+    for e in extents {
+        let piece = (e.logical, e.physical, e.length, e.is_unwritten());
+        match merged.last_mut() {
+            Some(l) if l.0 + l.2 == piece.0 && l.1 + l.2 == piece.1 && l.3 == piece.3 => {
+                l.2 += piece.2
+            }
+            _ => merged.push(piece),
+        }
+    }
+    let mut b = Vec::with_capacity(8 + merged.len() * 25);
     b.push(b'F');
     b.extend_from_slice(&size.to_le_bytes());
-    for e in extents {
-        b.extend_from_slice(&e.logical.to_le_bytes());
-        b.extend_from_slice(&e.physical.to_le_bytes());
-        b.extend_from_slice(&e.length.to_le_bytes());
-        b.push(e.is_unwritten() as u8);
+    for (logical, physical, length, unwritten) in merged {
+        b.extend_from_slice(&logical.to_le_bytes());
+        b.extend_from_slice(&physical.to_le_bytes());
+        b.extend_from_slice(&length.to_le_bytes());
+        b.push(unwritten as u8);
     }
     xxhash_rust::xxh3::xxh3_128(&b)
 }
@@ -126,6 +140,24 @@ mod tests {
             !keyable(&[ext(0, 0, 4096, s | flags::DELALLOC)]),
             "no address yet"
         );
+    }
+
+    #[test]
+    fn pieces_contiguous_in_the_file_and_on_disk_key_as_one() {
+        let s = flags::SHARED;
+        let one = [ext(0, 4096, 12288, s)];
+        let split = [
+            ext(0, 4096, 8192, s),
+            ext(8192, 12288, 4096, s | flags::LAST),
+        ];
+        assert_eq!(fiemap_key(&one, 12288), fiemap_key(&split, 12288));
+        let apart = [ext(0, 4096, 8192, s), ext(8192, 16384, 4096, s)];
+        assert_ne!(fiemap_key(&one, 12288), fiemap_key(&apart, 12288));
+        let unwritten = [
+            ext(0, 4096, 8192, s),
+            ext(8192, 12288, 4096, s | flags::UNWRITTEN),
+        ];
+        assert_ne!(fiemap_key(&one, 12288), fiemap_key(&unwritten, 12288));
     }
 
     #[test]

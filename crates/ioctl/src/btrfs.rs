@@ -16,7 +16,7 @@ use crate::AlignedBuf;
 const BTRFS_IOC_TREE_SEARCH_V2: libc::c_ulong = 0xC070_9411;
 const KEY: usize = 104; // struct btrfs_ioctl_search_key
 const ARGS: usize = KEY + 8; // + buf_size
-const SEARCH_HEADER: usize = 32;
+pub(crate) const SEARCH_HEADER: usize = 32;
 const EXTENT_DATA_KEY: u32 = 108;
 const BUF: usize = 64 * 1024;
 
@@ -54,6 +54,55 @@ pub enum DecodeError {
     ShortItem { index: usize, len: u32 },
 }
 
+/// One item of a search answer: its key and its body.
+pub(crate) struct Item<'a> {
+    pub objectid: u64,
+    pub typ: u32,
+    pub offset: u64,
+    pub body: &'a [u8],
+}
+
+/// Calls `each(index, item)` for the `nr_items` items of a
+/// `TREE_SEARCH_V2` answer, in order; an item running past the buffer is
+/// `truncated(index)`. Returns the bytes the items took.
+pub(crate) fn each_item<'a, E>(
+    buf: &'a [u8],
+    nr_items: u32,
+    truncated: impl Fn(usize) -> E,
+    mut each: impl FnMut(usize, Item<'a>) -> Result<(), E>,
+) -> Result<usize, E> {
+    let mut pos = 0usize;
+    for index in 0..nr_items as usize {
+        let header = (|| {
+            let key = (
+                u64_at(buf, pos + 8)?,
+                u32_at(buf, pos + 24)?,
+                u64_at(buf, pos + 16)?,
+            );
+            let start = pos + SEARCH_HEADER;
+            let end = start
+                .checked_add(u32_at(buf, pos + 28)? as usize)
+                .filter(|&e| e <= buf.len())?;
+            Some((key, start, end))
+        })();
+        let Some(((objectid, typ, offset), start, end)) = header else {
+            return Err(truncated(index));
+        };
+        let body = &buf[start..end];
+        each(
+            index,
+            Item {
+                objectid,
+                typ,
+                offset,
+                body,
+            },
+        )?;
+        pos = end;
+    }
+    Ok(pos)
+}
+
 /// Decodes the items area of a `TREE_SEARCH_V2` answer holding `nr_items`
 /// items, keeping EXTENT_DATA items. Returns the items and the key offset of
 /// the last item seen (to continue the search from).
@@ -62,26 +111,17 @@ pub fn decode_items(
     nr_items: u32,
 ) -> Result<(Vec<FileExtent>, Option<u64>), DecodeError> {
     let mut out = Vec::new();
-    let mut pos = 0usize;
     let mut last = None;
-    for index in 0..nr_items as usize {
-        let offset = u64_at(buf, pos + 16).ok_or(DecodeError::Truncated { index })?;
-        let typ = u32_at(buf, pos + 24).ok_or(DecodeError::Truncated { index })?;
-        let len = u32_at(buf, pos + 28).ok_or(DecodeError::Truncated { index })?;
-        let item_start = pos + SEARCH_HEADER;
-        let item_end = item_start
-            .checked_add(len as usize)
-            .filter(|&e| e <= buf.len())
-            .ok_or(DecodeError::Truncated { index })?;
-        let item = &buf[item_start..item_end];
-        last = Some(offset);
-        if typ == EXTENT_DATA_KEY {
-            out.push(
-                decode_file_extent(item, offset).ok_or(DecodeError::ShortItem { index, len })?,
-            );
+    let truncated = |index| DecodeError::Truncated { index };
+    each_item(buf, nr_items, truncated, |index, it| {
+        last = Some(it.offset);
+        if it.typ == EXTENT_DATA_KEY {
+            let len = it.body.len() as u32;
+            let x = decode_file_extent(it.body, it.offset);
+            out.push(x.ok_or(DecodeError::ShortItem { index, len })?);
         }
-        pos = item_end;
-    }
+        Ok(())
+    })?;
     Ok((out, last))
 }
 
@@ -710,35 +750,21 @@ fn decode_backrefs(
         by_owner: false,
     };
     let mut found = false;
-    let mut pos = 0usize;
-    for index in 0..nr as usize {
-        let t = DecodeError::Truncated { index };
-        let (objectid, offset) = (
-            u64_at(items, pos + 8).ok_or(t.clone())?,
-            u64_at(items, pos + 16).ok_or(t.clone())?,
-        );
-        let (typ, len) = (
-            u32_at(items, pos + 24).ok_or(t.clone())?,
-            u32_at(items, pos + 28).ok_or(t.clone())?,
-        );
-        let start = pos + SEARCH_HEADER;
-        let end = start
-            .checked_add(len as usize)
-            .filter(|&e| e <= items.len())
-            .ok_or(t)?;
-        match (objectid == bytenr, typ) {
+    let truncated = |index| DecodeError::Truncated { index };
+    let used = each_item(items, nr, truncated, |_, it| {
+        match (it.objectid == bytenr, it.typ) {
             (false, _) => {}
             (true, EXTENT_ITEM_KEY) => {
                 found = true;
-                refs.len = offset;
-                decode_inline_refs(&items[start..end], &mut refs);
+                refs.len = it.offset;
+                decode_inline_refs(it.body, &mut refs);
             }
-            (true, SHARED_DATA_REF_KEY) => refs.leaves.push(offset),
+            (true, SHARED_DATA_REF_KEY) => refs.leaves.push(it.offset),
             (true, _) => refs.by_owner = true,
         }
-        pos = end;
-    }
-    if pos + ANSWER_SLACK > items.len() {
+        Ok(())
+    })?;
+    if used + ANSWER_SLACK > items.len() {
         refs.by_owner = true;
     }
     refs.leaves.sort_unstable();

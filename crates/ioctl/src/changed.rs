@@ -13,13 +13,12 @@
 use std::io;
 use std::os::fd::BorrowedFd;
 
-use crate::btrfs::{tree_search, tree_search_in, Cursor, SearchKey};
+use crate::btrfs::{tree_search, tree_search_in, Cursor, Item, SearchKey};
 use crate::bytes::{le_u32_at, le_u64_at, u32_at, u64_at};
 use crate::AlignedBuf;
 
 /// `_IOWR(0x94, 35, struct btrfs_ioctl_ino_path_args)`.
 const BTRFS_IOC_INO_PATHS: libc::c_ulong = 0xC038_9423;
-const SEARCH_HEADER: usize = 32;
 const INODE_ITEM_KEY: u32 = 1;
 const FIRST_FREE_OBJECTID: u64 = 256;
 /// `struct btrfs_inode_item`: transid, size and mode.
@@ -86,47 +85,14 @@ pub enum ChangedDecodeError {
     BadPath { index: usize },
 }
 
-/// One item of a search answer: its key and its body.
-struct Item<'a> {
-    objectid: u64,
-    typ: u32,
-    offset: u64,
-    body: &'a [u8],
-}
-
-/// Calls `each(index, item)` for the `nr_items` items of a
-/// `TREE_SEARCH_V2` answer, in order; an item running past the buffer is
-/// an error.
+/// [`crate::btrfs::each_item`] with this module's error.
 fn each_item<'a>(
     buf: &'a [u8],
     nr_items: u32,
-    mut each: impl FnMut(usize, Item<'a>) -> Result<(), ChangedDecodeError>,
+    each: impl FnMut(usize, Item<'a>) -> Result<(), ChangedDecodeError>,
 ) -> Result<(), ChangedDecodeError> {
-    let mut pos = 0usize;
-    for index in 0..nr_items as usize {
-        let t = ChangedDecodeError::Truncated { index };
-        let objectid = u64_at(buf, pos + 8).ok_or(t.clone())?;
-        let offset = u64_at(buf, pos + 16).ok_or(t.clone())?;
-        let typ = u32_at(buf, pos + 24).ok_or(t.clone())?;
-        let len = u32_at(buf, pos + 28).ok_or(t.clone())?;
-        let start = pos + SEARCH_HEADER;
-        let end = start
-            .checked_add(len as usize)
-            .filter(|&e| e <= buf.len())
-            .ok_or(t)?;
-        let body = &buf[start..end];
-        each(
-            index,
-            Item {
-                objectid,
-                typ,
-                offset,
-                body,
-            },
-        )?;
-        pos = end;
-    }
-    Ok(())
+    let truncated = |index| ChangedDecodeError::Truncated { index };
+    crate::btrfs::each_item(buf, nr_items, truncated, each).map(|_| ())
 }
 
 /// Decodes `nr_items` items of a `TREE_SEARCH_V2` answer, keeping inode
@@ -324,6 +290,7 @@ pub fn decode_inode_paths(buf: &[u8]) -> Result<Vec<Vec<u8>>, ChangedDecodeError
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::btrfs::SEARCH_HEADER;
     use proptest::prelude::*;
 
     fn item(objectid: u64, typ: u32, body: &[u8]) -> Vec<u8> {

@@ -12,8 +12,9 @@
 //! elsewhere) may still reference an allocation the scanned files let go:
 //! * with whole extents (btrfs, root), every extent that left the scanned
 //!   files is looked up after a commit
-//!   ([`onecopy_ioctl::btrfs::extent_exists`]): one whose extent item (same
-//!   start, same length) still exists is still referenced and not freed.
+//!   ([`onecopy_ioctl::btrfs::extent_backrefs`]): one whose extent item
+//!   (same start, same length) still exists is still referenced and not
+//!   freed.
 //!   Exact: space freed early in the run may be reused by a later
 //!   allocation (a re-homed copy) covering the old start, which is another
 //!   extent.

@@ -505,8 +505,9 @@ fn read_only_subvols(tree: &Tree) -> std::collections::HashSet<u64> {
 /// referenced (`None`: unknown), and [`account::pinned_by_snapshots`]:
 /// the bytes only read-only snapshots hold, and those snapshots.
 ///
-/// Who holds an extent is asked of `LOGICAL_INO`, a walk of its back
-/// references through every snapshot's tree, once per set of tree leaves
+/// Lookups run on rayon's threads: each is kernel CPU time. Who holds an
+/// extent is asked of `LOGICAL_INO`, a walk of its back references
+/// through every snapshot's tree, once per set of tree leaves
 /// that reference it: extents referenced by the same leaves only (those
 /// a subvolume copied on write while its snapshots shared them) are held
 /// by the same subvolumes. An extent also referenced by (subvolume,
@@ -517,52 +518,42 @@ fn fates(
     read_only: &(dyn Fn(u64) -> bool + Sync),
 ) -> (HashMap<account::Unit, Option<bool>>, (u64, Vec<u64>)) {
     use onecopy_ioctl::btrfs;
-    let backrefs = par_map(gone, |u| btrfs::extent_backrefs(fd.as_fd(), u.start));
+    use rayon::prelude::*;
+    let backrefs: Vec<_> = gone
+        .par_iter()
+        .map(|u| btrfs::extent_backrefs(fd.as_fd(), u.start))
+        .collect();
     let mut referenced = HashMap::with_capacity(gone.len());
-    // Extents still held, by the leaves that hold them (None: ask alone).
-    let mut groups: HashMap<Option<Vec<u64>>, Vec<account::Unit>> = HashMap::new();
+    // Extents still held only by tree leaves, by those leaves.
+    let mut groups: HashMap<Vec<u64>, Vec<account::Unit>> = HashMap::new();
     let mut alone = Vec::new();
     for (&u, b) in gone.iter().zip(backrefs) {
         let held = b.map(|b| b.filter(|b| b.len == u.len));
         referenced.insert(u, held.as_ref().ok().map(Option::is_some));
         match held {
-            Ok(Some(b)) if !b.by_owner => groups.entry(Some(b.leaves)).or_default().push(u),
+            Ok(Some(b)) if !b.by_owner => groups.entry(b.leaves).or_default().push(u),
             Ok(Some(_)) => alone.push(vec![u]),
             _ => {}
         }
     }
     let mut asks: Vec<Vec<account::Unit>> = groups.into_values().collect();
     asks.extend(alone);
-    let pins = par_map(&asks, |members| {
-        let roots = btrfs::extent_owners(fd.as_fd(), members[0].start)
-            .ok()
-            .flatten();
-        let roots: Option<Vec<u64>> = roots.map(|o| o.iter().map(|o| o.root).collect());
-        account::pinned_by_snapshots(members, &mut |_| roots.clone(), read_only)
-    });
+    let pins: Vec<_> = asks
+        .par_iter()
+        .map(|members| {
+            let roots = btrfs::extent_owners(fd.as_fd(), members[0].start)
+                .ok()
+                .flatten();
+            let roots: Option<Vec<u64>> = roots.map(|o| o.iter().map(|o| o.root).collect());
+            account::pinned_by_snapshots(members, &mut |_| roots.clone(), read_only)
+        })
+        .collect();
     let (mut bytes, mut snaps) = (0, std::collections::BTreeSet::new());
     for (b, s) in pins {
         bytes += b;
         snaps.extend(s);
     }
     (referenced, (bytes, snaps.into_iter().collect()))
-}
-
-/// `f` over `items` on as many threads as there are CPUs, results in
-/// order: each lookup here is kernel CPU time. A panic is carried on.
-fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
-    let chunk = items.len().div_ceil(threads).max(1);
-    std::thread::scope(|s| {
-        let parts: Vec<_> = items
-            .chunks(chunk)
-            .map(|part| s.spawn(|| part.iter().map(&f).collect::<Vec<R>>()))
-            .collect();
-        parts
-            .into_iter()
-            .flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-            .collect()
-    })
 }
 
 /// Why an open file may not be a destination at all (immutable or

@@ -1,0 +1,507 @@
+//! The `/dev/fuse` transport: `fuser` reads requests on one thread per
+//! CPU (each with a cloned descriptor) and [`StoreFs`] answers them from
+//! [`Core`]. Nothing here decides anything: it converts.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::time::SystemTime;
+
+use fuser::{
+    Errno, FileAttr, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
+    Request, TimeOrNow, WriteFlags,
+};
+use onecopy_store::{Attr, SetAttr, SetidKill};
+
+use crate::core::{Caller, Core, Node, Rename, Ret, Xattr};
+use crate::{file_type, ns, TTL};
+
+/// The store as a `fuser` filesystem.
+pub(crate) struct StoreFs(pub Core);
+
+fn who(req: &Request) -> Caller {
+    Caller {
+        uid: req.uid(),
+        gid: req.gid(),
+        pid: req.pid(),
+    }
+}
+
+pub(crate) fn fattr(a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(a.ino),
+        size: a.size,
+        blocks: a.blocks(),
+        atime: crate::time(a.atime_ns),
+        mtime: crate::time(a.mtime_ns),
+        ctime: crate::time(a.ctime_ns),
+        crtime: crate::time(a.ctime_ns),
+        kind: file_type(a.kind),
+        perm: a.perm as u16,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev,
+        blksize: crate::BLKSIZE,
+        flags: 0,
+    }
+}
+
+fn tor(t: TimeOrNow) -> i64 {
+    match t {
+        TimeOrNow::SpecificTime(t) => ns(t),
+        TimeOrNow::Now => ns(SystemTime::now()),
+    }
+}
+
+fn entry(reply: ReplyEntry, r: Ret<Attr>) {
+    match r {
+        Ok(a) => reply.entry(&TTL, &fattr(&a), Generation(0)),
+        Err(e) => reply.error(Errno::from_i32(e)),
+    }
+}
+
+fn attr(reply: ReplyAttr, r: Ret<Attr>) {
+    match r {
+        Ok(a) => reply.attr(&TTL, &fattr(&a)),
+        Err(e) => reply.error(Errno::from_i32(e)),
+    }
+}
+
+fn empty(reply: ReplyEmpty, r: Ret<()>) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(Errno::from_i32(e)),
+    }
+}
+
+fn opened(reply: ReplyOpen, r: Ret<()>) {
+    match r {
+        Ok(()) => reply.opened(FileHandle(0), FopenFlags::empty()),
+        Err(e) => reply.error(Errno::from_i32(e)),
+    }
+}
+
+fn data(reply: ReplyData, r: Ret<Vec<u8>>) {
+    match r {
+        Ok(d) => reply.data(&d),
+        Err(e) => reply.error(Errno::from_i32(e)),
+    }
+}
+
+fn written(reply: ReplyWrite, r: Ret<u64>) {
+    match r {
+        Ok(n) => reply.written(n.min(u32::MAX as u64) as u32),
+        Err(e) => reply.error(Errno::from_i32(e)),
+    }
+}
+
+fn xattr(reply: ReplyXattr, r: Ret<Xattr>) {
+    match r {
+        Ok(Xattr::Size(n)) => reply.size(n),
+        Ok(Xattr::Data(v)) => reply.data(&v),
+        Err(e) => reply.error(Errno::from_i32(e)),
+    }
+}
+
+impl Filesystem for StoreFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        crate::tune(config, self.0.store.is_follower());
+        let caps = config.capabilities();
+        self.0.init(caps.contains(InitFlags::FUSE_WRITEBACK_CACHE));
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        self.0.destroy()
+    }
+
+    /// BATCH_FORGET comes here too, one inode at a time: fuser does not
+    /// export its type.
+    fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
+        self.0.forget(ino.0)
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        entry(reply, self.0.lookup(parent.0, name.as_bytes()))
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        attr(reply, self.0.getattr(ino.0))
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let set = SetAttr {
+            perm: mode,
+            uid,
+            gid,
+            size,
+            atime_ns: atime.map(tor),
+            mtime_ns: mtime.map(tor),
+            ctime_ns: ctime.map(ns),
+            kill_setid: SetidKill::Keep,
+        };
+        // fuser does not pass FATTR_KILL_SUIDGID on: a caller other than
+        // root stands for it.
+        attr(reply, self.0.setattr(who(req), ino.0, set, req.uid() != 0))
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        data(reply, self.0.readlink(ino.0))
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let n = Node { mode, umask, rdev };
+        entry(reply, self.0.mknod(who(req), parent.0, name.as_bytes(), n))
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let mode = mode | libc::S_IFDIR;
+        let n = Node {
+            mode,
+            umask,
+            rdev: 0,
+        };
+        entry(reply, self.0.mknod(who(req), parent.0, name.as_bytes(), n))
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        empty(reply, self.0.unlink(parent.0, name.as_bytes()))
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        empty(reply, self.0.rmdir(parent.0, name.as_bytes()))
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let t = target.as_os_str().as_bytes();
+        entry(
+            reply,
+            self.0.symlink(who(req), parent.0, name.as_bytes(), t),
+        )
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: fuser::RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let f = Rename {
+            noreplace: flags.contains(fuser::RenameFlags::RENAME_NOREPLACE),
+            exchange: flags.contains(fuser::RenameFlags::RENAME_EXCHANGE),
+            whiteout: flags.contains(fuser::RenameFlags::RENAME_WHITEOUT),
+        };
+        let (from, to) = (
+            (parent.0, name.as_bytes()),
+            (newparent.0, newname.as_bytes()),
+        );
+        empty(reply, self.0.rename(from, to, f))
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        entry(reply, self.0.link(ino.0, newparent.0, newname.as_bytes()))
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        opened(reply, self.0.open(ino.0, flags.0))
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        opened(reply, self.0.open(ino.0, libc::O_RDONLY))
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        empty(reply, self.0.release(ino.0, true))
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let n = Node {
+            mode,
+            umask,
+            rdev: 0,
+        };
+        match self.0.create(who(req), parent.0, name.as_bytes(), n) {
+            Ok(a) => reply.created(
+                &TTL,
+                &fattr(&a),
+                Generation(0),
+                FileHandle(0),
+                FopenFlags::empty(),
+            ),
+            Err(e) => reply.error(Errno::from_i32(e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        data(reply, self.0.read(ino.0, offset, size))
+    }
+
+    fn write(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        let r = self.0.write(who(req), ino.0, offset, data, kill);
+        written(reply, r.map(u64::from))
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lo: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        flush_reply(reply)
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        empty(reply, self.0.release(ino.0, false))
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        empty(reply, self.0.fsync(ino.0))
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        match self.0.readdir(ino.0, offset, 256) {
+            Ok(entries) => {
+                for e in entries {
+                    let name = OsStr::from_bytes(&e.name);
+                    let (ino, kind) = (INodeNo(e.ino), file_type(e.kind));
+                    if reply.add(ino, e.next as u64, kind, name) {
+                        break;
+                    }
+                }
+                reply.ok()
+            }
+            Err(e) => reply.error(Errno::from_i32(e)),
+        }
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        match self.0.readdirplus(ino.0, offset, 128) {
+            Ok(entries) => {
+                for (e, a) in entries {
+                    let name = OsStr::from_bytes(&e.name);
+                    let (next, attr) = (e.next as u64, fattr(&a));
+                    let ino = INodeNo(e.ino);
+                    if reply.add(ino, next, name, &TTL, &attr, Generation(0)) {
+                        break;
+                    }
+                }
+                reply.ok()
+            }
+            Err(e) => reply.error(Errno::from_i32(e)),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        ino_in: INodeNo,
+        _fh_in: FileHandle,
+        offset_in: u64,
+        ino_out: INodeNo,
+        _fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        _flags: fuser::CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        let (from, to) = ((ino_in.0, offset_in), (ino_out.0, offset_out));
+        written(reply, self.0.copy_range(from, to, len))
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        empty(reply, self.0.fallocate(ino.0, offset, length, mode))
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        empty(reply, self.0.fsyncdir())
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        match self.0.statfs() {
+            Ok(s) => reply.statfs(
+                s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, 255, s.bsize,
+            ),
+            Err(e) => reply.error(Errno::from_i32(e)),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let r = self
+            .0
+            .setxattr(who(req), ino.0, name.as_bytes(), value, flags);
+        empty(reply, r)
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        xattr(reply, self.0.getxattr(ino.0, name.as_bytes(), size))
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        xattr(reply, self.0.listxattr(ino.0, size))
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        empty(reply, self.0.removexattr(ino.0, name.as_bytes()))
+    }
+}
+
+/// The answer to `FLUSH`, sent at every `close(2)` after the kernel wrote
+/// the file's dirty pages (whose errors `close` returns): ENOSYS, so the
+/// kernel stops sending it, one round trip less per file closed. The
+/// store has nothing to do there: a file's buffer is stored at `release`
+/// and made durable by `fsync`; POSIX locks are the kernel's (no lock
+/// calls are implemented), so no lock owner needs the call either.
+pub(crate) fn flush_reply(reply: ReplyEmpty) {
+    reply.error(Errno::ENOSYS)
+}

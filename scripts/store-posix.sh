@@ -3,6 +3,7 @@
 # the onecopy store through a real FUSE mount. Run by scripts/test.sh as
 # root; installs the two tools with cargo if they are missing.
 # Usage: scripts/store-posix.sh [ONECOPY_BINARY]
+# MOUNT_OPTS=transport=uring runs both over FUSE over io_uring.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -32,7 +33,8 @@ trap cleanup EXIT
 mkdir -p "$work/mnt"
 chmod 755 "$work"   # pjdfstest switches to other users, who must reach the mount
 "$ONECOPY" store init "$work/store" >/dev/null
-"$ONECOPY" mount "$work/store" "$work/mnt"
+"$ONECOPY" mount "$work/store" "$work/mnt" ${MOUNT_OPTS:+-o "$MOUNT_OPTS"}
+echo "store-posix: mounted ${MOUNT_OPTS:+with -o $MOUNT_OPTS}"
 
 # fsx: random reads, writes, truncates, mmap, fallocate, hole punching,
 # copy_file_range, sendfile, fsync on a file of up to 8 MiB.

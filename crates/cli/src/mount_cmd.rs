@@ -3,6 +3,7 @@
 //! until the child's mount is ready, and exits (the child is the daemon;
 //! its messages go to DIR/mount.log).
 
+use onecopy_fuse::Transport;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -55,7 +56,7 @@ pub struct MountArgs {
     #[arg(long, default_value_t = onecopy_fuse::default_threads())]
     pub threads: usize,
     /// Mount options, comma-separated: ro, nosuid, nodev, noexec, noatime,
-    /// sync, dirsync, threads=N, push=SECS (a remote store's metadata
+    /// sync, dirsync, threads=N, transport=dev|uring, push=SECS (a remote store's metadata
     /// goes to its bucket every SECS, default 30); fstab's defaults, auto, noauto, user,
     /// nofail, _netdev, x-*, allow_other are accepted and ignored.
     #[arg(short = 'o', long = "options")]
@@ -145,9 +146,19 @@ pub fn run(mut a: MountArgs) -> ExitCode {
         );
         return ExitCode::from(exit::USAGE);
     }
-    if let Err(e) = mount_helper::parse(a.options.as_deref().unwrap_or(""), a.sloppy) {
-        eprintln!("onecopy: {e}");
-        return ExitCode::from(exit::USAGE);
+    match mount_helper::parse(a.options.as_deref().unwrap_or(""), a.sloppy) {
+        Err(e) => {
+            eprintln!("onecopy: {e}");
+            return ExitCode::from(exit::USAGE);
+        }
+        Ok(o) if o.transport == Some(Transport::Uring) && !onecopy_fuse::uring_enabled() => {
+            eprintln!(
+                "onecopy: transport=uring: FUSE over io_uring is off in this kernel \
+                 (/sys/module/fuse/parameters/enable_uring is not Y)"
+            );
+            return ExitCode::from(exit::USAGE);
+        }
+        Ok(_) => {}
     }
     if let Err(e) = Store::read_config(&a.dir) {
         eprintln!("onecopy: {e}");
@@ -212,7 +223,8 @@ fn foreground(a: &MountArgs) -> ExitCode {
             }
         },
     };
-    let r = onecopy_fuse::serve_store_at(store.clone(), root, mnt(a), &config, || {
+    let transport = opts.transport.unwrap_or_default();
+    let r = onecopy_fuse::serve_store_on(transport, store.clone(), root, mnt(a), &config, || {
         if notify {
             let mut out = std::io::stdout();
             let _ = writeln!(out, "ready");

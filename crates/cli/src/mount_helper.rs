@@ -48,6 +48,9 @@ pub struct MountOpts {
     /// access times, which the store keeps (the kernel leaves atime of a
     /// FUSE inode to the filesystem).
     pub atime: Option<onecopy_store::Atime>,
+    /// `transport=dev|uring`: how the kernel hands requests over
+    /// (default `dev`; `uring` needs the fuse module's `enable_uring`).
+    pub transport: Option<onecopy_fuse::Transport>,
 }
 
 /// Options mount(8) and fstab use that mean nothing to the mount itself
@@ -130,6 +133,15 @@ fn positive(o: &str, n: &str, form: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("bad mount option {o:?}: {form} >= 1"))
 }
 
+/// `transport=`'s value.
+fn transport(t: &str) -> Result<onecopy_fuse::Transport, String> {
+    match t {
+        "dev" => Ok(onecopy_fuse::Transport::Dev),
+        "uring" => Ok(onecopy_fuse::Transport::Uring),
+        _ => Err(format!("bad mount option transport={t:?}: dev or uring")),
+    }
+}
+
 pub fn parse(list: &str, sloppy: bool) -> Result<MountOpts, String> {
     let mut opts = MountOpts::default();
     for o in list.split(',') {
@@ -148,6 +160,8 @@ pub fn parse(list: &str, sloppy: bool) -> Result<MountOpts, String> {
             opts.threads = Some(positive(o, n, "threads=N with N")? as usize);
         } else if let Some(n) = o.strip_prefix("push=") {
             opts.push = Some(positive(o, n, "push=SECS with SECS")?);
+        } else if let Some(t) = o.strip_prefix("transport=") {
+            opts.transport = Some(transport(t)?);
         } else if !ignored(o) && !sloppy {
             return Err(format!("unknown mount option {o:?}"));
         }
@@ -201,11 +215,12 @@ fn remount_flags(current: MountFlags, list: &str, sloppy: bool) -> Result<MountF
             f -= MountFlags::RDONLY;
         } else if o == "async" {
             f -= MountFlags::SYNCHRONOUS;
-        } else if o.starts_with("threads=") || o.starts_with("push=") {
+        } else if ["threads=", "push=", "transport="]
+            .iter()
+            .any(|p| o.starts_with(p))
+        {
             if !sloppy {
-                return Err(format!(
-                    "{o}: the FUSE worker threads can not be changed by remount"
-                ));
+                return Err(format!("{o}: can not be changed by remount"));
             }
         } else if o != "remount"
             && !matches!(o, "relatime" | "strictatime")

@@ -7,6 +7,7 @@
 mod core;
 mod dev;
 mod null;
+mod uring;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -86,9 +87,40 @@ pub fn serve_store(
     serve_store_at(store, 1, mountpoint, config, ready)
 }
 
+/// Which kernel interface carries a mount's requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Transport {
+    /// `/dev/fuse`, read by `fuser` threads (one per CPU).
+    #[default]
+    Dev,
+    /// FUSE over io_uring: a ring per CPU, each request served on its
+    /// caller's CPU (needs the fuse module's `enable_uring`).
+    Uring,
+}
+
+/// Whether this kernel serves FUSE over io_uring now: the fuse module's
+/// `enable_uring` parameter is `Y` (the kernel has the transport and root
+/// turned it on).
+pub fn uring_enabled() -> bool {
+    std::fs::read_to_string("/sys/module/fuse/parameters/enable_uring")
+        .is_ok_and(|v| v.trim() == "Y")
+}
+
 /// [`serve_store`] with store inode `root` as the mount's root: 1, or a
 /// snapshot's root (`Store::snapshot_root`), then mounted read-only.
 pub fn serve_store_at(
+    store: Arc<Store>,
+    root: u64,
+    mountpoint: &Path,
+    config: &Config,
+    ready: impl FnOnce(),
+) -> std::io::Result<()> {
+    serve_store_on(Transport::Dev, store, root, mountpoint, config, ready)
+}
+
+/// [`serve_store_at`] over `transport`.
+pub fn serve_store_on(
+    transport: Transport,
     store: Arc<Store>,
     root: u64,
     mountpoint: &Path,
@@ -100,8 +132,15 @@ pub fn serve_store_at(
     if root != 1 {
         config.mount_options.push(fuser::MountOption::RO);
     }
-    let fs = dev::StoreFs(core::Core::new(store.clone(), root));
-    let session = fuser::Session::new(fs, mountpoint, &config)?;
+    let core = core::Core::new(store.clone(), root);
+    let session = match transport {
+        Transport::Dev => Session::Dev(fuser::Session::new(
+            dev::StoreFs(core),
+            mountpoint,
+            &config,
+        )?),
+        Transport::Uring => Session::Uring(uring::session(core, mountpoint, &config)?),
+    };
     widen_readahead(mountpoint, READAHEAD_KB);
     ready();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -139,6 +178,22 @@ pub fn serve_store_at(
         .close_remote()
         .map_err(|e| std::io::Error::other(e.to_string()))?;
     r
+}
+
+/// A mounted session of either transport.
+enum Session {
+    Dev(fuser::Session<dev::StoreFs>),
+    Uring(uring::Session),
+}
+
+impl Session {
+    /// Serves requests until the filesystem is unmounted.
+    fn run(self) -> std::io::Result<()> {
+        match self {
+            Session::Dev(s) => s.run(),
+            Session::Uring(s) => s.run(),
+        }
+    }
 }
 
 /// A remote store's pushes to its bucket (or a follower's moves to the

@@ -24,10 +24,17 @@ cargo build -q --release -p onecopy-fuse --example nullfs
 O=${ONECOPY:-$CARGO_TARGET_DIR/release/onecopy}
 W=$CARGO_TARGET_DIR/release/onecopy-workload
 N=$CARGO_TARGET_DIR/release/examples/nullfs
+# The null filesystem over io_uring (its own Cargo project) and the
+# transport itself, on for the run (put back by cleanup).
+cargo build -q --release --manifest-path bench/ffuse-null/Cargo.toml
+NU=$CARGO_TARGET_DIR/release/ffuse-null
+uring_was=$(cat /sys/module/fuse/parameters/enable_uring)
+echo Y > /sys/module/fuse/parameters/enable_uring
 for t in fio restic borg rsync; do command -v $t >/dev/null || { apt-get install -y -qq fio restic borgbackup rsync >/dev/null; break; }; done
 work=$(mktemp -d /var/tmp/onecopy-storebench.XXXXXX)
 cleanup() {
     haltpoll_restore
+    echo "$uring_was" > /sys/module/fuse/parameters/enable_uring
     for m in "$work"/mnt "$work"/null; do fusermount3 -u "$m" 2>/dev/null || true; done
     sleep 1; rm -rf "$work"
 }
@@ -46,7 +53,11 @@ fio_seq() { # DIR RW OUT [FILE]
         --refill_buffers --randseed=42 --end_fsync=1 --output-format=json > "$3"
 }
 # STORE_INIT_ARGS: extra `store init` options (e.g. --index-memtable 256).
-mount_store() { $O store init "$work/s" ${STORE_INIT_ARGS:-} "$@" >/dev/null; $O mount "$work/s" "$work/mnt"; }
+# STORE_MOUNT_OPTS: the mount's -o options (e.g. transport=uring).
+mount_store() {
+    $O store init "$work/s" ${STORE_INIT_ARGS:-} "$@" >/dev/null
+    $O mount "$work/s" "$work/mnt" ${STORE_MOUNT_OPTS:+-o "$STORE_MOUNT_OPTS"}
+}
 umount_store() { fusermount3 -u "$work/mnt"; while pgrep -f "mount $work/s" >/dev/null; do sleep 0.2; done; }
 
 if want fio; then
@@ -82,21 +93,60 @@ $O store stats "$work/s" | grep -E 'dedupe|written'
 umount_store; rm -rf "$work/s" "$work/native/f"
 fi
 
+# cp -a of TREE into each configuration, cache dropped before each copy,
+# ending with a sync of the target; configurations rotate over ROUNDS
+# rounds (default 2). native: the disk; null / null-uring: a filesystem
+# keeping names and attributes only, over /dev/fuse (fuser, one reading
+# thread, which beats two for many small files: bench/notes/store-transport.md)
+# and over io_uring (bench/ffuse-null); store / store-uring: the store over
+# each transport. Mount CPU (utime + stime) is per file copied.
+copies() { # TREE
+    local tree=$1 nfiles; nfiles=$(find "$tree" -type f | wc -l)
+    : > "$work/copy-times"
+    for r in $(seq 1 "${ROUNDS:-2}"); do
+        for c in native null null-uring store store-uring; do
+            local dst pid= t0 t1 cpu=0
+            case $c in
+                native) dst=$work/native/t ;;
+                null) $N "$work/null" 1 & pid=$!; sleep 1; dst=$work/null/t ;;
+                null-uring) $NU "$work/null" 2 32 & pid=$!; sleep 1; dst=$work/null/t ;;
+                store) STORE_MOUNT_OPTS=transport=dev mount_store; pid=$(pgrep -f "mount $work/s "); dst=$work/mnt/t ;;
+                store-uring) STORE_MOUNT_OPTS=transport=uring mount_store; pid=$(pgrep -f "mount $work/s "); dst=$work/mnt/t ;;
+            esac
+            drop; t0=$(date +%s.%N); cp -a "$tree" "$dst"; sync -f "$(dirname "$dst")"; t1=$(date +%s.%N)
+            [[ -n $pid ]] && cpu=$(awk '{print ($14 + $15) / 100}' "/proc/$pid/stat")
+            case $c in
+                native) rm -rf "$dst" ;;
+                null*) fusermount3 -u "$work/null"; wait "$pid" || true ;;
+                store*) $O store stats "$work/s" | grep -E 'stored|ratio' | tr '\n' ' ' > "$work/copy-stats"; umount_store; rm -rf "$work/s" ;;
+            esac
+            echo "$c $t0 $t1 $cpu" >> "$work/copy-times"
+        done
+    done
+    python3 - "$work/copy-times" "$nfiles" <<'PY'
+import sys, statistics
+t, cpu = {}, {}
+for line in open(sys.argv[1]):
+    k, a, b, c = line.split()
+    t.setdefault(k, []).append(float(b) - float(a)); cpu.setdefault(k, []).append(float(c))
+n, files = statistics.median(t["native"]), int(sys.argv[2])
+ceiling = min(statistics.median(t["null"]), statistics.median(t["null-uring"]))
+print(f"{files} files; medians of {len(t['native'])} rounds; ratios of medians")
+print("| | rounds (s) | median | x native | x fastest null | mount CPU per file |")
+print("|---|---|---:|---:|---:|---:|")
+for k in t:
+    m = statistics.median(t[k])
+    c = f"{statistics.median(cpu[k]) / files * 1e6:.0f} us" if k != "native" else "-"
+    print(f"| {k} | {' / '.join(f'{x:.1f}' for x in t[k])} | {m:.1f} | {m / n:.2f} | {m / ceiling:.2f} | {c} |")
+PY
+    echo "  store: $(cat "$work/copy-stats")"
+}
+
 if want small; then
 echo "## cp -a of small files (s)"
 $W small --dir "$work/tree" --files 100000 >/dev/null 2>&1 || $W small --dir "$work/tree" >/dev/null
-nfiles=$(find "$work/tree" -type f | wc -l)
-drop; t0=$(date +%s.%N); cp -a "$work/tree" "$work/native/tree"; sync; t1=$(date +%s.%N)
-# The null filesystem keeps names and attributes only: the FUSE ceiling,
-# with one thread reading requests, which for many small files beats two
-# (the stricter ceiling; bench/notes/store-transport.md, "Halt polling, reading threads
-# and a real tree").
-$N "$work/null" 1 & sleep 1
-drop; t4=$(date +%s.%N); cp -a "$work/tree" "$work/null/tree"; t5=$(date +%s.%N)
-fusermount3 -u "$work/null"; wait || true
-mount_store; drop; t2=$(date +%s.%N); cp -a "$work/tree" "$work/mnt/tree"; sync -f "$work/mnt"; t3=$(date +%s.%N)
-umount_store; rm -rf "$work/s" "$work/native/tree" "$work/tree"
-python3 -c "import sys; a,b,c,d,e,f=map(float,sys.argv[1:7]); print(f'| {sys.argv[7]} files | native {b-a:.1f} | null FUSE {f-e:.1f} ({(f-e)/(b-a):.2f}x) | store {d-c:.1f} | ratio {(d-c)/(b-a):.2f} |')" $t0 $t1 $t2 $t3 $t4 $t5 $nfiles
+copies "$work/tree"
+rm -rf "$work/tree"
 fi
 
 if want tree; then
@@ -115,39 +165,8 @@ if [[ -z $tree ]]; then
             tar xf deb/usr/src/linux-source-6.1.tar.xz && rm -rf deb linux-source-6.1_*.deb)
     fi
 fi
-nfiles=$(find "$tree" -type f | wc -l); mib=$(du -sm --apparent-size "$tree" | cut -f1)
-# Each copy from a dropped cache and ending with a sync of its target; the
-# three configurations rotate over ROUNDS rounds (default 2).
-cpy() { # native|null|store ROUND
-    local dst pid=
-    case $1 in
-        native) dst=$work/native/t ;;
-        null) $N "$work/null" 1 & pid=$!; sleep 1; dst=$work/null/t ;;
-        store) mount_store; dst=$work/mnt/t ;;
-    esac
-    drop; local t0 t1; t0=$(date +%s.%N); cp -a "$tree" "$dst"; sync -f "$(dirname "$dst")"; t1=$(date +%s.%N)
-    case $1 in
-        native) rm -rf "$dst" ;;
-        null) fusermount3 -u "$work/null"; wait $pid || true ;;
-        store) $O store stats "$work/s" | grep -E 'stored|ratio' | tr '\n' ' ' > "$work/tree-stats"; umount_store; rm -rf "$work/s" ;;
-    esac
-    python3 -c "import sys; print(f'{sys.argv[1]} {float(sys.argv[3])-float(sys.argv[2]):.2f}')" "$1" "$t0" "$t1" >> "$work/tree-times"
-}
-: > "$work/tree-times"
-for r in $(seq 1 "${ROUNDS:-2}"); do
-    for c in native null store; do cpy $c "$r"; done
-done
-python3 - "$work/tree-times" "$nfiles" "$mib" <<'PY'
-import sys, statistics
-t = {}
-for line in open(sys.argv[1]):
-    k, v = line.split(); t.setdefault(k, []).append(float(v))
-n = statistics.median(t["native"])
-print(f"{sys.argv[2]} files, {sys.argv[3]} MiB: native {' / '.join(map(str, t['native']))} s; "
-      f"null FUSE {' / '.join(map(str, t['null']))} s ({statistics.median(t['null'])/n:.2f}x); "
-      f"store {' / '.join(map(str, t['store']))} s ({statistics.median(t['store'])/n:.2f}x native by medians)")
-PY
-echo "  store: $(cat "$work/tree-stats")"
+echo "$(du -sm --apparent-size "$tree" | cut -f1) MiB"
+copies "$tree"
 fi
 
 if want versions; then

@@ -51,16 +51,28 @@ if ! command -v cargo >/dev/null 2>&1; then
 fi
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 
+# FUSE over io_uring (`mount -o transport=uring`) is tested like the
+# /dev/fuse transport; the kernel serves it only with the fuse module's
+# enable_uring on (off by default): on for the run, put back after.
+uring=/sys/module/fuse/parameters/enable_uring
+[ -w "$uring" ] || { echo "scripts/test.sh: $uring missing: this kernel has no FUSE over io_uring" >&2; exit 2; }
+uring_was=$(cat "$uring")
+trap 'echo "$uring_was" > "$uring"' EXIT
+echo Y > "$uring"
+
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked
 
-# The inline store through a real FUSE mount: pjdfstest and fsx.
+# The inline store through a real FUSE mount, over each transport:
+# pjdfstest and fsx.
 scripts/store-posix.sh "${CARGO_TARGET_DIR:-target}/debug/onecopy"
-# xfstests' generic/quick group against the store (builds xfstests from
-# ../shared/xfstests once; ~17 min): fails on any test not excluded, with
+MOUNT_OPTS=transport=uring scripts/store-posix.sh "${CARGO_TARGET_DIR:-target}/debug/onecopy"
+# xfstests' generic/quick group against the store, over each transport
+# (builds xfstests from ../shared/xfstests once; ~17 min a run): fails on any test not excluded, with
 # its reason, in scripts/xfstests-exclude.txt.
 scripts/xfstests.sh "${CARGO_TARGET_DIR:-target}/debug/onecopy"
+XFSTESTS_MOUNT_OPTS=transport=uring scripts/xfstests.sh "${CARGO_TARGET_DIR:-target}/debug/onecopy"
 # The .deb: built from the binary the tests above built (no release build),
 # installed with dpkg -i, checked, removed. Installs cargo-deb if missing.
 ./scripts/deb.sh

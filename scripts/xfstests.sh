@@ -176,6 +176,13 @@ export SCRATCH_DEV=onecopy:$WORK/scratch-store
 export SCRATCH_MNT=$WORK/scratch
 export RESULT_BASE=$WORK/results
 EOF
+# XFSTESTS_MOUNT_OPTS (e.g. transport=uring): options of every mount.
+if [ -n "${XFSTESTS_MOUNT_OPTS:-}" ]; then
+    cat >>"$WORK/local.config" <<EOF
+export TEST_FS_MOUNT_OPTS="-o $XFSTESTS_MOUNT_OPTS"
+export MOUNT_OPTIONS="-o $XFSTESTS_MOUNT_OPTS"
+EOF
+fi
 
 # The exclusions: the documented ones, plus those this machine can not run.
 cp "$EXCLUDE" "$WORK/exclude.txt"

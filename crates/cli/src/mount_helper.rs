@@ -192,7 +192,17 @@ fn fuse_kernel_option(o: &str) -> bool {
 /// `current`, with the option list of `-o remount,...` applied. The
 /// kernel resets every flag not passed, so the current ones are kept
 /// unless an option changes them.
-fn remount_flags(current: MountFlags, list: &str, sloppy: bool) -> Result<MountFlags, String> {
+///
+/// `threads=`, `push=` and `transport=` can not change on a running
+/// mount: each is refused unless it is among `kept`, the options the
+/// mount was started with (a remount passing the mount's own options
+/// again, as xfstests does, changes nothing).
+fn remount_flags(
+    current: MountFlags,
+    list: &str,
+    sloppy: bool,
+    kept: &[String],
+) -> Result<MountFlags, String> {
     let mut f = current;
     for o in list.split(',') {
         if let Some(k) = kernel(o) {
@@ -219,7 +229,7 @@ fn remount_flags(current: MountFlags, list: &str, sloppy: bool) -> Result<MountF
             .iter()
             .any(|p| o.starts_with(p))
         {
-            if !sloppy {
+            if !sloppy && !kept.iter().any(|k| k == o) {
                 return Err(format!("{o}: can not be changed by remount"));
             }
         } else if o != "remount"
@@ -260,11 +270,39 @@ fn current_flags(dir: &Path) -> std::io::Result<MountFlags> {
     Ok(f)
 }
 
+/// The `-o` options of the `onecopy mount` serving `store` (its pid from
+/// `mount.pid`, its options from its command line); none when there is
+/// no such process. Read only: nothing is signalled.
+fn running_options(store: &Path) -> Vec<String> {
+    let Ok(pid) = std::fs::read_to_string(store.join("mount.pid")) else {
+        return Vec::new();
+    };
+    let Ok(cmd) = std::fs::read(format!("/proc/{}/cmdline", pid.trim())) else {
+        return Vec::new();
+    };
+    let args: Vec<&[u8]> = cmd.split(|&b| b == 0).collect();
+    if !args.iter().any(|a| *a == b"mount") {
+        return Vec::new();
+    }
+    args.windows(2)
+        .filter(|w| w[0] == b"-o")
+        .flat_map(|w| {
+            String::from_utf8_lossy(w[1])
+                .split(',')
+                .map(String::from)
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
 /// `-o remount,...`: changes the flags of the mount on `dir` in place.
 fn remount(h: &HelperArgs) -> ExitCode {
     let flags = current_flags(&h.dir)
         .map_err(|e| format!("{}: {e}", h.dir.display()))
-        .and_then(|cur| remount_flags(cur, &h.options, h.sloppy));
+        .and_then(|cur| {
+            let kept = running_options(&store_dir(&h.spec));
+            remount_flags(cur, &h.options, h.sloppy, &kept)
+        });
     let flags = match flags {
         Ok(f) => f,
         Err(e) => {
@@ -467,6 +505,11 @@ mod tests {
         assert_eq!(parse("bogus", true).unwrap(), MountOpts::default());
         assert!(parse("threads=0", false).is_err());
         assert_eq!(parse("push=5", false).unwrap().push, Some(5));
+        let uring = Some(onecopy_fuse::Transport::Uring);
+        assert_eq!(parse("transport=uring", false).unwrap().transport, uring);
+        assert!(parse("transport=x", false)
+            .unwrap_err()
+            .contains("dev or uring"));
         assert!(parse("push=0", false).is_err());
     }
 
@@ -503,7 +546,7 @@ mod tests {
     fn remount_keeps_flags_not_named() {
         let cur = MountFlags::NOSUID | MountFlags::NODEV | MountFlags::RELATIME;
         // mount(8) given SPEC and DIR passes only what was asked.
-        let f = remount_flags(cur, "ro,remount", false).unwrap();
+        let f = remount_flags(cur, "ro,remount", false, &[]).unwrap();
         assert_eq!(f, cur | MountFlags::RDONLY);
         // Given only DIR it passes back what /proc/mounts shows.
         let f = remount_flags(
@@ -511,17 +554,21 @@ mod tests {
             "rw,nosuid,nodev,relatime,remount,user_id=0,group_id=0,\
              default_permissions,allow_other",
             false,
+            &[],
         )
         .unwrap();
         assert_eq!(f, cur);
-        let f = remount_flags(cur, "remount,suid,noexec,noatime,sync", false).unwrap();
+        let f = remount_flags(cur, "remount,suid,noexec,noatime,sync", false, &[]).unwrap();
         assert_eq!(
             f,
             MountFlags::NODEV | MountFlags::NOEXEC | MountFlags::NOATIME | MountFlags::SYNCHRONOUS
         );
-        assert!(remount_flags(cur, "remount,bogus", false).is_err());
-        assert_eq!(remount_flags(cur, "remount,bogus", true).unwrap(), cur);
-        assert!(remount_flags(cur, "remount,threads=2", false).is_err());
+        assert!(remount_flags(cur, "remount,bogus", false, &[]).is_err());
+        assert_eq!(remount_flags(cur, "remount,bogus", true, &[]).unwrap(), cur);
+        assert!(remount_flags(cur, "remount,threads=2", false, &[]).is_err());
+        let kept = ["transport=uring".to_string()];
+        assert!(remount_flags(cur, "remount,transport=uring", false, &kept).is_ok());
+        assert!(remount_flags(cur, "remount,transport=dev", false, &kept).is_err());
     }
 
     #[test]

@@ -59,13 +59,29 @@ fn source_tree(root: &Path) -> BTreeMap<PathBuf, u128> {
 
 #[test]
 fn real_programs_through_the_mount() {
+    real_programs(&[]);
+}
+
+/// The same over FUSE over io_uring (needs the fuse module's
+/// `enable_uring`; scripts/test.sh turns it on).
+#[test]
+fn real_programs_over_io_uring() {
+    let param = "/sys/module/fuse/parameters/enable_uring";
+    let on = std::fs::read_to_string(param).unwrap_or_default();
+    assert_eq!(on.trim(), "Y", "{param}: FUSE over io_uring is off");
+    real_programs(&["-o", "transport=uring"]);
+}
+
+/// cp, tar, rsync, git, sqlite3 through a mount made with `mount_args`:
+/// every file back identical, across remounts and a gc.
+fn real_programs(mount_args: &[&str]) {
     require_fuse();
     let s = scratch(&[]);
     let src_tmp = tempfile::tempdir_in("/var/tmp/store-tests").unwrap();
     let src = src_tmp.path().join("src");
     std::fs::create_dir(&src).unwrap();
     let sums = source_tree(&src);
-    let m = Mount::new(&s);
+    let m = Mount::with_args(&s, mount_args);
     let mnt = s.mnt.clone();
     let (srcs, mnts) = (src.to_str().unwrap(), mnt.to_str().unwrap());
 
@@ -159,7 +175,7 @@ fn real_programs_through_the_mount() {
 
     m.unmount();
     fsck_clean(&s.store);
-    let m = Mount::new(&s);
+    let m = Mount::with_args(&s, mount_args);
     for copy in ["cp", "tar", "rsync"] {
         assert_eq!(checksum_tree(&mnt.join(copy)), sums, "{copy} after remount");
     }
@@ -180,7 +196,7 @@ fn real_programs_through_the_mount() {
         "{}",
         String::from_utf8_lossy(&scrub.stdout)
     );
-    let m = Mount::new(&s);
+    let m = Mount::with_args(&s, mount_args);
     assert_eq!(checksum_tree(&mnt.join("rsync")), sums, "after gc");
     m.unmount();
 }
@@ -224,9 +240,23 @@ fn fio_verify_through_the_mount() {
 
 #[test]
 fn kill_9_during_writes_keeps_fsynced_files() {
+    kill_9_during_writes(&[]);
+}
+
+#[test]
+fn kill_9_during_writes_over_io_uring() {
+    let param = "/sys/module/fuse/parameters/enable_uring";
+    let on = std::fs::read_to_string(param).unwrap_or_default();
+    assert_eq!(on.trim(), "Y", "{param}: FUSE over io_uring is off");
+    kill_9_during_writes(&["-o", "transport=uring"]);
+}
+
+/// The mount (made with `mount_args`) killed with SIGKILL while files are
+/// written and fsync'd: every fsync'd file is back after remount.
+fn kill_9_during_writes(mount_args: &[&str]) {
     require_fuse();
     let s = scratch(&[]);
-    let m = Mount::new(&s);
+    let m = Mount::with_args(&s, mount_args);
     let mut synced = BTreeMap::new();
     for i in 0..6u64 {
         let p = s.mnt.join(format!("synced-{i}"));

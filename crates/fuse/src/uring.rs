@@ -7,10 +7,13 @@
 //! [`Core`] as the `/dev/fuse` transport.
 //!
 //! A worker serves every request of its CPU in turn, so what may block
-//! for long (a `fsync`'s durable commit, a `release` storing a file's
-//! buffer, sharing or promising ranges) runs on compio's blocking pool
-//! and the worker goes on; lookups, attributes, reads and writes, a few
-//! SQLite statements or a copy each, are answered inline.
+//! for long (a `fsync`'s durable commit, sharing or promising ranges)
+//! runs on compio's blocking pool and the worker goes on; lookups,
+//! attributes, reads, writes and `release` (which stores the file's
+//! buffer: a few pages for most files, and handing it to the pool cost
+//! more than it saved: `cp -a` of 100,000 files 42.8-45.4 s inline
+//! against 47.6-62.4 s pooled, bench/notes/store-transport.md) are
+//! answered inline.
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -331,8 +334,7 @@ impl Filesystem for UringFs {
         _flush: bool,
         _flock_release: bool,
     ) -> FsResult<()> {
-        let ino = inode.0;
-        self.blocking(move |c| c.release(ino, false)).await
+        self.0.release(inode.0, false)
     }
 
     async fn fsync(

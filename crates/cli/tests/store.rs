@@ -66,9 +66,7 @@ fn real_programs_through_the_mount() {
 /// `enable_uring`; scripts/test.sh turns it on).
 #[test]
 fn real_programs_over_io_uring() {
-    let param = "/sys/module/fuse/parameters/enable_uring";
-    let on = std::fs::read_to_string(param).unwrap_or_default();
-    assert_eq!(on.trim(), "Y", "{param}: FUSE over io_uring is off");
+    require_uring();
     real_programs(&["-o", "transport=uring"]);
 }
 
@@ -245,9 +243,7 @@ fn kill_9_during_writes_keeps_fsynced_files() {
 
 #[test]
 fn kill_9_during_writes_over_io_uring() {
-    let param = "/sys/module/fuse/parameters/enable_uring";
-    let on = std::fs::read_to_string(param).unwrap_or_default();
-    assert_eq!(on.trim(), "Y", "{param}: FUSE over io_uring is off");
+    require_uring();
     kill_9_during_writes(&["-o", "transport=uring"]);
 }
 

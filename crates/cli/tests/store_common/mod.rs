@@ -43,6 +43,16 @@ pub fn require_fuse() {
     );
 }
 
+/// [`require_fuse`], and FUSE over io_uring served by the kernel (the
+/// fuse module's `enable_uring`, which scripts/test.sh turns on): a test
+/// of the `transport=uring` mount fails without it.
+pub fn require_uring() {
+    require_fuse();
+    let param = "/sys/module/fuse/parameters/enable_uring";
+    let on = std::fs::read_to_string(param).unwrap_or_default();
+    assert_eq!(on.trim(), "Y", "{param}: FUSE over io_uring is off");
+}
+
 /// A small deterministic generator (xorshift64*), seeded per test so a
 /// failure can be replayed with `ONECOPY_FAULT_SEED`.
 pub struct Rng(pub u64);

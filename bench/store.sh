@@ -5,7 +5,8 @@
 # Rows: fio sequential 1 MiB 1st write (unique, incompressible), 2nd write
 # (the same bytes again), cold read; cp -a of ~100k small files; ingest of
 # successive versions of a tree (cp -a into the mount, and `store import`)
-# vs restic and borg; fio 4 KiB sync write
+# vs restic and borg; a real tree (REAL_TREE) copied into the mount with
+# cp -a and rsync -a vs restic's backup of it; fio 4 KiB sync write
 # p99.9 latency idle vs during gc (gc runs while mounted only if the mount
 # supports it, else the row says so).
 #
@@ -14,8 +15,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/haltpoll.sh
 SIZE=${1:-2G}
-# Sections to run (default all): fio small tree versions gc
-SECTIONS=${SECTIONS:-fio small tree versions gc}
+# Sections to run (default all): fio small tree restic versions gc
+SECTIONS=${SECTIONS:-fio small tree restic versions gc}
 want() { [[ " $SECTIONS " == *" $1 "* ]]; }
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
 cargo build -q --release -p onecopy -p onecopy-workload
@@ -167,6 +168,63 @@ if [[ -z $tree ]]; then
 fi
 echo "$(du -sm --apparent-size "$tree" | cut -f1) MiB"
 copies "$tree"
+fi
+
+if want restic; then
+echo "## a real tree into the mount (cp -a, rsync -a) vs restic backup"
+# REAL_TREE (default: the Python installations under ~/.pyenv/versions,
+# about 112,000 files and 2.4 GB here; else /usr): copied into a fresh
+# store's mount over each transport by cp -a and by rsync -a (ended by a
+# sync of the mount, the daemon's CPU counted), and backed up by restic
+# into a fresh repository on the same disk; cache dropped before each,
+# configurations rotated over ROUNDS rounds (default 1). Stored bytes:
+# the store's directory after unmount, restic's repository.
+real=${REAL_TREE:-}
+if [[ -z $real ]]; then
+    real=/usr; [[ -d $HOME/.pyenv/versions ]] && real=$HOME/.pyenv/versions
+fi
+files=$(find "$real" -type f | wc -l)
+echo "$real: $files files, $(du -sm --apparent-size "$real" | cut -f1) MiB"
+export RESTIC_PASSWORD=x
+: > "$work/real-times"
+for r in $(seq 1 "${ROUNDS:-1}"); do
+    for c in restic cp-dev cp-uring rsync-uring; do
+        pid= cpu=0
+        case $c in
+            restic) restic init -q -r "$work/restic" ;;
+            *-dev) STORE_MOUNT_OPTS=transport=dev mount_store; pid=$(pgrep -f "mount $work/s ") ;;
+            *-uring) STORE_MOUNT_OPTS=transport=uring mount_store; pid=$(pgrep -f "mount $work/s ") ;;
+        esac
+        drop; t0=$(date +%s.%N)
+        case $c in
+            restic) restic -q -r "$work/restic" backup "$real" >/dev/null ;;
+            cp-*) cp -a "$real" "$work/mnt/t"; sync -f "$work/mnt" ;;
+            rsync-*) rsync -a "$real/" "$work/mnt/t"; sync -f "$work/mnt" ;;
+        esac
+        t1=$(date +%s.%N)
+        if [[ -n $pid ]]; then
+            cpu=$(awk '{print ($14 + $15) / 100}' "/proc/$pid/stat"); umount_store
+            mib=$(du -sm "$work/s" | cut -f1); rm -rf "$work/s"
+        else
+            mib=$(du -sm "$work/restic" | cut -f1); rm -rf "$work/restic"
+        fi
+        echo "$c $t0 $t1 $cpu $mib" >> "$work/real-times"
+    done
+done
+python3 - "$work/real-times" "$files" <<'PY'
+import sys, statistics
+t, cpu, mib = {}, {}, {}
+for line in open(sys.argv[1]):
+    k, a, b, c, m = line.split()
+    t.setdefault(k, []).append(float(b) - float(a)); cpu[k] = float(c); mib[k] = int(m)
+r, files = statistics.median(t["restic"]), int(sys.argv[2])
+print("| | rounds (s) | median | x restic | stored MiB | mount CPU per file |")
+print("|---|---|---:|---:|---:|---:|")
+for k in t:
+    m = statistics.median(t[k])
+    c = f"{cpu[k] / files * 1e6:.0f} us" if k != "restic" else "-"
+    print(f"| {k} | {' / '.join(f'{x:.1f}' for x in t[k])} | {m:.1f} | {m / r:.2f} | {mib[k]} | {c} |")
+PY
 fi
 
 if want versions; then

@@ -265,11 +265,16 @@ fn kill_9_during_writes(mount_args: &[&str]) {
             .unwrap();
         synced.insert(format!("synced-{i}"), checksum_file(&p).unwrap());
     }
-    // Keep writing (unsynced) while the mount process is killed.
-    let mnt = s.mnt.clone();
+    // Keep writing (unsynced) while the mount process is killed, into a
+    // directory of the mount (fsync'd): once the dead mount is detached,
+    // its path no longer resolves, so the writer stops instead of filling
+    // the directory under the mount point.
+    let busy = s.mnt.join("busy");
+    std::fs::create_dir(&busy).unwrap();
+    File::open(&busy).unwrap().sync_all().unwrap();
     let writer = std::thread::spawn(move || {
         for i in 0.. {
-            let Ok(mut f) = File::create(mnt.join(format!("busy-{i}"))) else {
+            let Ok(mut f) = File::create(busy.join(format!("busy-{i}"))) else {
                 return;
             };
             if f.write_all(&vec![i as u8 + 1; 3 << 20]).is_err() {
@@ -291,7 +296,7 @@ fn kill_9_during_writes(mount_args: &[&str]) {
     }
     // Whatever survived of the unsynced files is whole chunks of their
     // own bytes, never another file's.
-    for e in std::fs::read_dir(&s.mnt).unwrap() {
+    for e in std::fs::read_dir(s.mnt.join("busy")).unwrap() {
         let e = e.unwrap();
         let name = e.file_name().into_string().unwrap();
         if let Some(i) = name.strip_prefix("busy-") {

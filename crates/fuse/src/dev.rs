@@ -499,7 +499,7 @@ impl Filesystem for StoreFs {
 /// The answer to `FLUSH`, sent at every `close(2)` after the kernel wrote
 /// the file's dirty pages (whose errors `close` returns): ENOSYS, so the
 /// kernel stops sending it, one round trip less per file closed. The
-/// store has nothing to do there: a file's buffer is stored at `release`
+/// store has nothing to do there: a file's buffer is stored after `release`
 /// and made durable by `fsync`; POSIX locks are the kernel's (no lock
 /// calls are implemented), so no lock owner needs the call either.
 pub(crate) fn flush_reply(reply: ReplyEmpty) {

@@ -163,11 +163,22 @@ pub fn serve_store_on(
             }
         })
     };
+    let releaser = {
+        let (store, stop) = (store.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if store.wait_for_releases(Duration::from_millis(10)) {
+                    store.settle_releases();
+                }
+            }
+        })
+    };
     let pusher = (store.is_remote() || store.is_follower())
         .then(|| spawn_pusher(store.clone(), stop.clone()));
     let r = session.run();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let _ = committer.join();
+    let _ = releaser.join();
     if let Some(p) = pusher {
         let _ = p.join();
     }

@@ -9,11 +9,9 @@
 //! A worker serves every request of its CPU in turn, so what may block
 //! for long (a `fsync`'s durable commit, sharing or promising ranges)
 //! runs on compio's blocking pool and the worker goes on; lookups,
-//! attributes, reads, writes and `release` (which stores the file's
-//! buffer: a few pages for most files, and handing it to the pool cost
-//! more than it saved: `cp -a` of 100,000 files 42.8-45.4 s inline
-//! against 47.6-62.4 s pooled, bench/notes/store-transport.md) are
-//! answered inline.
+//! attributes, reads, writes and `release` (whose storing of the file's
+//! buffer the store leaves to its releasing thread: `Core::release`)
+//! are answered inline.
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;

@@ -133,6 +133,10 @@ pub struct Store {
     /// waits for it, so it never copies from a container the first has
     /// just compacted and deleted.
     pub(crate) gc_running: Mutex<()>,
+    /// Files closed whose release waits for [`Store::settle_releases`]
+    /// (see [`Store::release_later`]).
+    pub(crate) released: Mutex<Vec<u64>>,
+    pub(crate) released_cv: std::sync::Condvar,
     /// The metadata reserve (see `space.rs`), checked before each commit.
     reserve: Mutex<Reserve>,
     /// Whether the reserve is released: new data and files get ENOSPC.
@@ -338,6 +342,8 @@ impl Store {
             has_caps: AtomicBool::new(has_caps),
             poison: Mutex::new(None),
             gc_running: Mutex::new(()),
+            released: Mutex::new(Vec::new()),
+            released_cv: std::sync::Condvar::new(),
             kernel_refs: AtomicBool::new(false),
             kernel_times: AtomicBool::new(false),
             atime: std::sync::atomic::AtomicU8::new(Atime::Never as u8),
@@ -459,6 +465,7 @@ impl Store {
     /// does not hold up the others or the commit of everything else: its
     /// error is returned after the commit.
     pub fn flush_all(&self, durable: bool) -> Result<()> {
+        self.settle_releases();
         let inos: Vec<u64> = self.lock().dirty.keys().copied().collect();
         let mut first = None;
         for ino in inos {

@@ -1768,3 +1768,40 @@ fn a_copy_split_inside_a_chunk_stores_nothing_new() {
     assert_eq!(s.stats().unwrap().container_bytes, before, "no bytes added");
     assert!(s.fsck(false).unwrap().problems.is_empty());
 }
+
+/// `release_later` leaves the release to `settle_releases` (or any
+/// `flush_all`): until then the file reads back from its buffer and an
+/// unlinked one stays alive; after, the buffer is stored and a nameless
+/// file is gone. A file reopened meanwhile stays open.
+#[test]
+fn later_releases_are_settled_in_order_and_by_flush_all() {
+    let (_d, s) = new_store("fixed:64K", "auto");
+    let data = pseudo(3000, 7);
+    let a = s.mknod(1, b"a", node(Kind::File)).unwrap().ino;
+    s.open_file(a).unwrap();
+    s.write(a, 0, &data).unwrap();
+    s.release_later(a);
+    assert_eq!(read_all(&s, a), data, "readable while its release waits");
+    assert!(
+        s.lock().dirty.contains_key(&a),
+        "not stored before settling"
+    );
+    assert!(s.wait_for_releases(std::time::Duration::from_millis(1)));
+    s.settle_releases();
+    assert!(!s.lock().dirty.contains_key(&a), "stored once settled");
+    assert_eq!(read_all(&s, a), data);
+
+    let b = s.mknod(1, b"b", node(Kind::File)).unwrap().ino;
+    s.open_file(b).unwrap();
+    s.write(b, 0, &data).unwrap();
+    s.open_file(b).unwrap();
+    s.unlink(1, b"b").unwrap();
+    s.release_later(b);
+    s.settle_releases();
+    assert_eq!(read_all(&s, b), data, "still open once: alive");
+    s.release_later(b);
+    s.flush_all(true).unwrap();
+    assert!(s.getattr(b).is_err(), "nameless and closed: deleted");
+    assert!(!s.wait_for_releases(std::time::Duration::from_millis(1)));
+    assert!(s.fsck(false).unwrap().problems.is_empty());
+}

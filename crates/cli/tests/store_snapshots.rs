@@ -488,3 +488,35 @@ fn a_snapshot_is_restored_and_mounted_alone_as_it_was() {
     m.unmount();
     fsck_clean(&s.store);
 }
+
+/// Absent names are cached by the kernel only where every name appears
+/// through it: a snapshot looked up before it exists is there as soon as
+/// `snapshot create` returns (made over the control channel, not through
+/// the kernel), over both transports; a live name looked up absent and
+/// then made through the mount is there at once too.
+#[test]
+fn a_name_looked_up_before_it_exists_is_seen_once_made() {
+    require_fuse();
+    require_uring();
+    for args in [&[][..], &["-o", "transport=uring"][..]] {
+        let s = scratch(&[]);
+        let m = Mount::with_args(&s, args);
+        let mnt = s.mnt.to_str().unwrap();
+        std::fs::write(s.mnt.join("f"), b"x").unwrap();
+        let snap = snap_dir(&s.mnt, "early");
+        for _ in 0..3 {
+            assert!(std::fs::metadata(&snap).is_err(), "{args:?}");
+        }
+        ok(snapshot(&["create", mnt, "early"]));
+        assert_eq!(
+            std::fs::read(snap.join("f")).unwrap(),
+            b"x",
+            "{args:?}: the new snapshot is seen at once"
+        );
+        let live = s.mnt.join("later");
+        assert!(std::fs::metadata(&live).is_err());
+        std::fs::write(&live, b"y").unwrap();
+        assert_eq!(std::fs::read(&live).unwrap(), b"y", "{args:?}");
+        m.unmount();
+    }
+}

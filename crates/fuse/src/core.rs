@@ -16,6 +16,23 @@ use onecopy_store::{
 };
 use std::sync::Arc;
 
+/// A `LOOKUP` answer meaning "no such name" that the kernel keeps for
+/// the entry timeout (inode number 0 is never an inode).
+pub(crate) const ABSENT: Attr = Attr {
+    ino: 0,
+    kind: Kind::File,
+    perm: 0,
+    uid: 0,
+    gid: 0,
+    nlink: 0,
+    size: 0,
+    atime_ns: 0,
+    mtime_ns: 0,
+    ctime_ns: 0,
+    rdev: 0,
+    data: 0,
+};
+
 /// An errno, as the kernel gets it.
 pub(crate) type Errno = i32;
 
@@ -122,6 +139,10 @@ impl Core {
         }
     }
 
+    /// The entry `name` of `parent`; absent, [`ABSENT`] where the kernel
+    /// may cache that (see [`Core::caches_absence`]), else `ENOENT`.
+    /// `rsync` looks a name up again after making it under a temporary
+    /// one, and every program probes names before creating them.
     pub fn lookup(&self, parent: u64, name: &[u8]) -> Ret<Attr> {
         self.live()?;
         if name.len() > 255 {
@@ -132,7 +153,20 @@ impl Core {
             // A snapshot's mount: nothing above its root.
             return self.attr(self.store.getattr(parent));
         }
-        self.attr(self.store.lookup(parent, name))
+        match self.attr(self.store.lookup(parent, name)) {
+            Err(libc::ENOENT) if self.caches_absence(parent) => Ok(ABSENT),
+            r => r,
+        }
+    }
+
+    /// Whether the kernel may keep "no such name" in directory `parent`
+    /// (a store inode) for the entry timeout, like a name it found: only
+    /// where every name appears through this kernel, a live directory of
+    /// a writer's mount. Snapshot directories (a snapshot made over the
+    /// control channel appears there), a snapshot's mount and a follower
+    /// (names arrive with pushes) answer `ENOENT`, which is not cached.
+    fn caches_absence(&self, parent: u64) -> bool {
+        self.root == 1 && !self.store.is_follower() && !onecopy_store::is_read_only(parent)
     }
 
     pub fn getattr(&self, ino: u64) -> Ret<Attr> {

@@ -511,20 +511,7 @@ fn in_group(who: Caller, gid: u32) -> bool {
 /// closed file; nobody can see those times any more, and an ENOENT there
 /// became an error of the next `syncfs` (`sync -f` after `rm -r` failed).
 fn gone(ino: u64) -> Attr {
-    Attr {
-        ino,
-        kind: Kind::File,
-        perm: 0,
-        uid: 0,
-        gid: 0,
-        nlink: 0,
-        size: 0,
-        atime_ns: 0,
-        mtime_ns: 0,
-        ctime_ns: 0,
-        rdev: 0,
-        data: 0,
-    }
+    Attr { ino, ..ABSENT }
 }
 
 pub(crate) fn kind_of_mode(mode: u32) -> Kind {

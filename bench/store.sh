@@ -178,7 +178,8 @@ echo "## a real tree into the mount (cp -a, rsync -a) vs restic backup"
 # sync of the mount, the daemon's CPU counted), and backed up by restic
 # into a fresh repository on the same disk; cache dropped before each,
 # configurations rotated over ROUNDS rounds (default 1). Stored bytes:
-# the store's directory after unmount, restic's repository.
+# the store's directory after unmount (with its metadata reserve, a
+# fixed 4-64 MiB file: space.rs), restic's repository.
 real=${REAL_TREE:-}
 if [[ -z $real ]]; then
     real=/usr; [[ -d $HOME/.pyenv/versions ]] && real=$HOME/.pyenv/versions
@@ -204,26 +205,27 @@ for r in $(seq 1 "${ROUNDS:-1}"); do
         t1=$(date +%s.%N)
         if [[ -n $pid ]]; then
             cpu=$(awk '{print ($14 + $15) / 100}' "/proc/$pid/stat"); umount_store
-            mib=$(du -sm "$work/s" | cut -f1); rm -rf "$work/s"
+            mib=$(du -sm "$work/s" | cut -f1); res=$(du -sm "$work/s/reserve" 2>/dev/null | cut -f1)
+            rm -rf "$work/s"
         else
-            mib=$(du -sm "$work/restic" | cut -f1); rm -rf "$work/restic"
+            mib=$(du -sm "$work/restic" | cut -f1); res=0; rm -rf "$work/restic"
         fi
-        echo "$c $t0 $t1 $cpu $mib" >> "$work/real-times"
+        echo "$c $t0 $t1 $cpu $mib ${res:-0}" >> "$work/real-times"
     done
 done
 python3 - "$work/real-times" "$files" <<'PY'
 import sys, statistics
-t, cpu, mib = {}, {}, {}
+t, cpu, mib, res = {}, {}, {}, {}
 for line in open(sys.argv[1]):
-    k, a, b, c, m = line.split()
-    t.setdefault(k, []).append(float(b) - float(a)); cpu[k] = float(c); mib[k] = int(m)
+    k, a, b, c, m, r = line.split()
+    t.setdefault(k, []).append(float(b) - float(a)); cpu[k] = float(c); mib[k] = int(m); res[k] = int(r)
 r, files = statistics.median(t["restic"]), int(sys.argv[2])
-print("| | rounds (s) | median | x restic | stored MiB | mount CPU per file |")
+print("| | rounds (s) | median | x restic | stored MiB (of which the store's fixed reserve) | mount CPU per file |")
 print("|---|---|---:|---:|---:|---:|")
 for k in t:
     m = statistics.median(t[k])
     c = f"{cpu[k] / files * 1e6:.0f} us" if k != "restic" else "-"
-    print(f"| {k} | {' / '.join(f'{x:.1f}' for x in t[k])} | {m:.1f} | {m / r:.2f} | {mib[k]} | {c} |")
+    print(f"| {k} | {' / '.join(f'{x:.1f}' for x in t[k])} | {m:.1f} | {m / r:.2f} | {mib[k]} ({res[k]}) | {c} |")
 PY
 fi
 

@@ -60,6 +60,9 @@ mount_store() {
     $O mount "$work/s" "$work/mnt" ${STORE_MOUNT_OPTS:+-o "$STORE_MOUNT_OPTS"}
 }
 umount_store() { fusermount3 -u "$work/mnt"; while pgrep -f "mount $work/s" >/dev/null; do sleep 0.2; done; }
+# The store's mount process; a process's CPU seconds (utime + stime).
+store_pid() { pgrep -f "mount $work/s "; }
+cpu_s() { awk '{print ($14 + $15) / 100}' "/proc/$1/stat"; }
 
 if want fio; then
 echo "## fio sequential 1 MiB, $SIZE, incompressible (MB/s)"
@@ -111,11 +114,11 @@ copies() { # TREE
                 native) dst=$work/native/t ;;
                 null) $N "$work/null" 1 & pid=$!; sleep 1; dst=$work/null/t ;;
                 null-uring) $NU "$work/null" 2 32 & pid=$!; sleep 1; dst=$work/null/t ;;
-                store) STORE_MOUNT_OPTS=transport=dev mount_store; pid=$(pgrep -f "mount $work/s "); dst=$work/mnt/t ;;
-                store-uring) STORE_MOUNT_OPTS=transport=uring mount_store; pid=$(pgrep -f "mount $work/s "); dst=$work/mnt/t ;;
+                store) STORE_MOUNT_OPTS=transport=dev mount_store; pid=$(store_pid); dst=$work/mnt/t ;;
+                store-uring) STORE_MOUNT_OPTS=transport=uring mount_store; pid=$(store_pid); dst=$work/mnt/t ;;
             esac
             drop; t0=$(date +%s.%N); cp -a "$tree" "$dst"; sync -f "$(dirname "$dst")"; t1=$(date +%s.%N)
-            [[ -n $pid ]] && cpu=$(awk '{print ($14 + $15) / 100}' "/proc/$pid/stat")
+            [[ -n $pid ]] && cpu=$(cpu_s "$pid")
             case $c in
                 native) rm -rf "$dst" ;;
                 null*) fusermount3 -u "$work/null"; wait "$pid" || true ;;
@@ -193,8 +196,8 @@ for r in $(seq 1 "${ROUNDS:-1}"); do
         pid= cpu=0
         case $c in
             restic) restic init -q -r "$work/restic" ;;
-            *-dev) STORE_MOUNT_OPTS=transport=dev mount_store; pid=$(pgrep -f "mount $work/s ") ;;
-            *-uring) STORE_MOUNT_OPTS=transport=uring mount_store; pid=$(pgrep -f "mount $work/s ") ;;
+            *-dev) STORE_MOUNT_OPTS=transport=dev mount_store; pid=$(store_pid) ;;
+            *-uring) STORE_MOUNT_OPTS=transport=uring mount_store; pid=$(store_pid) ;;
         esac
         drop; t0=$(date +%s.%N)
         case $c in
@@ -204,7 +207,7 @@ for r in $(seq 1 "${ROUNDS:-1}"); do
         esac
         t1=$(date +%s.%N)
         if [[ -n $pid ]]; then
-            cpu=$(awk '{print ($14 + $15) / 100}' "/proc/$pid/stat"); umount_store
+            cpu=$(cpu_s "$pid"); umount_store
             mib=$(du -sm "$work/s" | cut -f1); res=$(du -sm "$work/s/reserve" 2>/dev/null | cut -f1)
             rm -rf "$work/s"
         else

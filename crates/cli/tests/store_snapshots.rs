@@ -496,7 +496,6 @@ fn a_snapshot_is_restored_and_mounted_alone_as_it_was() {
 /// then made through the mount is there at once too.
 #[test]
 fn a_name_looked_up_before_it_exists_is_seen_once_made() {
-    require_fuse();
     require_uring();
     for args in [&[][..], &["-o", "transport=uring"][..]] {
         let s = scratch(&[]);

@@ -1774,7 +1774,7 @@ fn a_copy_split_inside_a_chunk_stores_nothing_new() {
 /// unlinked one stays alive; after, the buffer is stored and a nameless
 /// file is gone. A file reopened meanwhile stays open.
 #[test]
-fn later_releases_are_settled_in_order_and_by_flush_all() {
+fn later_releases_are_settled_by_settle_releases_or_flush_all() {
     let (_d, s) = new_store("fixed:64K", "auto");
     let data = pseudo(3000, 7);
     let a = s.mknod(1, b"a", node(Kind::File)).unwrap().ino;

@@ -20,6 +20,10 @@ use crate::store::{time_now, Inner, Store};
 /// Bytes copied by reading and writing at a time.
 const BYTES_STEP: u64 = 1 << 20;
 
+/// The most one request copies: a FUSE reply counts at most `u32::MAX`
+/// bytes, and the kernel cuts a larger copy at this much (page-aligned).
+const MAX_REQUEST: u64 = u32::MAX as u64 & !0xfff;
+
 /// The part of a copy whose chunks are shared: source range
 /// `[start, end)` lands at `out`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,8 +45,7 @@ impl Store {
         off_out: u64,
         len: u64,
     ) -> Result<u64> {
-        // A FUSE reply counts at most u32::MAX bytes (the kernel asks less).
-        let len = len.min(u32::MAX as u64 & !0xfff);
+        let len = request_len(self.cfg.chunking, off_in, len, MAX_REQUEST);
         let (len, shared) = {
             let mut g = self.lock();
             let (len, shared) = self.plan_copy(&mut g, src, off_in, dst, off_out, len)?;
@@ -108,9 +111,9 @@ impl Store {
 
     /// Stores `dst`'s buffer if it holds a page of `[from, to)` (which the
     /// shared chunks replace) or is being stored now. Pages elsewhere stay
-    /// buffered: a partial chunk a copy request left at its end is then
-    /// completed by the next request (the kernel splits a large copy at
-    /// 2 GiB - 4 KiB), not stored alone as a short chunk.
+    /// buffered: a partial chunk a caller's copy left at its end is then
+    /// completed by the caller's next copy (e.g. a program copying in
+    /// pieces), not stored alone as a short chunk.
     fn flush_if_buffered(&self, g: &mut Inner, dst: u64, from: u64, to: u64) -> Result<()> {
         let ps = self.page_size();
         let busy = g.dirty.get(&dst).is_some_and(|d| {
@@ -123,27 +126,43 @@ impl Store {
     }
 
     /// Maps the shared part's chunks into `dst` (what it held there goes),
-    /// one more reference each, and sets its size and times: two
+    /// one more reference per extent, and sets its size and times:
     /// set-wise statements whatever the number of chunks.
     fn share(&self, g: &mut Inner, src: u64, dst: u64, sh: Shared) -> Result<()> {
         let out_end = sh.out + (sh.end - sh.start);
         self.drop_extents(g, dst, sh.out, out_end)?;
+        let src_range = params![src, sh.start, sh.end];
+        // One reference per distinct chunk; a chunk the range holds more
+        // than once (repeated content) gets the rest below.
+        let distinct =
+            g.db.prepare_cached(
+                "UPDATE chunks SET refs = refs + 1 WHERE id IN
+                 (SELECT chunk FROM extents WHERE ino = ?1 AND off >= ?2 AND off < ?3)",
+            )?
+            .execute(src_range)?;
+        let rows = without_triggers(&g.db, || {
+            g.db.prepare_cached(
+                "INSERT INTO extents (ino, off, len, chunk, born)
+                 SELECT ?4, off - ?2 + ?5, len, chunk, ?6 FROM extents
+                 WHERE ino = ?1 AND off >= ?2 AND off < ?3",
+            )?
+            .execute(params![src, sh.start, sh.end, dst, sh.out, g.epoch])
+        })?;
+        if rows > distinct {
+            g.db.prepare_cached(
+                "UPDATE chunks SET refs = refs + n.n - 1 FROM (SELECT chunk, COUNT(*) n
+                 FROM extents WHERE ino = ?1 AND off >= ?2 AND off < ?3
+                 GROUP BY chunk HAVING COUNT(*) > 1) n WHERE n.chunk = chunks.id",
+            )?
+            .execute(src_range)?;
+        }
         g.db.prepare_cached(
-            "UPDATE chunks SET refs = refs + n.n FROM (SELECT chunk, COUNT(*) n FROM extents
-             WHERE ino = ?1 AND off >= ?2 AND off < ?3 GROUP BY chunk) n
-             WHERE n.chunk = chunks.id",
+            "UPDATE inodes SET size = MAX(size, ?2), mtime_ns = ?3, ctime_ns = ?3,
+             data = data + (SELECT COALESCE(SUM(len), 0) FROM extents
+                            WHERE ino = ?1 AND off >= ?4 AND off < ?2)
+             WHERE ino = ?1",
         )?
-        .execute(params![src, sh.start, sh.end])?;
-        g.db.prepare_cached(
-            "INSERT INTO extents (ino, off, len, chunk, born)
-             SELECT ?4, off - ?2 + ?5, len, chunk, ?6 FROM extents
-             WHERE ino = ?1 AND off >= ?2 AND off < ?3",
-        )?
-        .execute(params![src, sh.start, sh.end, dst, sh.out, g.epoch])?;
-        g.db.prepare_cached(
-            "UPDATE inodes SET size = MAX(size, ?2), mtime_ns = ?3, ctime_ns = ?3 WHERE ino = ?1",
-        )?
-        .execute(params![dst, out_end, time_now()])?;
+        .execute(params![dst, out_end, time_now(), sh.out])?;
         Ok(())
     }
 
@@ -161,6 +180,48 @@ impl Store {
             out += data.len() as u64;
         }
         Ok(())
+    }
+}
+
+/// Runs `insert` with the connection's triggers off: one set-wise insert
+/// of many extents, whose caller adds their bytes to `inodes.data` in one
+/// statement instead of a trigger per row (`V4_DATA_TRIGGERS`; the
+/// snapshot triggers do nothing for rows born in the open epoch). Turning
+/// them off and on again expires the prepared statements (SQLite
+/// re-prepares each at its next use). Triggers are on again whatever
+/// `insert` returns.
+fn without_triggers(
+    db: &rusqlite::Connection,
+    insert: impl FnOnce() -> rusqlite::Result<usize>,
+) -> Result<usize> {
+    use rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_TRIGGER as TRIGGERS;
+    db.set_db_config(TRIGGERS, false)?;
+    let r = insert();
+    db.set_db_config(TRIGGERS, true)?;
+    Ok(r?)
+}
+
+/// How much of a `len`-byte copy from `off_in` one request does: all of
+/// it below `max`; a request of `max` or more (cut by the kernel, or to be
+/// cut here) ends on a chunk boundary under fixed chunking, so the next
+/// one starts on one and no partial chunk is left buffered between the
+/// two (a commit in between would store it alone, an unreferenced short
+/// chunk once the next request completed it). A shorter copy than asked
+/// is a normal answer: the caller asks again for the rest.
+fn request_len(chunking: Chunking, off_in: u64, len: u64, max: u64) -> u64 {
+    if len < max {
+        return len;
+    }
+    match chunking {
+        Chunking::Fixed { size } => {
+            let end = (off_in + max) / size as u64 * size as u64;
+            if end > off_in {
+                end - off_in
+            } else {
+                max
+            }
+        }
+        Chunking::Cdc { .. } => max,
     }
 }
 
@@ -195,6 +256,22 @@ fn fixed_share(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_request_cut_at_the_reply_limit_ends_on_a_chunk_boundary() {
+        let fixed = Chunking::Fixed { size: 100 };
+        assert_eq!(request_len(fixed, 0, 500, 1000), 500, "under the limit");
+        assert_eq!(request_len(fixed, 0, 1050, 1050), 1000, "cut by the kernel");
+        assert_eq!(request_len(fixed, 0, 5000, 1050), 1000);
+        assert_eq!(request_len(fixed, 30, 5000, 1050), 970, "ends at 1000");
+        assert_eq!(request_len(fixed, 30, 5000, 60), 60, "no boundary in reach");
+        let cdc = Chunking::Cdc {
+            min: 10,
+            avg: 20,
+            max: 40,
+        };
+        assert_eq!(request_len(cdc, 30, 5000, 1050), 1050);
+    }
 
     #[test]
     fn fixed_copies_share_whole_chunks_at_congruent_offsets() {

@@ -1182,6 +1182,45 @@ fn copies_share_chunks_and_copy_only_the_unaligned_rest() {
     assert!(s.fsck(false).unwrap().problems.is_empty());
 }
 
+/// A copy of a file holding one chunk many times takes one reference per
+/// extent, and a copy over a file a snapshot holds leaves the snapshot's
+/// version alone: fsck finds the counts (and `inodes.data`) right, and
+/// once the source, the copy and the snapshot are gone every byte is freed.
+#[test]
+fn copies_of_repeated_chunks_count_every_reference() {
+    let (_d, s) = new_store("fixed:4K", "none");
+    let block = pseudo(4096, 3);
+    let mut data: Vec<u8> = block.repeat(9);
+    data.extend_from_slice(&pseudo(4096, 4));
+    let a = file(&s, "a", &data);
+    let old = pseudo(20_000, 5);
+    let b = file(&s, "b", &old);
+    s.flush_all(true).unwrap();
+    let snap = s.snapshot_create("before").unwrap();
+    assert_eq!(
+        s.copy_range(a, 0, b, 0, 1 << 20).unwrap(),
+        data.len() as u64
+    );
+    s.flush_all(true).unwrap();
+    assert_eq!(read_all(&s, b), data);
+    assert_eq!(s.getattr(b).unwrap().data, data.len() as u64);
+    assert_eq!(read_all(&s, view_ino(snap.id, b)), old, "the snapshot's b");
+    assert!(s.fsck(false).unwrap().problems.is_empty());
+    s.snapshot_delete("before").unwrap();
+    s.unlink(1, b"a").unwrap();
+    s.flush_all(true).unwrap();
+    assert_eq!(read_all(&s, b), data, "the copy outlives its source");
+    s.unlink(1, b"b").unwrap();
+    s.flush_all(true).unwrap();
+    s.gc().unwrap();
+    assert_eq!(
+        s.stats().unwrap().stored_bytes,
+        0,
+        "every reference dropped"
+    );
+    assert!(s.fsck(false).unwrap().problems.is_empty());
+}
+
 /// `snapshot_diff` names what was added, removed and changed between two
 /// snapshots (either order), not an atime moved; forget keeps what its
 /// policy says.

@@ -189,6 +189,14 @@ pub(crate) fn time_now() -> i64 {
     now_ns()
 }
 
+/// How long [`lock_dir`] tries before answering `Locked`.
+const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Takes the store's `flock`, trying again for [`LOCK_PATIENCE`]: a lock
+/// just let go can still be held for a moment by a child this process
+/// forked while the lock file was open (the descriptor lives in the child
+/// until its `exec` closes it), and a store opened right after another
+/// handle on it closed must not be refused for that.
 fn lock_dir(dir: &Path) -> Result<File> {
     let path = dir.join("lock");
     let f = File::options()
@@ -197,9 +205,17 @@ fn lock_dir(dir: &Path) -> Result<File> {
         .write(true)
         .open(&path)
         .map_err(StoreError::io(&path))?;
-    rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive)
-        .map_err(|_| StoreError::Locked { path: dir.into() })?;
-    Ok(f)
+    let start = std::time::Instant::now();
+    loop {
+        match rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => return Ok(f),
+            Err(rustix::io::Errno::INTR) => {}
+            Err(_) if start.elapsed() < LOCK_PATIENCE => {
+                std::thread::sleep(std::time::Duration::from_millis(5))
+            }
+            Err(_) => return Err(StoreError::Locked { path: dir.into() }),
+        }
+    }
 }
 
 impl Store {

@@ -1844,3 +1844,23 @@ fn later_releases_are_settled_by_settle_releases_or_flush_all() {
     assert!(!s.wait_for_releases(std::time::Duration::from_millis(1)));
     assert!(s.fsck(false).unwrap().problems.is_empty());
 }
+
+/// The store's lock: refused while another holder keeps it, taken once a
+/// holder that lets go within the lock's patience has let go.
+#[test]
+fn the_lock_waits_briefly_for_a_holder_letting_go() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("s");
+    Store::init(&dir, &Default::default()).unwrap();
+    let held = Store::lock_dir(&dir).unwrap();
+    assert!(matches!(
+        Store::lock_dir(&dir),
+        Err(StoreError::Locked { .. })
+    ));
+    let letting_go = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        drop(held);
+    });
+    Store::lock_dir(&dir).expect("taken once the holder let go");
+    letting_go.join().unwrap();
+}

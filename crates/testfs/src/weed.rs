@@ -29,8 +29,23 @@ fn free_port() -> io::Result<u16> {
 
 impl Weed {
     /// Starts a server with bucket `bucket` and waits until its S3 port
-    /// answers. Fails (never skips) when `weed` is missing.
+    /// answers. Fails (never skips) when `weed` is missing. Ports are
+    /// picked free, then bound by `weed` a moment later: when another
+    /// process took one in between ("address already in use"), the server
+    /// starts again on fresh ports, up to three times.
     pub fn start(bucket: &str) -> io::Result<Weed> {
+        let mut attempt = 1;
+        loop {
+            match Self::start_once(bucket) {
+                Err(e) if attempt < 3 && e.to_string().contains("address already in use") => {
+                    attempt += 1
+                }
+                r => return r,
+            }
+        }
+    }
+
+    fn start_once(bucket: &str) -> io::Result<Weed> {
         let dir = tempfile::Builder::new()
             .prefix("onecopy-weed.")
             .tempdir_in("/var/tmp")?;
@@ -44,6 +59,7 @@ impl Weed {
             "-s3.port.iceberg=0".into(),
             "-s3.port.lance=0".into(),
             "-admin.ui=false".into(),
+            "-webdav=false".into(),
             format!("-filer.localSocket={}/filer.sock", dir.path().display()),
             format!("-s3.localSocket={}/s3.sock", dir.path().display()),
         ];
@@ -55,7 +71,6 @@ impl Weed {
             "filer.port",
             "filer.port.grpc",
             "s3.port.grpc",
-            "webdav.port",
             "admin.port",
             "admin.port.grpc",
         ] {

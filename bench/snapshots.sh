@@ -26,6 +26,7 @@ cleanup() {
 trap cleanup EXIT
 drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 ms() { python3 -c "import sys; print(f'{(float(sys.argv[2])-float(sys.argv[1]))*1000:.0f}')" "$@"; }
+med() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 now() { date +%s.%N; }
 
 # A 10,000-file tree: 100 directories of 100 files of 1-4 KiB.
@@ -68,7 +69,6 @@ want create && for target in 10000 100000 1000000; do
         deletes+=("$(ms "$t0" "$t1")")
     done
     fusermount3 -u "$work/mnt"; sleep 1
-    med() { printf '%s\n' "$@" | sort -n | sed -n 3p; }
     printf "%-9s %-10s %-10s (create: %s; delete: %s)\n" "$files" "$(med "${creates[@]}")" \
         "$(med "${deletes[@]}")" "${creates[*]}" "${deletes[*]}"
 done
@@ -109,18 +109,18 @@ s=$work/cp; m=$work/mnt-cp; mkdir -p "$m"
 "$O" mount "$s" "$m"
 head -c 4G /dev/urandom > "$m/big"; sync "$m/big"
 before=$(du -sb "$s/containers" | cut -f1)
-times=()
-for i in $(seq 1 "${COPIES:-5}"); do
+n=${COPIES:-5}; times=()
+for i in $(seq 1 "$n"); do
     drop
     t0=$(now); cp "$m/big" "$m/copy$i"; t1=$(now); sync "$m/copy$i"
     times+=("$(ms "$t0" "$t1")")
 done
 after=$(du -sb "$s/containers" | cut -f1)
 echo
-echo "cp of a 4 GiB file inside the mount: ${times[*]} ms, median $(printf '%s\n' "${times[@]}" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}') ms; containers $before -> $after bytes (+$((after - before)))"
+echo "cp of a 4 GiB file inside the mount: ${times[*]} ms, median $(med "${times[@]}") ms; containers $before -> $after bytes (+$((after - before)))"
 same=0
-for i in $(seq 1 "${COPIES:-5}"); do cmp -s "$m/big" "$m/copy$i" && same=$((same + 1)); done
-echo "copies identical to the source: $same of ${COPIES:-5}"
+for i in $(seq 1 "$n"); do cmp -s "$m/big" "$m/copy$i" && same=$((same + 1)); done
+echo "copies identical to the source: $same of $n"
 fusermount3 -u "$m"; sleep 1; rm -rf "$s"
 fi
 

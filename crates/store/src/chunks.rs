@@ -5,8 +5,10 @@
 //! directly, as checkers that must not rely on the code they check.
 //!
 //! Invariants (ARCHITECTURE.md, "Store metadata"):
-//! - A row's `refs` equals the number of `extents` rows naming it; a
-//!   decrement below zero is refused ([`StoreError::RefUnderflow`]).
+//! - Every `chunks` row has one `chunk_refs` row of the same id and no
+//!   other `chunk_refs` row exists; its `refs` equals the number of
+//!   `extents` and `extents_hist` rows naming the chunk; a decrement
+//!   below zero is refused ([`StoreError::RefUnderflow`]).
 //! - A row's `hash` is the BLAKE3-256 of the chunk's bytes and never
 //!   changes; a relocation changes only where the bytes are.
 //! - `indexed = 0` marks a row the fingerprint index must not hold
@@ -59,9 +61,10 @@ impl Chunks<'_> {
 
     /// Row `id`'s fingerprint bytes and reference count.
     pub fn fingerprint_refs(&self, id: ChunkId) -> Result<Option<(Vec<u8>, i64)>> {
-        let mut st = self
-            .0
-            .prepare_cached("SELECT hash, refs FROM chunks WHERE id = ?1")?;
+        let mut st = self.0.prepare_cached(
+            "SELECT c.hash, r.refs FROM chunks c JOIN chunk_refs r ON r.id = c.id
+                 WHERE c.id = ?1",
+        )?;
         Ok(st
             .query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))
             .optional()?)
@@ -70,8 +73,8 @@ impl Chunks<'_> {
     /// Records a new chunk with one reference.
     pub fn insert(&self, hash: &Hash, loc: ChunkLoc) -> Result<ChunkId> {
         let mut st = self.0.prepare_cached(
-            "INSERT INTO chunks (hash, container, offset, stored_len, raw_len, refs)
-             VALUES (?1, ?2, ?3, ?4, ?5, 1)",
+            "INSERT INTO chunks (hash, container, offset, stored_len, raw_len)
+             VALUES (?1, ?2, ?3, ?4, ?5)",
         )?;
         st.execute(params![
             &hash[..],
@@ -80,14 +83,18 @@ impl Chunks<'_> {
             loc.stored_len,
             loc.raw_len
         ])?;
-        Ok(self.0.last_insert_rowid() as u64)
+        let id = self.0.last_insert_rowid();
+        self.0
+            .prepare_cached("INSERT INTO chunk_refs (id, refs) VALUES (?1, 1)")?
+            .execute([id])?;
+        Ok(id as u64)
     }
 
     /// Adds `n` references.
     pub fn incref(&self, id: ChunkId, n: u64) -> Result<()> {
         let mut st = self
             .0
-            .prepare_cached("UPDATE chunks SET refs = refs + ?2 WHERE id = ?1")?;
+            .prepare_cached("UPDATE chunk_refs SET refs = refs + ?2 WHERE id = ?1")?;
         st.execute(params![id, n])?;
         Ok(())
     }
@@ -99,7 +106,8 @@ impl Chunks<'_> {
     /// prune delete a chunk files still use.
     pub fn decref(&self, id: ChunkId, n: u64) -> Result<u64> {
         let mut st = self.0.prepare_cached(
-            "UPDATE chunks SET refs = refs - ?2 WHERE id = ?1 AND refs >= ?2 RETURNING refs",
+            "UPDATE chunk_refs SET refs = refs - ?2 WHERE id = ?1 AND refs >= ?2
+             RETURNING refs",
         )?;
         if let Some(left) = st.query_row(params![id, n], |r| r.get(0)).optional()? {
             return Ok(left);
@@ -117,22 +125,22 @@ impl Chunks<'_> {
     /// more references.
     pub fn relocate(&self, id: ChunkId, loc: ChunkLoc, add_refs: u64) -> Result<()> {
         let mut st = self.0.prepare_cached(
-            "UPDATE chunks SET container = ?2, offset = ?3, stored_len = ?4, refs = refs + ?5
-             WHERE id = ?1",
+            "UPDATE chunks SET container = ?2, offset = ?3, stored_len = ?4 WHERE id = ?1",
         )?;
-        st.execute(params![
-            id,
-            loc.container,
-            loc.offset,
-            loc.stored_len,
-            add_refs
-        ])?;
+        st.execute(params![id, loc.container, loc.offset, loc.stored_len])?;
+        if add_refs > 0 {
+            self.incref(id, add_refs)?;
+        }
         Ok(())
     }
 
     /// Deletes row `id` (its references are gone).
     pub fn delete(&self, id: ChunkId) -> Result<()> {
         let mut st = self.0.prepare_cached("DELETE FROM chunks WHERE id = ?1")?;
+        st.execute([id])?;
+        let mut st = self
+            .0
+            .prepare_cached("DELETE FROM chunk_refs WHERE id = ?1")?;
         st.execute([id])?;
         Ok(())
     }
@@ -150,7 +158,8 @@ impl Chunks<'_> {
     /// order (id, fingerprint bytes): what prune deletes.
     pub fn unreferenced(&self, after: ChunkId, limit: u64) -> Result<Vec<(ChunkId, Vec<u8>)>> {
         let mut st = self.0.prepare_cached(
-            "SELECT id, hash FROM chunks WHERE id > ?1 AND refs <= 0 ORDER BY id LIMIT ?2",
+            "SELECT r.id, c.hash FROM chunk_refs r JOIN chunks c ON c.id = r.id
+             WHERE r.id > ?1 AND r.refs <= 0 ORDER BY r.id LIMIT ?2",
         )?;
         let rows = st.query_map(params![after, limit], |r| Ok((r.get(0)?, r.get(1)?)))?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
@@ -275,5 +284,11 @@ mod tests {
         assert_eq!(seen, vec![b, c]);
         rows.delete(b).unwrap();
         assert_eq!(rows.row(b).unwrap(), None);
+        let counts: u64 = db
+            .query_row("SELECT COUNT(*) FROM chunk_refs WHERE id = ?1", [b], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        assert_eq!(counts, 0, "the count goes with the row");
     }
 }

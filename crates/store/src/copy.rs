@@ -136,7 +136,7 @@ impl Store {
         // than once (repeated content) gets the rest below.
         let distinct =
             g.db.prepare_cached(
-                "UPDATE chunks SET refs = refs + 1 WHERE id IN
+                "UPDATE chunk_refs SET refs = refs + 1 WHERE id IN
                  (SELECT chunk FROM extents WHERE ino = ?1 AND off >= ?2 AND off < ?3)",
             )?
             .execute(src_range)?;
@@ -150,9 +150,9 @@ impl Store {
         })?;
         if rows > distinct {
             g.db.prepare_cached(
-                "UPDATE chunks SET refs = refs + n.n - 1 FROM (SELECT chunk, COUNT(*) n
+                "UPDATE chunk_refs SET refs = refs + n.n - 1 FROM (SELECT chunk, COUNT(*) n
                  FROM extents WHERE ino = ?1 AND off >= ?2 AND off < ?3
-                 GROUP BY chunk HAVING COUNT(*) > 1) n WHERE n.chunk = chunks.id",
+                 GROUP BY chunk HAVING COUNT(*) > 1) n WHERE n.chunk = chunk_refs.id",
             )?
             .execute(src_range)?;
         }

@@ -903,8 +903,7 @@ mod tests {
         };
         {
             let mut g = s.lock();
-            g.db.execute("DELETE FROM chunks WHERE id = ?1", [ids[0].0])
-                .unwrap();
+            crate::chunks::Chunks(&g.db).delete(ids[0].0).unwrap();
             g.db.execute("UPDATE chunks SET indexed = 0 WHERE id = ?1", [ids[1].0])
                 .unwrap();
             let k = super::key_of(&ids[2].1.as_slice().try_into().unwrap());

@@ -108,12 +108,22 @@ fn compute_stats(
             .query_row(sql, [], |r| r.get::<_, Option<i64>>(0))?
             .unwrap_or(0) as u64)
     };
+    let version: u64 = db.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    // A store another process has open at an older format (read-only
+    // stats never migrate) keeps its counts in `chunks`.
+    let counts = if version >= 6 {
+        "chunk_refs"
+    } else {
+        "(SELECT id, refs FROM chunks)"
+    };
+    let live = |col: &str| {
+        format!("SELECT SUM(c.{col}) FROM chunks c JOIN {counts} r ON r.id = c.id WHERE r.refs > 0")
+    };
     let referenced = q("SELECT SUM(len) FROM extents")?;
-    let unique = q("SELECT SUM(raw_len) FROM chunks WHERE refs > 0")?;
-    let stored = q("SELECT SUM(stored_len) FROM chunks WHERE refs > 0")?;
+    let unique = q(&live("raw_len"))?;
+    let stored = q(&live("stored_len"))?;
     let chunks = q("SELECT COUNT(*) FROM chunks")?;
-    let v2: u64 = db.pragma_query_value(None, "user_version", |r| r.get(0))?;
-    let unindexed = if v2 >= 2 {
+    let unindexed = if version >= 2 {
         q("SELECT COUNT(*) FROM chunks WHERE indexed = 0")?
     } else {
         0
@@ -133,7 +143,7 @@ fn compute_stats(
         container_bytes: q("SELECT SUM(length) FROM containers")?,
         containers: q("SELECT COUNT(*) FROM containers")?,
         chunks,
-        unreferenced_chunks: q("SELECT COUNT(*) FROM chunks WHERE refs <= 0")?,
+        unreferenced_chunks: q(&format!("SELECT COUNT(*) FROM {counts} WHERE refs <= 0"))?,
         dedupe_ratio: ratio(referenced, unique),
         compression_ratio: ratio(unique, stored),
         index_entries: index.entries,
@@ -518,17 +528,26 @@ impl Store {
 /// no invented data.
 const FSCK_CHECKS: &[(&str, &str, Option<&str>)] = &[
     (
-        "reference count differs from the file maps",
-        "SELECT c.id, c.refs, COALESCE(n.n, 0) FROM chunks c LEFT JOIN (SELECT chunk,
+        "reference count differs from the file maps (chunk, count or -1 if none, references)",
+        "SELECT c.id, COALESCE(r.refs, -1), COALESCE(n.n, 0) FROM chunks c
+             LEFT JOIN chunk_refs r ON r.id = c.id LEFT JOIN (SELECT chunk,
              COUNT(*) n FROM (SELECT chunk FROM extents UNION ALL SELECT chunk
              FROM extents_hist) GROUP BY chunk) n ON n.chunk = c.id
-             WHERE c.refs != COALESCE(n.n, 0)",
+             WHERE r.refs IS NOT COALESCE(n.n, 0)",
         Some(
-            "UPDATE chunks SET refs = 0;
-                  UPDATE chunks SET refs = n.n FROM (SELECT chunk, COUNT(*) n FROM
+            "INSERT INTO chunk_refs (id, refs) SELECT id, 0 FROM chunks
+                  WHERE id NOT IN (SELECT id FROM chunk_refs);
+                  UPDATE chunk_refs SET refs = 0;
+                  UPDATE chunk_refs SET refs = n.n FROM (SELECT chunk, COUNT(*) n FROM
                   (SELECT chunk FROM extents UNION ALL SELECT chunk FROM extents_hist)
-                  GROUP BY chunk) n WHERE n.chunk = chunks.id;",
+                  GROUP BY chunk) n WHERE n.chunk = chunk_refs.id;",
         ),
+    ),
+    (
+        "reference count of a missing chunk (id, count, 0)",
+        "SELECT r.id, r.refs, 0 FROM chunk_refs r LEFT JOIN chunks c ON c.id = r.id
+             WHERE c.id IS NULL",
+        Some("DELETE FROM chunk_refs WHERE id NOT IN (SELECT id FROM chunks)"),
     ),
     (
         "extent points at a missing chunk",

@@ -18,7 +18,9 @@ use crate::error::{Result, StoreError};
 /// of the file's `extents.len` by the triggers of
 /// [`crate::migrate::V4_DATA_TRIGGERS`].
 /// Version 5: snapshots ([`crate::migrate::V5_SNAPSHOTS`]).
-pub const META_VERSION: u64 = 5;
+/// Version 6: reference counts in `chunk_refs`
+/// ([`crate::migrate::V6_CHUNK_REFS`]).
+pub const META_VERSION: u64 = 6;
 
 const SCHEMA: &str = "
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -87,6 +89,7 @@ pub fn open_db(path: &std::path::Path, create: bool) -> Result<Connection> {
         conn.execute_batch(SCHEMA)?;
         conn.execute_batch(crate::migrate::V4_DATA_TRIGGERS)?;
         conn.execute_batch(crate::migrate::V5_SNAPSHOTS)?;
+        conn.execute_batch(crate::migrate::V6_CHUNK_REFS)?;
         conn.execute(
             "INSERT INTO meta VALUES ('magic', 'onecopy-store'), ('format', ?1)",
             [META_VERSION.to_string()],
@@ -109,6 +112,10 @@ pub fn open_db(path: &std::path::Path, create: bool) -> Result<Connection> {
         if v == 4 {
             crate::migrate::v4_to_v5(&conn)?;
             v = 5;
+        }
+        if v == 5 {
+            crate::migrate::v5_to_v6(&conn)?;
+            v = 6;
         }
         if v != META_VERSION {
             return Err(StoreError::Version {
@@ -157,10 +164,40 @@ pub struct ChunkLoc {
 /// Opaque chunk number that file maps refer to.
 pub type ChunkId = u64;
 
+/// Turns a current database back into what format-5 code wrote:
+/// reference counts in `chunks.refs`, history triggers that count there.
+#[cfg(test)]
+pub(crate) fn downgrade_to_v5(conn: &Connection) {
+    let triggers: Vec<(String, String)> = {
+        let mut st = conn
+            .prepare("SELECT name, sql FROM sqlite_master WHERE type = 'trigger' AND instr(sql, 'chunk_refs') > 0")
+            .unwrap();
+        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).unwrap();
+        rows.map(|r| r.unwrap()).collect()
+    };
+    for (name, _) in &triggers {
+        conn.execute_batch(&format!("DROP TRIGGER {name};"))
+            .unwrap();
+    }
+    conn.execute_batch(
+        "ALTER TABLE chunks ADD COLUMN refs INTEGER NOT NULL DEFAULT 0;
+         UPDATE chunks SET refs = r.refs FROM chunk_refs r WHERE r.id = chunks.id;
+         DROP TABLE chunk_refs;
+         UPDATE meta SET value = '5' WHERE key = 'format';
+         PRAGMA user_version = 5;",
+    )
+    .unwrap();
+    for (_, sql) in &triggers {
+        conn.execute_batch(&sql.replace("UPDATE chunk_refs SET", "UPDATE chunks SET"))
+            .unwrap();
+    }
+}
+
 /// Turns a current database back into what format-4 code wrote (no
 /// snapshots, no history, no `born`).
 #[cfg(test)]
 pub(crate) fn downgrade_to_v4(conn: &Connection) {
+    downgrade_to_v5(conn);
     conn.execute_batch(&crate::snap::drop_triggers_sql())
         .unwrap();
     conn.execute_batch(
@@ -317,16 +354,17 @@ mod plan_tests {
         let dir = tempfile::tempdir().unwrap();
         let conn = open_db(&dir.path().join("meta.sqlite"), true).unwrap();
         for sql in [
-            "SELECT c.id, c.refs, COALESCE(n.n, 0) FROM chunks c LEFT JOIN (SELECT chunk,
+            "SELECT c.id, COALESCE(r.refs, -1), COALESCE(n.n, 0) FROM chunks c
+             LEFT JOIN chunk_refs r ON r.id = c.id LEFT JOIN (SELECT chunk,
              COUNT(*) n FROM extents GROUP BY chunk) n ON n.chunk = c.id
-             WHERE c.refs != COALESCE(n.n, 0)",
+             WHERE r.refs IS NOT COALESCE(n.n, 0)",
             "SELECT i.ino, i.nlink, COALESCE(n.n, 0) FROM inodes i LEFT JOIN (SELECT ino,
              COUNT(*) n FROM dirents GROUP BY ino) n ON n.ino = i.ino
              WHERE i.kind != 2 AND i.nlink != COALESCE(n.n, 0)",
             "SELECT i.ino, COALESCE(i.parent, 0), d.parent FROM dirents d
              JOIN inodes i ON i.ino = d.ino WHERE i.kind = 2 AND i.parent IS NOT d.parent",
-            "UPDATE chunks SET refs = n.n FROM (SELECT chunk, COUNT(*) n FROM extents
-             GROUP BY chunk) n WHERE n.chunk = chunks.id",
+            "UPDATE chunk_refs SET refs = n.n FROM (SELECT chunk, COUNT(*) n FROM extents
+             GROUP BY chunk) n WHERE n.chunk = chunk_refs.id",
             "UPDATE inodes SET nlink = n.n FROM (SELECT ino, COUNT(*) n FROM dirents
              GROUP BY ino) n WHERE n.ino = inodes.ino AND inodes.kind != 2",
             "UPDATE inodes SET parent = d.parent FROM dirents d

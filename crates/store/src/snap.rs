@@ -85,7 +85,7 @@ pub(crate) fn triggers_sql(e: u64) -> String {
         let copy = format!(
             "INSERT INTO {t}_hist ({hist_cols}) VALUES ({old_vals}, OLD.born, {e});{}",
             if *t == "extents" {
-                " UPDATE chunks SET refs = refs + 1 WHERE id = OLD.chunk;"
+                " UPDATE chunk_refs SET refs = refs + 1 WHERE id = OLD.chunk;"
             } else {
                 ""
             }
@@ -359,8 +359,8 @@ fn reclaim_batch(
     };
     if t == "extents" {
         let sql = format!(
-            "UPDATE chunks SET refs = refs - n.n FROM (SELECT chunk, COUNT(*) n
-                 FROM ({}) GROUP BY chunk) n WHERE n.chunk = chunks.id",
+            "UPDATE chunk_refs SET refs = refs - n.n FROM (SELECT chunk, COUNT(*) n
+                 FROM ({}) GROUP BY chunk) n WHERE n.chunk = chunk_refs.id",
             dead("chunk")
         );
         g.db.execute(&sql, params_from_iter(args))?;
@@ -394,7 +394,8 @@ fn only_held_by(db: &Connection, cond: &str, args: impl rusqlite::Params) -> Res
     let sql = format!(
         "SELECT COALESCE(SUM(c.stored_len), 0) FROM chunks c JOIN (SELECT chunk, COUNT(*) n
              FROM extents_hist h WHERE {cond} GROUP BY chunk) u ON u.chunk = c.id
-         WHERE c.refs = u.n"
+             JOIN chunk_refs r ON r.id = c.id
+         WHERE r.refs = u.n"
     );
     Ok(db.query_row(&sql, args, |r| r.get::<_, i64>(0))?.max(0) as u64)
 }

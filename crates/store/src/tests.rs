@@ -974,6 +974,60 @@ fn format_3_data_bytes_are_filled_and_fsck_repairs_them() {
     assert!(s.fsck(false).unwrap().problems.is_empty());
 }
 
+/// A format-5 store with a kept snapshot (history triggers that count in
+/// `chunks.refs`) and shared chunks moves its counts to `chunk_refs` at
+/// open; the re-aimed triggers count what moves to history from then on;
+/// fsck finds and repairs a missing and a stray count row.
+#[test]
+fn format_5_counts_move_to_their_own_table() {
+    let (d, s) = new_store("fixed:4K", "none");
+    let data = pseudo(40_000, 7);
+    let a = file(&s, "a", &data);
+    let b = file(&s, "b", &data);
+    s.flush_all(true).unwrap();
+    let snap = s.snapshot_create("old").unwrap();
+    drop(s);
+    let db_path = d.path().join("meta.sqlite");
+    {
+        let db = rusqlite::Connection::open(&db_path).unwrap();
+        crate::meta::downgrade_to_v5(&db);
+    }
+    let s = Store::open(d.path()).unwrap();
+    assert!(s.fsck(false).unwrap().problems.is_empty());
+    // b rewritten: its old extents move to history, each chunk keeps the
+    // reference through the re-aimed trigger.
+    s.open_file(b).unwrap();
+    s.write(b, 0, &pseudo(40_000, 8)).unwrap();
+    s.release_file(b).unwrap();
+    s.unlink(1, b"a").unwrap();
+    s.flush_all(true).unwrap();
+    assert!(s.fsck(false).unwrap().problems.is_empty());
+    assert_eq!(read_all(&s, view_ino(snap.id, a)), data);
+    assert_eq!(read_all(&s, view_ino(snap.id, b)), data);
+    drop(s);
+    {
+        let db = rusqlite::Connection::open(&db_path).unwrap();
+        let v: u64 = db
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap();
+        assert_eq!(v, crate::meta::META_VERSION);
+        db.execute_batch(
+            "DELETE FROM chunk_refs WHERE id = (SELECT MIN(id) FROM chunks);
+             INSERT INTO chunk_refs VALUES (1000000, 3);",
+        )
+        .unwrap();
+    }
+    let s = Store::open(d.path()).unwrap();
+    let rep = s.fsck(true).unwrap();
+    assert_eq!(rep.problems.len(), 2, "{:?}", rep.problems);
+    assert!(s.fsck(false).unwrap().problems.is_empty());
+    s.snapshot_delete("old").unwrap();
+    s.unlink(1, b"b").unwrap();
+    s.flush_all(true).unwrap();
+    s.gc().unwrap();
+    assert_eq!(s.stats().unwrap().stored_bytes, 0, "every count fell to 0");
+}
+
 /// A store shares its directory with nothing: init refuses a directory
 /// holding files (a fresh filesystem's `lost+found` aside) or a store.
 #[test]

@@ -129,31 +129,42 @@ fi
 # itself, into the null FUSE filesystem (names and attributes in memory,
 # writes discarded, reads zeros; crates/fuse/src/null.rs) and into the
 # store; then `cp -a` back out of each, cold; and restic backup and
-# restore of the same tree. ROUNDS (default 3) rounds, medians.
+# restore of the same tree. ROUNDS (default 3) rounds, medians. The null
+# filesystem and the store each over /dev/fuse and over FUSE-over-io_uring
+# (null-uring: bench/ffuse-null; onecopy-uring: -o transport=uring).
 if want ceiling; then
 command -v restic >/dev/null || apt-get install -y -qq restic >/dev/null
 command -v rsync >/dev/null || apt-get install -y -qq rsync >/dev/null
+cargo build -q --release --manifest-path bench/ffuse-null/Cargo.toml
+NU=$CARGO_TARGET_DIR/release/ffuse-null
+uring=/sys/module/fuse/parameters/enable_uring
+uring_was=$(cat "$uring"); echo Y > "$uring"
+trap 'echo "$uring_was" > "$uring"; cleanup' EXIT
 tree=$work/ctree; mkdir -p "$tree"
 cp -a /usr/include /usr/lib/python3* "$tree/" 2>/dev/null || true
 echo
 echo "v1 tree: $(find "$tree" -type f | wc -l) files, $(du -sm "$tree" | cut -f1) MiB"
-echo "round  into: native null onecopy restic_backup  out: native null onecopy restic_restore  (s)"
+kinds="native null null-uring onecopy onecopy-uring"
+echo "round  into: $kinds restic_backup  out: $kinds restic_restore  (s)"
 secs() { python3 -c "import sys; print(f'{float(sys.argv[2])-float(sys.argv[1]):.2f}')" "$@"; }
 for r in $(seq 1 ${ROUNDS:-3}); do
     into=(); out=()
-    for c in native null onecopy; do
+    for c in $kinds; do
         d=$work/c-$c; m=$d/mnt; rm -rf "$d"; mkdir -p "$m"
         case $c in
             null) "$N" "$m" & sleep 1 ;;
-            onecopy) "$O" store init "$d/s" --chunking cdc:16K/64K/256K >/dev/null; "$O" mount "$d/s" "$m" ;;
+            null-uring) "$NU" "$m" 2 32 & sleep 1 ;;
+            onecopy*) "$O" store init "$d/s" --chunking cdc:16K/64K/256K >/dev/null
+                opts=transport=dev; [ "$c" = onecopy-uring ] && opts=transport=uring
+                "$O" mount "$d/s" "$m" -o "$opts" ;;
         esac
         drop
-        t0=$(now); rsync -a "$tree/" "$m/live/"; [ "$c" = onecopy ] && "$O" store snapshot create "$m" v1 >/dev/null
+        t0=$(now); rsync -a "$tree/" "$m/live/"; [[ $c == onecopy* ]] && "$O" store snapshot create "$m" v1 >/dev/null
         sync -f "$m/live" 2>/dev/null || sync; t1=$(now)
         into+=("$(secs "$t0" "$t1")")
         drop
         t0=$(now)
-        if [ "$c" = onecopy ]; then cp -a "$m/.onecopy/snapshots/v1/live" "$d/out"; else cp -a "$m/live" "$d/out"; fi
+        if [[ $c == onecopy* ]]; then cp -a "$m/.onecopy/snapshots/v1/live" "$d/out"; else cp -a "$m/live" "$d/out"; fi
         sync; t1=$(now)
         out+=("$(secs "$t0" "$t1")")
         [ "$c" = native ] || { fusermount3 -u "$m"; sleep 1; }

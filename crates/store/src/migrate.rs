@@ -53,9 +53,9 @@ INSERT OR IGNORE INTO meta (key, value) VALUES ('epoch', '0');
 
 /// Format 6: reference counts in their own narrow table, `chunk_refs`
 /// (one row per `chunks` row, same id). A copy inside the store adds a
-/// reference to every chunk it shares; in the 90-byte `chunks` row that
-/// rewrote a page per ~45 chunks, in a 16-byte row one per ~250 (a 4 GiB
-/// copy: 46-68 ms against 18, bench/notes/snapshots.md). A store made at
+/// reference to every chunk it shares: for 65,536 chunks the counts
+/// fill 142 pages here against 886 for `chunks` (a 4 GiB copy's update
+/// 27-39 ms against 41-55, bench/notes/snapshots.md). A store made at
 /// format 6 runs this after the format-5 schema too.
 pub(crate) const V6_CHUNK_REFS: &str = "
 CREATE TABLE chunk_refs (id INTEGER PRIMARY KEY, refs INTEGER NOT NULL);
@@ -74,12 +74,7 @@ const V6_HIST_INCREF: &str = "UPDATE chunk_refs SET refs = refs + 1 WHERE id = O
 /// not drop under them: they are dropped first and made again, their
 /// text as stored with the reference update re-aimed at `chunk_refs`.
 pub(crate) fn v5_to_v6(conn: &Connection) -> Result<()> {
-    conn.execute_batch("BEGIN")?;
-    let r = v5_to_v6_body(conn).and_then(|()| Ok(conn.execute_batch("COMMIT")?));
-    if r.is_err() {
-        let _ = conn.execute_batch("ROLLBACK");
-    }
-    r
+    in_transaction_with(conn, v5_to_v6_body)
 }
 
 /// [`v5_to_v6`]'s statements, inside its transaction.
@@ -116,6 +111,16 @@ pub(crate) fn v4_to_v5(conn: &Connection) -> Result<()> {
              PRAGMA user_version = 5;"
         ),
     )
+}
+
+/// Runs `body` in one transaction, rolled back whole if it fails.
+fn in_transaction_with(conn: &Connection, body: fn(&Connection) -> Result<()>) -> Result<()> {
+    conn.execute_batch("BEGIN")?;
+    let r = body(conn).and_then(|()| Ok(conn.execute_batch("COMMIT")?));
+    if r.is_err() {
+        let _ = conn.execute_batch("ROLLBACK");
+    }
+    r
 }
 
 /// Runs `sql` in one transaction, rolled back whole if any statement
@@ -171,12 +176,7 @@ pub(crate) fn v1_to_v2(conn: &Connection) -> Result<()> {
 /// the file is rewritten once (`VACUUM`) without the pages this freed and
 /// with `auto_vacuum = INCREMENTAL`, as a new store has.
 pub(crate) fn v2_to_v3(conn: &Connection) -> Result<()> {
-    conn.execute_batch("BEGIN")?;
-    let r = v2_to_v3_body(conn).and_then(|()| Ok(conn.execute_batch("COMMIT")?));
-    if r.is_err() {
-        let _ = conn.execute_batch("ROLLBACK");
-    }
-    r?;
+    in_transaction_with(conn, v2_to_v3_body)?;
     let r = conn.execute_batch(
         "PRAGMA auto_vacuum = INCREMENTAL; VACUUM; PRAGMA wal_checkpoint(TRUNCATE);",
     );

@@ -18,20 +18,7 @@ use std::sync::Arc;
 
 /// A `LOOKUP` answer meaning "no such name" that the kernel keeps for
 /// the entry timeout (inode number 0 is never an inode).
-pub(crate) const ABSENT: Attr = Attr {
-    ino: 0,
-    kind: Kind::File,
-    perm: 0,
-    uid: 0,
-    gid: 0,
-    nlink: 0,
-    size: 0,
-    atime_ns: 0,
-    mtime_ns: 0,
-    ctime_ns: 0,
-    rdev: 0,
-    data: 0,
-};
+pub(crate) const ABSENT: Attr = Attr::ZERO;
 
 /// An errno, as the kernel gets it.
 pub(crate) type Errno = i32;

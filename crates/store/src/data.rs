@@ -2,6 +2,7 @@
 //! chunks, and the flush that cuts buffered pages into chunks (fixed or
 //! FastCDC), dedupes them and updates the file map.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -18,6 +19,12 @@ use crate::store::{time_now, Atime, Inner, Store};
 
 /// Buffered writes of one file: whole pages, newer than the stored chunks.
 ///
+/// A page begun past the file's end holds only the bytes written so far
+/// (a 1 KiB file buffers 1 KiB, not a zeroed 64 KiB page): bytes past a
+/// page's length are zeros ([`page_prefix`]), and nothing is stored there
+/// while it is buffered (the range was past the end; a truncation or a
+/// `copy_file_range` over it stores the buffer first).
+///
 /// Pages are shared (`Arc`) so that a flush can hash and compress a
 /// snapshot of them outside the store's lock; a write to a page the flush
 /// holds copies it first (`Arc::make_mut`), so the flush sees that the
@@ -27,6 +34,17 @@ pub(crate) struct DirtyFile {
     pub pages: BTreeMap<u64, Arc<Vec<u8>>>,
     /// A flush of this file is running outside the lock.
     pub flushing: bool,
+}
+
+/// The first `len` bytes of a buffered page, zeros past its length.
+fn page_prefix(page: &[u8], len: usize) -> Cow<'_, [u8]> {
+    if page.len() >= len {
+        Cow::Borrowed(&page[..len])
+    } else {
+        let mut v = page.to_vec();
+        v.resize(len, 0);
+        Cow::Owned(v)
+    }
 }
 
 /// What a flush outside the lock found in one snapshot page.
@@ -285,11 +303,11 @@ impl Store {
                 return Cut::Past;
             }
             let len = p.min(size - ps) as usize;
-            let data = &page[..len];
-            if is_zero(data) {
+            let data = page_prefix(page, len);
+            if is_zero(&data) {
                 Cut::Zero(len)
             } else {
-                Cut::Data(len, self.fingerprint(data))
+                Cut::Data(len, self.fingerprint(&data))
             }
         });
         let unknown: Vec<usize> = {
@@ -315,7 +333,10 @@ impl Store {
         };
         let compress = self.cfg.packing();
         let mut encoded: HashMap<Hash, Encoded> = par_map(&unknown, |&i| match cuts[i] {
-            Cut::Data(len, h) => (h, self.encode_chunk(&h, &pages[i].1[..len], compress)),
+            Cut::Data(len, h) => {
+                let data = page_prefix(&pages[i].1, len);
+                (h, self.encode_chunk(&h, &data, compress))
+            }
             _ => unreachable!("only data pages are encoded"),
         })
         .into_iter()
@@ -357,7 +378,8 @@ impl Store {
                 continue;
             }
             let len = p.min(size - ps) as usize;
-            let data = &page[..len];
+            let data = page_prefix(page, len);
+            let data = &*data;
             let put = match *cut {
                 Cut::Zero(l) if l == len => Ok(None),
                 Cut::Data(l, h) if l == len => {
@@ -488,8 +510,10 @@ impl Store {
                 .get(&ino)
                 .is_some_and(|d| d.pages.contains_key(&idx))
             {
-                let mut page = vec![0u8; p as usize];
+                // Past the end, only what is written (see DirtyFile).
+                let mut page = Vec::new();
                 if ps < a.size {
+                    page = vec![0u8; p as usize];
                     let plan = self.plan(&g, ino, ps, (ps + p).min(a.size))?;
                     self.fill(&mut page, ps, &plan)?;
                 }
@@ -500,19 +524,27 @@ impl Store {
                     .insert(idx, Arc::new(page));
             }
             let page = g.dirty.get_mut(&ino).unwrap().pages.get_mut(&idx).unwrap();
-            copy_overlap(Arc::make_mut(page).as_mut_slice(), ps, data, off);
+            let page = Arc::make_mut(page);
+            let need = (end.min(ps + p) - ps) as usize;
+            if page.len() < need {
+                page.resize(need, 0);
+            }
+            copy_overlap(page.as_mut_slice(), ps, data, off);
         }
         let size = a.size.max(end);
         if self.kernel_times.load(Ordering::Relaxed) {
             if size != a.size {
-                g.db.prepare_cached("UPDATE inodes SET size = ?2 WHERE ino = ?1")?
-                    .execute(params![ino, size])?;
+                let sql = "UPDATE inodes SET size = ?2 WHERE ino = ?1";
+                g.update_inode(ino, sql, params![ino, size], |r| r.size = size)?;
             }
         } else {
-            g.db.prepare_cached(
+            let t = time_now();
+            g.update_inode(
+                ino,
                 "UPDATE inodes SET size = ?2, mtime_ns = ?3, ctime_ns = ?3 WHERE ino = ?1",
-            )?
-            .execute(params![ino, size, time_now()])?;
+                params![ino, size, t],
+                |r| (r.size, r.mtime_ns, r.ctime_ns) = (size, t, t),
+            )?;
         }
         let d = &g.dirty[&ino];
         let buffered = d.pages.len() as u64 * p;
@@ -859,7 +891,7 @@ impl Store {
             Chunking::Fixed { .. } => {
                 for (i, (_, (ps, page))) in run.iter().enumerate() {
                     let len = p.min(size - ps) as usize;
-                    self.replace_chunk(g, ino, *ps, &page[..len])
+                    self.replace_chunk(g, ino, *ps, &page_prefix(page, len))
                         .map_err(|e| (i, e))?;
                 }
                 Ok(())

@@ -103,6 +103,8 @@ impl Store {
             _ => "ROLLBACK TO forget; RELEASE forget",
         };
         g.db.execute_batch(end)?;
+        // ROLLBACK TO calls no rollback hook.
+        g.attrs.clear();
         rep.frees_bytes = counted?;
         if !dry_run && !rep.remove.is_empty() {
             self.commit_locked(&mut g, true)?;

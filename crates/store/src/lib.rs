@@ -6,6 +6,7 @@
 //! ARCHITECTURE.md.
 
 mod acl;
+mod attrs;
 pub mod bucket;
 mod cache;
 mod chunks;

@@ -136,6 +136,22 @@ pub struct Attr {
 }
 
 impl Attr {
+    /// Every field zero, inode 0 (never an inode's number).
+    pub const ZERO: Attr = Attr {
+        ino: 0,
+        kind: Kind::File,
+        perm: 0,
+        uid: 0,
+        gid: 0,
+        nlink: 0,
+        size: 0,
+        atime_ns: 0,
+        mtime_ns: 0,
+        ctime_ns: 0,
+        rdev: 0,
+        data: 0,
+    };
+
     /// `st_blocks` (512-byte units): the data, at most the size rounded
     /// up. Below `size / 512` for a sparse file, which is what `cp`,
     /// `tar` and `du` look at.
@@ -339,7 +355,19 @@ impl Inner {
         Ok(st.query_row(params![ino, name], |r| r.get(0)).optional()?)
     }
 
+    /// An inode's row: from [`AttrCache`](crate::attrs::AttrCache) when
+    /// it holds it (checked against the row in debug builds).
     pub(crate) fn attr(&self, ino: u64) -> Result<Attr> {
+        if let Some(a) = self.attrs.get(ino) {
+            debug_assert_eq!(self.attr_row(ino).ok(), Some(a), "cached row of {ino}");
+            return Ok(a);
+        }
+        let a = self.attr_row(ino)?;
+        self.attrs.put(a);
+        Ok(a)
+    }
+
+    fn attr_row(&self, ino: u64) -> Result<Attr> {
         let mut st = self.db.prepare_cached(concat!(
             "SELECT ",
             attr_cols!(),
@@ -365,6 +393,26 @@ impl Inner {
         Ok(a)
     }
 
+    /// Runs `sql`, which changes only `ino`'s row, with `p`; `change`
+    /// makes the same change to the row's cached copy, if there is one
+    /// (taken just before the statement, so equal to the row then), so
+    /// the next request reads it from memory.
+    pub(crate) fn update_inode<P: rusqlite::Params>(
+        &self,
+        ino: u64,
+        sql: &str,
+        p: P,
+        change: impl FnOnce(&mut Attr),
+    ) -> Result<()> {
+        let before = self.attrs.get(ino);
+        self.db.prepare_cached(sql)?.execute(p)?;
+        if let Some(mut a) = before {
+            change(&mut a);
+            self.attrs.put(a);
+        }
+        Ok(())
+    }
+
     pub(crate) fn touch(&self, ino: u64, mtime: bool) -> Result<()> {
         let t = time_now();
         let sql = if mtime {
@@ -372,15 +420,19 @@ impl Inner {
         } else {
             "UPDATE inodes SET ctime_ns = ?2 WHERE ino = ?1"
         };
-        self.db.prepare_cached(sql)?.execute(params![ino, t])?;
-        Ok(())
+        self.update_inode(ino, sql, params![ino, t], |a| {
+            if mtime {
+                a.mtime_ns = t;
+            }
+            a.ctime_ns = t;
+        })
     }
 
     pub(crate) fn add_nlink(&self, ino: u64, delta: i64) -> Result<()> {
-        self.db
-            .prepare_cached("UPDATE inodes SET nlink = nlink + ?2 WHERE ino = ?1")?
-            .execute(params![ino, delta])?;
-        Ok(())
+        let sql = "UPDATE inodes SET nlink = nlink + ?2 WHERE ino = ?1";
+        self.update_inode(ino, sql, params![ino, delta], |a| {
+            a.nlink = (a.nlink as i64 + delta) as u32;
+        })
     }
 
     /// Adds the entry `parent/name` for `ino`; a name already there is
@@ -473,6 +525,7 @@ impl Store {
         let mut st = g.db.prepare_cached(LOOKUP_SQL)?;
         let key = params![parent, name_cookie(name), name];
         if let Some(mut a) = st.query_row(key, attr_of).optional()? {
+            g.attrs.put(a);
             a.data += self.buffered(&g, a.ino);
             return Ok(a);
         }
@@ -589,19 +642,8 @@ impl Store {
             g.epoch
         ])?;
         let ino = g.db.last_insert_rowid() as u64;
-        for (name, value) in acls {
-            g.db.prepare_cached(
-                "INSERT INTO xattrs (ino, name, value, born) VALUES (?1, ?2, ?3, ?4)",
-            )?
-            .execute(params![ino, name, value, g.epoch])?;
-        }
-        g.add_dirent(parent, name, ino)?;
-        if is_dir {
-            g.add_nlink(parent, 1)?;
-        }
-        g.touch(parent, true)?;
         // Exactly the row just inserted (no read back).
-        Ok(Attr {
+        let a = Attr {
             ino,
             kind: node.kind,
             perm,
@@ -614,7 +656,20 @@ impl Store {
             ctime_ns: t,
             rdev: node.rdev,
             data: 0,
-        })
+        };
+        g.attrs.put(a);
+        for (name, value) in acls {
+            g.db.prepare_cached(
+                "INSERT INTO xattrs (ino, name, value, born) VALUES (?1, ?2, ?3, ?4)",
+            )?
+            .execute(params![ino, name, value, g.epoch])?;
+        }
+        g.add_dirent(parent, name, ino)?;
+        if is_dir {
+            g.add_nlink(parent, 1)?;
+        }
+        g.touch(parent, true)?;
+        Ok(a)
     }
 
     /// The target of a symbolic link.
@@ -952,19 +1007,24 @@ impl Store {
             ctime_ns: set.ctime_ns.unwrap_or(t),
             ..a
         };
-        g.db.prepare_cached(
+        g.update_inode(
+            ino,
             "UPDATE inodes SET perm = ?2, uid = ?3, gid = ?4, atime_ns = ?5, mtime_ns = ?6,
              ctime_ns = ?7 WHERE ino = ?1",
-        )?
-        .execute(params![
-            ino,
-            new.perm,
-            new.uid,
-            new.gid,
-            new.atime_ns,
-            new.mtime_ns,
-            new.ctime_ns,
-        ])?;
+            params![
+                ino,
+                new.perm,
+                new.uid,
+                new.gid,
+                new.atime_ns,
+                new.mtime_ns,
+                new.ctime_ns,
+            ],
+            |r| {
+                (r.perm, r.uid, r.gid) = (new.perm, new.uid, new.gid);
+                (r.atime_ns, r.mtime_ns, r.ctime_ns) = (new.atime_ns, new.mtime_ns, new.ctime_ns);
+            },
+        )?;
         // The row as updated: truncate_locked set the size and, through
         // the extents it dropped, the data; nothing else changed under the
         // lock.
@@ -995,8 +1055,13 @@ impl Store {
         let a = g.attr(ino)?;
         if name == acl::ACCESS {
             let (perm, minimal) = Acl::parse(value).ok_or(StoreError::Invalid)?.mode();
-            g.db.prepare_cached("UPDATE inodes SET perm = ?2, ctime_ns = ?3 WHERE ino = ?1")?
-                .execute(params![ino, (a.perm & 0o7000) | perm, time_now()])?;
+            let (perm, t) = ((a.perm & 0o7000) | perm, time_now());
+            g.update_inode(
+                ino,
+                "UPDATE inodes SET perm = ?2, ctime_ns = ?3 WHERE ino = ?1",
+                params![ino, perm, t],
+                |r| (r.perm, r.ctime_ns) = (perm, t),
+            )?;
             if minimal {
                 // An ACL that says no more than the mode is the mode.
                 g.db.prepare_cached("DELETE FROM xattrs WHERE ino = ?1 AND name = ?2")?

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use rusqlite::{params, Connection, OptionalExtension};
 
+use crate::attrs::AttrCache;
 use crate::cache::ChunkCache;
 use crate::chunks::Chunks;
 use crate::config::{StoreConfig, FORMAT, FORMAT_MIN, MAGIC};
@@ -47,6 +48,8 @@ pub enum Atime {
 /// Everything behind the store's lock.
 pub(crate) struct Inner {
     pub db: Connection,
+    /// Copies of `inodes` rows (see `attrs.rs` for why they stay equal).
+    pub attrs: AttrCache,
     pub dirty: HashMap<u64, DirtyFile>,
     pub open_count: HashMap<u64, u32>,
     pub writer: Writer,
@@ -336,6 +339,8 @@ impl Store {
         )?;
         db.execute_batch("BEGIN")?;
         let epoch = crate::snap::epoch(&db)?;
+        let attrs = AttrCache::default();
+        attrs.attach(&db);
         let reserve = Reserve::open(dir);
         let low = AtomicBool::new(reserve.is_low());
         let store = Store {
@@ -344,6 +349,7 @@ impl Store {
             containers,
             inner: Mutex::new(Inner {
                 db,
+                attrs,
                 dirty: HashMap::new(),
                 open_count: HashMap::new(),
                 writer,
@@ -410,6 +416,7 @@ impl Store {
         g.epoch = crate::snap::epoch(&db)?;
         g.prealloc = load_prealloc(&db)?;
         db.execute_batch("BEGIN")?;
+        g.attrs.attach(&db);
         g.db = db;
         self.cache.clear();
         Ok(())
@@ -624,6 +631,7 @@ impl Store {
     /// write buffers of inodes that no longer exist are dropped, and the
     /// read cache forgets the rolled-back containers.
     fn after_rollback(&self, g: &mut Inner, inos: i64) -> Result<()> {
+        g.attrs.clear();
         g.db.execute(
             "UPDATE sqlite_sequence SET seq = MAX(seq, ?1) WHERE name = 'inodes'",
             [inos],

@@ -72,6 +72,9 @@ const MAX_SPAN: u64 = 8 << 20;
 const RELEASE_BATCH: usize = 64;
 /// Buffer page size with content-defined chunking.
 const CDC_PAGE: u64 = 64 << 10;
+/// A buffer of one page at most this long is stored with the lock held
+/// throughout ([`Store::flush_file`]).
+const SMALL_FLUSH: usize = 16 << 10;
 
 /// The file with the most buffered pages (none being flushed), when all
 /// buffers together reach [`DIRTY_TOTAL_LIMIT`]. One file alone is
@@ -277,8 +280,16 @@ impl Store {
         };
         d.flushing = true;
         let pages: Vec<Page> = d.pages.iter().map(|(&i, pg)| (i, pg.clone())).collect();
-        drop(g);
-        let r = self.flush_snapshot(ino, size, &pages);
+        // A small file's one page: hashing and compressing a few KiB
+        // under the lock costs less than taking it twice more (against
+        // the requests of the program writing the next file).
+        let small = matches!(&pages[..], [(_, pg)] if pg.len() <= SMALL_FLUSH);
+        let r = if small {
+            self.flush_snapshot(Some(&mut g), ino, size, &pages)
+        } else {
+            drop(g);
+            self.flush_snapshot(None, ino, size, &pages)
+        };
         if r.is_err() {
             if let Some(d) = self.lock().dirty.get_mut(&ino) {
                 d.flushing = false;
@@ -294,8 +305,15 @@ impl Store {
     /// in a container synced before any commit that references them) and
     /// the file map is updated once per run of pages. A page written,
     /// truncated or flushed by someone else meanwhile is no longer the
-    /// same `Arc` in the dirty map and is skipped.
-    fn flush_snapshot(&self, ino: u64, size: u64, pages: &[(u64, Arc<Vec<u8>>)]) -> Result<()> {
+    /// same `Arc` in the dirty map and is skipped. With `held`, the lock
+    /// is held throughout instead.
+    fn flush_snapshot(
+        &self,
+        mut held: Option<&mut Inner>,
+        ino: u64,
+        size: u64,
+        pages: &[(u64, Arc<Vec<u8>>)],
+    ) -> Result<()> {
         let p = self.page_size();
         let cuts = par_map(pages, |(idx, page)| {
             let ps = idx * p;
@@ -322,9 +340,14 @@ impl Store {
                     }
                 }
             }
-            let mut g = self.lock();
-            let Inner { db, index, .. } = &mut *g;
-            let found = index.lookup_many(db, &hashes)?;
+            let found = match held.as_deref_mut() {
+                Some(g) => g.index.lookup_many(&g.db, &hashes)?,
+                None => {
+                    let mut g = self.lock();
+                    let Inner { db, index, .. } = &mut *g;
+                    index.lookup_many(db, &hashes)?
+                }
+            };
             at.into_iter()
                 .zip(found)
                 .filter(|(_, f)| f.is_none())
@@ -341,9 +364,16 @@ impl Store {
         })
         .into_iter()
         .collect();
-        let mut g = self.lock();
+        let mut own;
+        let g = match held {
+            Some(g) => g,
+            None => {
+                own = self.lock();
+                &mut *own
+            }
+        };
         g.flushing = Some(ino);
-        let r = self.apply_snapshot(&mut g, ino, pages, &cuts, &mut encoded);
+        let r = self.apply_snapshot(g, ino, pages, &cuts, &mut encoded);
         g.flushing = None;
         r
     }

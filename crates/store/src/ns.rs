@@ -64,6 +64,18 @@ pub(crate) fn insert_dirent(
     ino: u64,
     born: u64,
 ) -> Result<()> {
+    let cookie = free_cookie(db, table, parent, name)?;
+    insert_dirent_at(db, table, (parent, cookie), name, ino, born)
+}
+
+/// The cookie [`insert_dirent`] would give `parent/name`, or why it
+/// cannot be added (`AlreadyExists`, `NoSpace`).
+pub(crate) fn free_cookie(
+    db: &rusqlite::Connection,
+    table: &str,
+    parent: u64,
+    name: &[u8],
+) -> Result<i64> {
     let base = name_cookie(name);
     let mut cookie = base;
     {
@@ -81,6 +93,19 @@ pub(crate) fn insert_dirent(
     if cookie >= base + COOKIE_SPAN {
         return Err(StoreError::NoSpace);
     }
+    Ok(cookie)
+}
+
+/// Inserts the entry at `(parent, cookie)`, from [`free_cookie`] under
+/// the same lock.
+fn insert_dirent_at(
+    db: &rusqlite::Connection,
+    table: &str,
+    (parent, cookie): (u64, i64),
+    name: &[u8],
+    ino: u64,
+    born: u64,
+) -> Result<()> {
     db.prepare_cached(&format!(
         "INSERT INTO {table} (parent, cookie, name, ino, born) VALUES (?1, ?2, ?3, ?4, ?5)"
     ))?
@@ -607,9 +632,11 @@ impl Store {
     ) -> Result<Attr> {
         let pa = g.dir_attr(parent)?;
         check_name(name)?;
-        if view::is_reserved(parent, name) || g.child(parent, name)?.is_some() {
+        if view::is_reserved(parent, name) {
             return Err(StoreError::AlreadyExists);
         }
+        // The name looked up too: AlreadyExists.
+        let cookie = free_cookie(&g.db, "dirents", parent, name)?;
         self.room_for_more(g, 0)?;
         let (mut perm, acls) = inherit_acl(g, parent, &node)?;
         let mut gid = node.gid;
@@ -664,7 +691,7 @@ impl Store {
             )?
             .execute(params![ino, name, value, g.epoch])?;
         }
-        g.add_dirent(parent, name, ino)?;
+        insert_dirent_at(&g.db, "dirents", (parent, cookie), name, ino, g.epoch)?;
         if is_dir {
             g.add_nlink(parent, 1)?;
         }

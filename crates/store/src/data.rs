@@ -284,18 +284,28 @@ impl Store {
         // under the lock costs less than taking it twice more (against
         // the requests of the program writing the next file).
         let small = matches!(&pages[..], [(_, pg)] if pg.len() <= SMALL_FLUSH);
-        let r = if small {
-            self.flush_snapshot(Some(&mut g), ino, size, &pages)
-        } else {
-            drop(g);
-            self.flush_snapshot(None, ino, size, &pages)
-        };
-        if r.is_err() {
-            if let Some(d) = self.lock().dirty.get_mut(&ino) {
-                d.flushing = false;
+        if small {
+            // The lock is still held here: the failure is marked under it.
+            let r = self.flush_snapshot(Some(&mut g), ino, size, &pages);
+            if r.is_err() {
+                Self::flush_failed(&mut g, ino);
             }
+            return r;
+        }
+        drop(g);
+        let r = self.flush_snapshot(None, ino, size, &pages);
+        if r.is_err() {
+            Self::flush_failed(&mut self.lock(), ino);
         }
         r
+    }
+
+    /// After a failed flush: the file's remaining buffer is left to the
+    /// next one (`flushing` off).
+    fn flush_failed(g: &mut Inner, ino: u64) {
+        if let Some(d) = g.dirty.get_mut(&ino) {
+            d.flushing = false;
+        }
     }
 
     /// Stores a snapshot of a file's dirty pages (page index, bytes; file

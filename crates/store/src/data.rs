@@ -264,7 +264,8 @@ impl Store {
 
     /// Writes the file's buffer to chunks (no commit). With fixed
     /// chunking, hashing and compression run outside the lock on all
-    /// cores (see [`Store::flush_snapshot`]).
+    /// cores (see [`Store::flush_snapshot`]), except for a buffer of one
+    /// page of at most 16 KiB (`SMALL_FLUSH`), stored under the lock.
     pub fn flush_file(&self, ino: u64) -> Result<()> {
         let mut g = self.lock();
         if matches!(self.cfg.chunking, Chunking::Cdc { .. }) {

@@ -128,9 +128,13 @@ impl UringFs {
         op: impl FnOnce(&Core) -> Ret<T> + Send + 'static,
     ) -> Ret<T> {
         let core = self.0.clone();
-        compio_runtime::spawn_blocking(move || op(&core))
-            .await
-            .unwrap_or(Err(libc::EIO))
+        compio_runtime::spawn_blocking(move || {
+            // The pool's threads inherit the worker's pin to one CPU.
+            onecopy_store::unpin_thread();
+            op(&core)
+        })
+        .await
+        .unwrap_or(Err(libc::EIO))
     }
 }
 
@@ -306,8 +310,14 @@ impl Filesystem for UringFs {
         write_flags: u32,
         _flags: u32,
     ) -> FsResult<usize> {
-        let kill = write_flags & WRITE_KILL_SUIDGID != 0;
-        let n = self.0.write(who(&req), inode.0, offset, data, kill)?;
+        let (kill, who, ino) = (write_flags & WRITE_KILL_SUIDGID != 0, who(&req), inode.0);
+        if data.len() < INLINE_IO_MAX {
+            return Ok(self.0.write(who, ino, offset, data, kill)? as usize);
+        }
+        let data = data.to_vec();
+        let n = self
+            .blocking(move |c| c.write(who, ino, offset, &data, kill))
+            .await?;
         Ok(n as usize)
     }
 
@@ -566,6 +576,17 @@ fn not_wanted(follower: bool) -> u64 {
     };
     (abi::FUSE_ATOMIC_O_TRUNC | inval) as u64
 }
+
+/// Writes of at least this many bytes run on the blocking pool, so that
+/// the worker goes on with the next request: the kernel queues a file's
+/// writeback on the ring of the CPU that sends it, and served inline,
+/// one at a time, big writes reached 0.70x the `/dev/fuse` transport's
+/// speed, whose threads take any request; on the pool, 1 MiB writes of
+/// a 2 GiB file went 400 -> 455 MB/s (medians of 5; reads on the pool
+/// were no better, so they stay inline: bench/notes/store-transport.md,
+/// "The Linux tree, lock waits and big requests over io_uring"). Smaller
+/// ones, the small files' path, stay inline.
+const INLINE_IO_MAX: usize = 128 << 10;
 
 /// Ring entries per CPU: requests one CPU's callers may have in flight.
 /// Each entry pins a [`MAX_WRITE`] buffer: 16 MiB per CPU.

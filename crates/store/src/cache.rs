@@ -74,13 +74,34 @@ impl ChunkCache {
 /// Worker threads used for hashing and compression: the cores available,
 /// at most 8. Asked once: `available_parallelism` reads cgroup files on
 /// every call, which cost more than hashing a small file's page.
+/// The CPUs the process may run on: its main thread's affinity, read
+/// once. A thread serving a ring of FUSE over io_uring is pinned to one
+/// CPU, and every thread it starts inherits that (as does
+/// `available_parallelism` on it): hashing and compressing spread from
+/// such a thread ran on that one CPU while the other idled.
+fn process_cpus() -> Option<&'static rustix::thread::CpuSet> {
+    static CPUS: std::sync::OnceLock<Option<rustix::thread::CpuSet>> = std::sync::OnceLock::new();
+    CPUS.get_or_init(|| rustix::thread::sched_getaffinity(Some(rustix::process::getpid())).ok())
+        .as_ref()
+}
+
+/// Lets the calling thread run on every CPU of the process (see
+/// [`process_cpus`]); a failure leaves it as it is.
+pub fn unpin_thread() {
+    if let Some(cpus) = process_cpus() {
+        let _ = rustix::thread::sched_setaffinity(None, cpus);
+    }
+}
+
+/// Threads [`par_map`] spreads over: the process's CPUs, at most 8.
 fn workers() -> usize {
     static WORKERS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *WORKERS.get_or_init(|| {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-            .min(8)
+        let n = match process_cpus() {
+            Some(cpus) => cpus.count() as usize,
+            None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        };
+        n.clamp(1, 8)
     })
 }
 
@@ -97,7 +118,12 @@ pub(crate) fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync)
         let mut parts = items.chunks(per);
         let first = parts.next().unwrap_or(&[]);
         let handles: Vec<_> = parts
-            .map(|part| s.spawn(move || part.iter().map(f).collect::<Vec<R>>()))
+            .map(|part| {
+                s.spawn(move || {
+                    unpin_thread();
+                    part.iter().map(f).collect::<Vec<R>>()
+                })
+            })
             .collect();
         let mut out: Vec<R> = first.iter().map(f).collect();
         for h in handles {
@@ -120,6 +146,29 @@ mod tests {
         );
         assert_eq!(par_map(&v[..1], |x| x + 1), vec![1]);
         assert!(par_map(&v[..0], |x| *x).is_empty());
+    }
+
+    /// A thread pinned to one CPU (as a ring worker of FUSE over io_uring
+    /// is) still spreads work over all of the process's CPUs.
+    #[test]
+    fn par_map_from_a_pinned_thread_uses_every_cpu() {
+        use rustix::thread::{sched_getaffinity, sched_setaffinity, CpuSet};
+        let all = *process_cpus().expect("the process's CPUs");
+        let first = (0..CpuSet::MAX_CPU).find(|&c| all.is_set(c)).unwrap();
+        std::thread::spawn(move || {
+            let mut one = CpuSet::new();
+            one.set(first);
+            sched_setaffinity(None, &one).unwrap();
+            let v: Vec<u32> = (0..64).collect();
+            let counts = par_map(&v, |_| sched_getaffinity(None).unwrap().count());
+            // The first slice runs on the calling thread, the last on a
+            // spread one (when there is more than one CPU).
+            assert_eq!(counts[0], 1);
+            let spread = if workers() > 1 { all.count() } else { 1 };
+            assert_eq!(counts[63], spread);
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]

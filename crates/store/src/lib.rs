@@ -36,6 +36,7 @@ mod space;
 mod store;
 mod view;
 
+pub use cache::unpin_thread;
 pub use config::{Chunking, Compress, RemoteSpec, StoreConfig};
 pub use diff::Change;
 pub use error::{Result, StoreError};

@@ -66,17 +66,25 @@ cpu_s() { awk '{print ($14 + $15) / 100}' "/proc/$1/stat"; }
 
 if want fio; then
 echo "## fio sequential 1 MiB, $SIZE, incompressible (MB/s)"
+# Columns: the disk; the null filesystem over /dev/fuse (fuser) and over
+# io_uring (bench/ffuse-null); the store over each transport (1st write,
+# 2nd write of the same bytes to another file, remount, cold read).
 fio_seq "$work/native" write "$work/n1.json"; drop
 fio --name=s --filename="$work/native/f" --size="$SIZE" --rw=read --bs=1M --ioengine=psync --output-format=json > "$work/nr.json"
-$N "$work/null" & sleep 1
-fio_seq "$work/null" write "$work/null1.json"
-drop; fio --name=s --filename="$work/null/f" --size="$SIZE" --rw=read --bs=1M --ioengine=psync --output-format=json > "$work/nullr.json"
-fusermount3 -u "$work/null"; wait || true
-mount_store
-fio_seq "$work/mnt" write "$work/s1.json"
-fio_seq "$work/mnt" write "$work/s2.json" g
-umount_store; drop; $O mount "$work/s" "$work/mnt"
-fio --name=s --filename="$work/mnt/f" --size="$SIZE" --rw=read --bs=1M --ioengine=psync --output-format=json > "$work/sr.json"
+for t in dev uring; do
+    case $t in dev) $N "$work/null" & ;; uring) $NU "$work/null" 2 32 & ;; esac
+    sleep 1
+    fio_seq "$work/null" write "$work/null1-$t.json"
+    drop; fio --name=s --filename="$work/null/f" --size="$SIZE" --rw=read --bs=1M --ioengine=psync --output-format=json > "$work/nullr-$t.json"
+    fusermount3 -u "$work/null"; wait || true
+    STORE_MOUNT_OPTS=transport=$t mount_store
+    fio_seq "$work/mnt" write "$work/s1-$t.json"
+    fio_seq "$work/mnt" write "$work/s2-$t.json" g
+    umount_store; drop; $O mount "$work/s" "$work/mnt" -o transport=$t
+    fio --name=s --filename="$work/mnt/f" --size="$SIZE" --rw=read --bs=1M --ioengine=psync --output-format=json > "$work/sr-$t.json"
+    $O store stats "$work/s" | grep -E 'dedupe|written'
+    umount_store; rm -rf "$work/s"
+done
 # The disk is measured again after the store: a virtual disk's speed
 # drifts (this VM's wrote 2 GiB at 400-1,300 MB/s minutes apart), and a
 # native figure taken only before the store would credit or blame the
@@ -87,14 +95,16 @@ fio --name=s --filename="$work/native/f" --size="$SIZE" --rw=read --bs=1M --ioen
 pct() { python3 -c "import sys; a,b,s=map(float,sys.argv[1:]); print(f'{100*s/((a+b)/2):.0f}%')" "$@"; }
 n1=$(mbps "$work/n1.json" write); n1b=$(mbps "$work/n1b.json" write)
 nr=$(mbps "$work/nr.json" read); nrb=$(mbps "$work/nrb.json" read)
-s1=$(mbps "$work/s1.json" write); sr=$(mbps "$work/sr.json" read)
-echo "| | native (before / after the store) | null FUSE | onecopy store | store / native mean |"
-echo "|---|---:|---:|---:|---:|"
-echo "| 1st write | $n1 / $n1b | $(mbps "$work/null1.json" write) | $s1 | $(pct $n1 $n1b $s1) |"
-echo "| 2nd write (duplicate) | - | $(mbps "$work/null1.json" write) | $(mbps "$work/s2.json" write) | |"
-echo "| cold read | $nr / $nrb | $(mbps "$work/nullr.json" read) | $sr | $(pct $nr $nrb $sr) |"
-$O store stats "$work/s" | grep -E 'dedupe|written'
-umount_store; rm -rf "$work/s" "$work/native/f"
+row() { # NAME KIND NULL-FILE STORE-FILE NATIVE-A NATIVE-B
+    local d u; d=$(mbps "$work/$4-dev.json" "$2"); u=$(mbps "$work/$4-uring.json" "$2")
+    echo "| $1 | ${5:--}${6:+ / $6} | $(mbps "$work/$3-dev.json" "$2") / $(mbps "$work/$3-uring.json" "$2") | $d | $u | ${5:+$(pct "$5" "$6" "$d") / $(pct "$5" "$6" "$u")} |"
+}
+echo "| | native (before / after the stores) | null FUSE (/dev/fuse / io_uring) | store, /dev/fuse | store, io_uring | store / native mean (/dev/fuse / io_uring) |"
+echo "|---|---:|---:|---:|---:|---:|"
+row "1st write" write null1 s1 "$n1" "$n1b"
+row "2nd write (duplicate)" write null1 s2
+row "cold read" read nullr sr "$nr" "$nrb"
+rm -f "$work/native/f"
 fi
 
 # cp -a of TREE into each configuration, cache dropped before each copy,

@@ -71,9 +71,6 @@ impl ChunkCache {
     }
 }
 
-/// Worker threads used for hashing and compression: the cores available,
-/// at most 8. Asked once: `available_parallelism` reads cgroup files on
-/// every call, which cost more than hashing a small file's page.
 /// The CPUs the process may run on: its main thread's affinity, read
 /// once. A thread serving a ring of FUSE over io_uring is pinned to one
 /// CPU, and every thread it starts inherits that (as does
@@ -86,22 +83,32 @@ fn process_cpus() -> Option<&'static rustix::thread::CpuSet> {
 }
 
 /// Lets the calling thread run on every CPU of the process (see
-/// [`process_cpus`]); a failure leaves it as it is.
+/// [`process_cpus`]), once per thread; a failure leaves it as it is.
 pub fn unpin_thread() {
+    thread_local!(static DONE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) });
+    if DONE.replace(true) {
+        return;
+    }
     if let Some(cpus) = process_cpus() {
         let _ = rustix::thread::sched_setaffinity(None, cpus);
     }
 }
 
-/// Threads [`par_map`] spreads over: the process's CPUs, at most 8.
+/// Worker threads used for hashing and compression: the cores available,
+/// at most 8. Asked once: `available_parallelism` reads cgroup files on
+/// every call, which cost more than hashing a small file's page. Asked on
+/// a thread of its own, unpinned: the first caller may be a pinned ring
+/// worker, for which it answers 1.
 fn workers() -> usize {
     static WORKERS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *WORKERS.get_or_init(|| {
-        let n = match process_cpus() {
-            Some(cpus) => cpus.count() as usize,
-            None => std::thread::available_parallelism().map_or(1, |n| n.get()),
-        };
-        n.clamp(1, 8)
+        std::thread::spawn(|| {
+            unpin_thread();
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        })
+        .join()
+        .unwrap_or(1)
+        .min(8)
     })
 }
 

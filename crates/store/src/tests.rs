@@ -1133,6 +1133,17 @@ fn snapshots_show_their_instant_and_free_what_only_they_held() {
     );
     assert_eq!(s.getxattr(view_ino(s1.id, a), b"user.k").unwrap(), b"v1");
     assert_eq!(s.getxattr(view_ino(s2.id, a), b"user.k").unwrap(), b"v2");
+    s.removexattr(a, b"user.k").unwrap();
+    s.setxattr(a, b"user.j", b"v3", false, false).unwrap();
+    for _ in 0..2 {
+        // Once from the tables, once from what the first time kept.
+        let (v1, v2) = (view_ino(s1.id, a), view_ino(s2.id, a));
+        assert_eq!(s.listxattr(v1).unwrap(), [b"user.k".to_vec()]);
+        assert_eq!(s.getxattr(v1, b"user.k").unwrap(), b"v1");
+        assert!(matches!(s.getxattr(v2, b"user.j"), Err(StoreError::NoAttr)));
+        assert_eq!(s.getattr(v1).unwrap().size, 40_000);
+    }
+    assert_eq!(s.listxattr(a).unwrap(), [b"user.j".to_vec()]);
     let names = |ino| -> Vec<Vec<u8>> {
         let all = s.readdir(ino, 0, 100).unwrap();
         let mut names: Vec<_> = all.into_iter().map(|e| e.name).collect();
@@ -1164,6 +1175,8 @@ fn snapshots_show_their_instant_and_free_what_only_they_held() {
     s.gc().unwrap();
     assert_eq!(before - stored(&s), only_one, "gc freed what only it held");
     assert!(s.lookup(root1, b"a").is_err(), "deleted");
+    assert!(s.getattr(view_ino(s1.id, a)).is_err(), "deleted");
+    assert!(s.listxattr(view_ino(s1.id, a)).is_err(), "deleted");
     assert_eq!(read_view(&s, s2.id, a), a2, "the other snapshot stays");
     assert!(s.fsck(false).unwrap().problems.is_empty());
     drop(s);

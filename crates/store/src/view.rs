@@ -13,7 +13,7 @@ use rusqlite::{params, Connection, OptionalExtension, Row};
 
 use crate::error::{Result, StoreError};
 use crate::ns::{self, name_cookie, Attr, DirEntry, Kind};
-use crate::snap::{self, split_view, view_ino, Snapshot};
+use crate::snap::{self, split_view, view_ino};
 use crate::store::{Inner, Store};
 
 /// The id standing for the virtual directories (no snapshot gets it).
@@ -31,7 +31,14 @@ enum Node {
     MetaDir,
     SnapshotsDir,
     /// Inode `ino` as a kept snapshot shows it.
-    View(Snapshot, u64),
+    View(At, u64),
+}
+
+/// A kept snapshot, as its views need it.
+#[derive(Clone, Copy)]
+struct At {
+    id: u64,
+    epoch: u64,
 }
 
 /// Whether `ino` is a snapshot's or a virtual directory's (read-only).
@@ -62,7 +69,23 @@ pub(crate) fn visible(t: &str, cols: &str, cond: &str, e: usize) -> String {
     )
 }
 
-fn view_attr(db: &Connection, s: &Snapshot, ino: u64) -> Result<Attr> {
+/// Inode `ino`'s attributes as snapshot `s` shows them (kept in
+/// `g.attrs`: a snapshot never changes).
+fn view_attr(g: &Inner, s: At, ino: u64) -> Result<Attr> {
+    if let Some(a) = g.attrs.get(view_ino(s.id, ino)) {
+        debug_assert_eq!(
+            view_attr_row(&g.db, s, ino).ok(),
+            Some(a),
+            "cached view row"
+        );
+        return Ok(a);
+    }
+    let a = view_attr_row(&g.db, s, ino)?;
+    g.attrs.put(a);
+    Ok(a)
+}
+
+fn view_attr_row(db: &Connection, s: At, ino: u64) -> Result<Attr> {
     let sql = visible("inodes", ns::ATTR_COLS, "ino = ?1", 2);
     let mut st = db.prepare_cached(&sql)?;
     st.query_row(params![ino, s.epoch], |r| attr_of(r, s.id))
@@ -70,7 +93,22 @@ fn view_attr(db: &Connection, s: &Snapshot, ino: u64) -> Result<Attr> {
         .ok_or(StoreError::NotFound)
 }
 
-fn view_parent(db: &Connection, s: &Snapshot, dir: u64) -> Result<u64> {
+/// Inode `ino`'s extended attribute names as snapshot `s` shows them,
+/// in name order (kept in `g.attrs`).
+fn view_xattr_names(g: &Inner, s: At, ino: u64) -> Result<Vec<Vec<u8>>> {
+    let key = view_ino(s.id, ino);
+    if let Some(names) = g.attrs.xattr_names(key) {
+        return Ok(names);
+    }
+    let sql = format!("{} ORDER BY 1", visible("xattrs", "name", "ino = ?1", 2));
+    let mut st = g.db.prepare_cached(&sql)?;
+    let rows = st.query_map(params![ino, s.epoch], |r| r.get(0))?;
+    let names: Vec<Vec<u8>> = rows.collect::<rusqlite::Result<_>>()?;
+    g.attrs.put_xattr_names(key, &names);
+    Ok(names)
+}
+
+fn view_parent(db: &Connection, s: At, dir: u64) -> Result<u64> {
     if dir == 1 {
         return Ok(SNAPSHOTS_DIR_INO);
     }
@@ -82,7 +120,7 @@ fn view_parent(db: &Connection, s: &Snapshot, dir: u64) -> Result<u64> {
     Ok(view_ino(s.id, p.flatten().unwrap_or(1)))
 }
 
-fn view_child(db: &Connection, s: &Snapshot, parent: u64, name: &[u8]) -> Result<Option<u64>> {
+fn view_child(db: &Connection, s: At, parent: u64, name: &[u8]) -> Result<Option<u64>> {
     let sql = visible("dirents", "ino", ns::NAME_RANGE, 4);
     let mut st = db.prepare_cached(&sql)?;
     let key = params![parent, name_cookie(name), name, s.epoch];
@@ -97,8 +135,15 @@ impl Store {
             Some((VIRTUAL_ID, 1)) => Node::MetaDir,
             Some((VIRTUAL_ID, 2)) => Node::SnapshotsDir,
             Some((id, ino)) => {
-                let s = snap::by_id(&g.db, id)?.ok_or(StoreError::NotFound)?;
-                Node::View(s, ino)
+                let epoch = match g.attrs.epoch(id) {
+                    Some(e) => e,
+                    None => {
+                        let s = snap::by_id(&g.db, id)?.ok_or(StoreError::NotFound)?;
+                        g.attrs.put_epoch(id, s.epoch);
+                        s.epoch
+                    }
+                };
+                Node::View(At { id, epoch }, ino)
             }
         })
     }
@@ -124,7 +169,7 @@ impl Store {
         match (self.node(&g, parent)?, name) {
             (_, b".") => self.view_getattr_locked(&g, parent),
             (Node::View(s, dir), b"..") => {
-                let up = view_parent(&g.db, &s, dir)?;
+                let up = view_parent(&g.db, s, dir)?;
                 self.view_getattr_locked(&g, up)
             }
             (Node::MetaDir, b"..") => g.attr(1),
@@ -134,15 +179,19 @@ impl Store {
             (Node::SnapshotsDir, name) => {
                 let name = std::str::from_utf8(name).map_err(|_| StoreError::NotFound)?;
                 let s = snap::find(&g.db, name)?.ok_or(StoreError::NotFound)?;
-                view_attr(&g.db, &s, 1)
+                let at = At {
+                    id: s.id,
+                    epoch: s.epoch,
+                };
+                view_attr(&g, at, 1)
             }
             (Node::View(s, dir), name) => {
-                let a = view_attr(&g.db, &s, dir)?;
+                let a = view_attr(&g, s, dir)?;
                 if a.kind != Kind::Dir {
                     return Err(StoreError::NotDir);
                 }
-                let ino = view_child(&g.db, &s, dir, name)?.ok_or(StoreError::NotFound)?;
-                view_attr(&g.db, &s, ino)
+                let ino = view_child(&g.db, s, dir, name)?.ok_or(StoreError::NotFound)?;
+                view_attr(&g, s, ino)
             }
             (Node::Live(_), _) => unreachable!("a live parent is looked up by Store::lookup"),
         }
@@ -158,7 +207,7 @@ impl Store {
         match self.node(g, ino)? {
             Node::Live(ino) => self.attr_with_dirty(g, ino),
             Node::MetaDir | Node::SnapshotsDir => self.virtual_attr(g, ino),
-            Node::View(s, ino) => view_attr(&g.db, &s, ino),
+            Node::View(s, ino) => view_attr(g, s, ino),
         }
     }
 
@@ -185,11 +234,11 @@ impl Store {
                 (META_DIR_INO, named.collect())
             }
             Node::View(s, dir) => {
-                if view_attr(&g.db, &s, dir)?.kind != Kind::Dir {
+                if view_attr(&g, s, dir)?.kind != Kind::Dir {
                     return Err(StoreError::NotDir);
                 }
-                let up = view_parent(&g.db, &s, dir)?;
-                (up, view_children(&g.db, &s, dir, after, max)?)
+                let up = view_parent(&g.db, s, dir)?;
+                (up, view_children(&g.db, s, dir, after, max)?)
             }
             Node::Live(_) => unreachable!("a live directory is listed by Store::readdir"),
         };
@@ -238,19 +287,18 @@ impl Store {
                 None => Ok(Vec::new()),
             };
         };
-        view_attr(&g.db, &s, ino)?;
-        let (col, cond) = match name {
-            Some(_) => ("value", "ino = ?1 AND name = ?3"),
-            None => ("name", "ino = ?1 AND ?3 IS NULL"),
+        view_attr(&g, s, ino)?;
+        let names = view_xattr_names(&g, s, ino)?;
+        let Some(name) = name else {
+            return Ok(names);
         };
-        let sql = format!("{} ORDER BY 1", visible("xattrs", col, cond, 2));
-        let mut st = g.db.prepare_cached(&sql)?;
-        let rows = st.query_map(params![ino, s.epoch, name], |r| r.get(0))?;
-        let out: Vec<Vec<u8>> = rows.collect::<rusqlite::Result<_>>()?;
-        match (name, out.is_empty()) {
-            (Some(_), true) => Err(StoreError::NoAttr),
-            _ => Ok(out),
+        if !names.iter().any(|n| n == name) {
+            return Err(StoreError::NoAttr);
         }
+        let sql = visible("xattrs", "value", "ino = ?1 AND name = ?3", 2);
+        let mut st = g.db.prepare_cached(&sql)?;
+        let value = st.query_row(params![ino, s.epoch, name], |r| r.get(0));
+        Ok(vec![value.optional()?.ok_or(StoreError::NoAttr)?])
     }
 
     /// Reads a file of a snapshot (as [`Store::read`]).
@@ -260,7 +308,7 @@ impl Store {
             let Node::View(s, ino) = self.node(&g, ino)? else {
                 return Err(StoreError::IsDir);
             };
-            let a = view_attr(&g.db, &s, ino)?;
+            let a = view_attr(&g, s, ino)?;
             if a.kind == Kind::Dir {
                 return Err(StoreError::IsDir);
             }
@@ -269,7 +317,7 @@ impl Store {
                 return Ok(Vec::new());
             }
             let from = off.saturating_sub(self.cfg.chunking.max_chunk() as u64);
-            (off, end, view_plan(&g.db, &s, ino, from, end)?)
+            (off, end, view_plan(&g.db, s, ino, from, end)?)
         };
         let plan: Vec<_> = plan.into_iter().filter(|p| p.0 + p.1 > start).collect();
         let mut buf = vec![0u8; (end - start) as usize];
@@ -282,7 +330,7 @@ impl Store {
 /// `after`, in cookie order (cookie, name, view inode).
 fn view_children(
     db: &Connection,
-    s: &Snapshot,
+    s: At,
     dir: u64,
     after: i64,
     max: usize,
@@ -307,7 +355,7 @@ fn view_children(
 /// end`, with their chunks' locations, in file order.
 fn view_plan(
     db: &Connection,
-    s: &Snapshot,
+    s: At,
     ino: u64,
     from: u64,
     end: u64,

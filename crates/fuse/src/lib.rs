@@ -173,12 +173,23 @@ pub fn serve_store_on(
             }
         })
     };
+    // Decodes the next files of a walk reading the mount (see the
+    // store's `ahead.rs`).
+    let reader = {
+        let (store, stop) = (store.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                store.read_ahead(Duration::from_millis(50));
+            }
+        })
+    };
     let pusher = (store.is_remote() || store.is_follower())
         .then(|| spawn_pusher(store.clone(), stop.clone()));
     let r = session.run();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let _ = committer.join();
     let _ = releaser.join();
+    let _ = reader.join();
     if let Some(p) = pusher {
         let _ = p.join();
     }

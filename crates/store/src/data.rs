@@ -705,6 +705,9 @@ impl Store {
 
     /// Reads up to `len` bytes at `off` (short at the end of the file).
     pub fn read(&self, ino: u64, off: u64, len: usize) -> Result<Vec<u8>> {
+        if off == 0 {
+            self.ahead.started(ino);
+        }
         if crate::view::is_read_only(ino) {
             return self.view_read(ino, off, len);
         }

@@ -6,6 +6,7 @@
 //! ARCHITECTURE.md.
 
 mod acl;
+mod ahead;
 mod attrs;
 pub mod bucket;
 mod cache;

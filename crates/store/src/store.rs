@@ -112,6 +112,8 @@ pub struct Store {
     pub(crate) inner: Mutex<Inner>,
     /// Decoded chunks recently read (outside the lock).
     pub(crate) cache: ChunkCache,
+    /// Where a walk reading files is, for reading ahead of it.
+    pub(crate) ahead: crate::ahead::Ahead,
     /// Whether any inode may have a `security.capability` xattr (set at
     /// open from the database, and before any such xattr is written).
     pub(crate) has_caps: AtomicBool,
@@ -361,6 +363,7 @@ impl Store {
                 epoch,
             }),
             cache: ChunkCache::new(CACHE_BYTES),
+            ahead: Default::default(),
             has_caps: AtomicBool::new(has_caps),
             poison: Mutex::new(None),
             gc_running: Mutex::new(()),

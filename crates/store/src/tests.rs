@@ -1931,3 +1931,43 @@ fn the_lock_waits_briefly_for_a_holder_letting_go() {
     Store::lock_dir(&dir).expect("taken once the holder let go");
     letting_go.join().unwrap();
 }
+
+/// Files read from their start one after the other (a walk) have the
+/// next files' first chunks decoded into the read cache by
+/// `read_ahead`; reads return the same bytes, live and in a snapshot.
+#[test]
+fn a_walk_is_read_ahead_and_reads_stay_the_same() {
+    let (_d, s) = new_store("fixed:4K", "zstd");
+    let data: Vec<Vec<u8>> = (0..40)
+        .map(|i| [vec![b'a'; 3_000], pseudo(2_000 + i * 100, i as u64)].concat())
+        .collect();
+    let inos: Vec<u64> = (0..40)
+        .map(|i| file(&s, &format!("f{i}"), &data[i]))
+        .collect();
+    let snap = s.snapshot_create("s").unwrap();
+    let locs = |ino: u64| -> Vec<ChunkLoc> {
+        let g = s.lock();
+        let mut st =
+            g.db.prepare(
+                "SELECT c.container, c.offset, c.stored_len, c.raw_len
+                 FROM extents e JOIN chunks c ON c.id = e.chunk WHERE e.ino = ?1",
+            )
+            .unwrap();
+        let rows = st
+            .query_map([ino], |r| crate::chunks::loc_of(r, 0))
+            .unwrap();
+        rows.map(|r| r.unwrap()).collect()
+    };
+    for view in [None, Some(snap.id)] {
+        let ino = |i: usize| view.map_or(inos[i], |id| view_ino(id, inos[i]));
+        s.cache.clear();
+        s.read(ino(0), 0, 10).unwrap();
+        s.read(ino(1), 0, 10).unwrap();
+        s.read_ahead(std::time::Duration::ZERO);
+        let cached = |i: usize| locs(inos[i]).iter().all(|l| s.cache.get(l).is_some());
+        assert!((2..40).all(cached), "{view:?}: the files ahead are decoded");
+        for (i, d) in data.iter().enumerate() {
+            assert_eq!(&read_all(&s, ino(i)), d, "{view:?}: file {i}");
+        }
+    }
+}

@@ -135,17 +135,22 @@ impl Store {
             Some((VIRTUAL_ID, 1)) => Node::MetaDir,
             Some((VIRTUAL_ID, 2)) => Node::SnapshotsDir,
             Some((id, ino)) => {
-                let epoch = match g.attrs.epoch(id) {
-                    Some(e) => e,
-                    None => {
-                        let s = snap::by_id(&g.db, id)?.ok_or(StoreError::NotFound)?;
-                        g.attrs.put_epoch(id, s.epoch);
-                        s.epoch
-                    }
-                };
+                let epoch = self.view_epoch(g, id)?.ok_or(StoreError::NotFound)?;
                 Node::View(At { id, epoch }, ino)
             }
         })
+    }
+
+    /// The epoch of snapshot `id`, if kept (kept in `g.attrs`).
+    pub(crate) fn view_epoch(&self, g: &Inner, id: u64) -> Result<Option<u64>> {
+        if let Some(e) = g.attrs.epoch(id) {
+            return Ok(Some(e));
+        }
+        let Some(s) = snap::by_id(&g.db, id)? else {
+            return Ok(None);
+        };
+        g.attrs.put_epoch(id, s.epoch);
+        Ok(Some(s.epoch))
     }
 
     /// A virtual directory's attributes: read-only, the root's owner and

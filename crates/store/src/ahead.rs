@@ -100,7 +100,7 @@ impl Store {
     /// Decodes into the read cache the first chunks of inodes `after+1`
     /// to `upto` that it lacks.
     fn read_window(&self, after: u64, upto: u64) -> Result<()> {
-        let plan = self.plan_window(after, upto)?;
+        let (plan, gen) = self.plan_window(after, upto)?;
         let mut i = 0;
         while i < plan.len() {
             let loc = plan[i].2;
@@ -117,7 +117,7 @@ impl Store {
             for &(_, _, lk) in &plan[i..j] {
                 let at = (lk.offset - loc.offset) as usize;
                 let raw = self.decode_loc(&span[at..at + lk.stored_len as usize], lk)?;
-                self.cache.insert(&lk, std::sync::Arc::new(raw));
+                self.cache.insert(gen, &lk, std::sync::Arc::new(raw));
             }
             i = j;
         }
@@ -125,9 +125,11 @@ impl Store {
     }
 
     /// The chunks [`Store::read_window`] decodes, in container order,
-    /// without those the cache holds, at most [`AHEAD_BYTES`] of them.
-    fn plan_window(&self, after: u64, upto: u64) -> Result<Vec<Planned>> {
+    /// without those the cache holds, at most [`AHEAD_BYTES`] of them;
+    /// and the cache's generation they were located at.
+    fn plan_window(&self, after: u64, upto: u64) -> Result<(Vec<Planned>, u64)> {
         let g = self.lock();
+        let gen = self.cache.generation();
         let rows: Vec<Planned> = match (split_view(after), split_view(upto)) {
             (None, None) => {
                 let mut st = g.db.prepare_cached(
@@ -140,7 +142,7 @@ impl Store {
             }
             (Some((id, a)), Some((same, u))) if id == same => {
                 let Some(epoch) = self.view_epoch(&g, id)? else {
-                    return Ok(Vec::new());
+                    return Ok((Vec::new(), gen));
                 };
                 let sql = format!(
                     "SELECT e.off, e.len, c.container, c.offset, c.stored_len, c.raw_len
@@ -172,7 +174,7 @@ impl Store {
         }
         out.sort_by_key(|p| (p.2.container, p.2.offset));
         out.dedup_by_key(|p| (p.2.container, p.2.offset));
-        Ok(out)
+        Ok((out, gen))
     }
 }
 

@@ -12,8 +12,11 @@ use crate::meta::ChunkLoc;
 /// store is open — containers are append-only and write-once, and a new
 /// container always gets an id above every id on disk or in the database,
 /// so an id is never reused. A cached entry is therefore never stale, even
-/// after gc moved the chunk elsewhere. Evicts in insertion order (reads are
-/// mostly sequential) once `limit` bytes are held.
+/// after gc moved the chunk elsewhere. The one exception, a rolled-back
+/// commit's container (a stray whose id gc frees), is met by `clear` and
+/// by refusing inserts located before it (`generation`). Evicts in
+/// insertion order (reads are mostly sequential) once `limit` bytes are
+/// held.
 pub(crate) struct ChunkCache {
     limit: usize,
     inner: Mutex<CacheInner>,
@@ -24,6 +27,8 @@ struct CacheInner {
     map: HashMap<(u64, u64), Arc<Vec<u8>>>,
     order: VecDeque<(u64, u64)>,
     bytes: usize,
+    /// Times cleared.
+    generation: u64,
 }
 
 impl ChunkCache {
@@ -39,20 +44,40 @@ impl ChunkCache {
     }
 
     /// Forgets everything (after a rolled-back commit: the containers
-    /// written in it are strays whose ids gc may free for reuse).
+    /// written in it are strays whose ids gc may free for reuse), and
+    /// refuses inserts of chunks located before (see [`ChunkCache::insert`]).
     pub fn clear(&self) {
-        *self.lock() = CacheInner::default();
+        let mut c = self.lock();
+        let generation = c.generation + 1;
+        *c = CacheInner {
+            generation,
+            ..CacheInner::default()
+        };
+    }
+
+    /// How many times the cache was cleared: read under the store's lock
+    /// with the plan that locates chunks, and given back to `insert`.
+    pub fn generation(&self) -> u64 {
+        self.lock().generation
     }
 
     pub fn get(&self, loc: &ChunkLoc) -> Option<Arc<Vec<u8>>> {
         self.lock().map.get(&(loc.container, loc.offset)).cloned()
     }
 
-    pub fn insert(&self, loc: &ChunkLoc, raw: Arc<Vec<u8>>) {
+    /// Keeps the decoded bytes of the record at `loc`, located by a plan
+    /// made at `generation`: if the cache was cleared since, the record
+    /// may be a rolled-back one whose container id is freed, and it is
+    /// not kept (a reader between the plan and the clear would otherwise
+    /// leave an entry a reused id could meet).
+    pub fn insert(&self, generation: u64, loc: &ChunkLoc, raw: Arc<Vec<u8>>) {
         if raw.len() > self.limit / 4 {
             return;
         }
         let mut c = self.lock();
+        if c.generation != generation {
+            return;
+        }
         let key = (loc.container, loc.offset);
         let len = raw.len();
         if c.map.insert(key, raw).is_some() {
@@ -188,10 +213,16 @@ mod tests {
             raw_len: 100,
         };
         for o in 0..5 {
-            c.insert(&loc(o), Arc::new(vec![o as u8; 100]));
+            c.insert(0, &loc(o), Arc::new(vec![o as u8; 100]));
         }
         assert!(c.get(&loc(0)).is_none(), "oldest entry evicted");
         assert_eq!(c.get(&loc(4)).unwrap()[0], 4);
         assert_eq!(c.get(&loc(1)).unwrap().len(), 100);
+        let before = c.generation();
+        c.clear();
+        c.insert(before, &loc(7), Arc::new(vec![7; 100]));
+        assert!(c.get(&loc(7)).is_none(), "located before the clear");
+        c.insert(c.generation(), &loc(7), Arc::new(vec![7; 100]));
+        assert!(c.get(&loc(7)).is_some());
     }
 }

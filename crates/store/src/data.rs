@@ -556,7 +556,7 @@ impl Store {
                 if ps < a.size {
                     page = vec![0u8; p as usize];
                     let plan = self.plan(&g, ino, ps, (ps + p).min(a.size))?;
-                    self.fill(&mut page, ps, &plan)?;
+                    self.fill(&mut page, ps, &plan, self.cache.generation())?;
                 }
                 g.dirty
                     .entry(ino)
@@ -741,10 +741,10 @@ impl Store {
                     .collect(),
                 None => Vec::new(),
             };
-            ((off, end), plan, overlays)
+            ((off, end), (plan, self.cache.generation()), overlays)
         };
         let mut buf = vec![0u8; (start.1 - start.0) as usize];
-        self.fill(&mut buf, start.0, &plan)?;
+        self.fill(&mut buf, start.0, &plan.0, plan.1)?;
         for (po, page) in overlays {
             copy_overlap(&mut buf, start.0, &page, po);
         }
@@ -780,7 +780,7 @@ impl Store {
     /// its header (`preadv`: no copy at all), a compressed one is decoded
     /// into place; only a chunk the read covers in part is decoded aside
     /// and cached, for the read that wants its other part.
-    pub(crate) fn fill(&self, buf: &mut [u8], at: u64, plan: &[Planned]) -> Result<()> {
+    pub(crate) fn fill(&self, buf: &mut [u8], at: u64, plan: &[Planned], gen: u64) -> Result<()> {
         let mut i = 0;
         while i < plan.len() {
             let (o, l, loc) = plan[i];
@@ -800,7 +800,7 @@ impl Store {
                 end += plan[j].2.stored_len as u64;
                 j += 1;
             }
-            self.fill_span(buf, at, &plan[i..j])?;
+            self.fill_span(buf, at, &plan[i..j], gen)?;
             i = j;
         }
         Ok(())
@@ -809,7 +809,7 @@ impl Store {
     /// [`Store::fill`] for records adjacent in one container, read with
     /// one vectored call: stored-raw records wholly inside `buf` land in
     /// place (their headers aside), the others aside to be decoded.
-    fn fill_span(&self, buf: &mut [u8], at: u64, recs: &[Planned]) -> Result<()> {
+    fn fill_span(&self, buf: &mut [u8], at: u64, recs: &[Planned], gen: u64) -> Result<()> {
         let direct = direct_places(recs, at, at + buf.len() as u64, self.keys.is_some());
         let n_direct = direct.iter().flatten().count();
         let mut headers = vec![[0u8; container::RECORD_HEADER]; n_direct];
@@ -826,7 +826,7 @@ impl Store {
             self.containers
                 .read_into(first.container, first.offset, &mut bufs)?;
         }
-        self.finish_span(buf, at, recs, &direct, &headers, &aside)
+        self.finish_span(buf, at, recs, (&direct, &headers, &aside), gen)
     }
 
     /// Checks the records [`Store::fill_span`] read in place and decodes
@@ -837,9 +837,8 @@ impl Store {
         buf: &mut [u8],
         at: u64,
         recs: &[Planned],
-        direct: &[Option<usize>],
-        headers: &[[u8; container::RECORD_HEADER]],
-        aside: &[u8],
+        (direct, headers, aside): (&[Option<usize>], &[[u8; container::RECORD_HEADER]], &[u8]),
+        gen: u64,
     ) -> Result<()> {
         let end_at = at + buf.len() as u64;
         let (mut h, mut a) = (0, 0);
@@ -860,7 +859,7 @@ impl Store {
             } else {
                 let data = Arc::new(self.decode_loc(rec, lk)?);
                 copy_overlap(buf, at, &data[..(l as usize).min(data.len())], o);
-                self.cache.insert(&lk, data);
+                self.cache.insert(gen, &lk, data);
             }
         }
         Ok(())
@@ -1032,7 +1031,7 @@ impl Store {
         }
         let mut buf = vec![0u8; (b - a) as usize];
         let plan = self.plan(g, ino, a, b)?;
-        self.fill(&mut buf, a, &plan)?;
+        self.fill(&mut buf, a, &plan, self.cache.generation())?;
         for (po, page) in pages {
             copy_overlap(&mut buf, a, page, *po);
         }
@@ -1082,7 +1081,7 @@ impl Store {
                 if o < size {
                     let plan = self.plan(g, ino, o, o + l)?;
                     let mut data = vec![0u8; (size - o) as usize];
-                    self.fill(&mut data, o, &plan)?;
+                    self.fill(&mut data, o, &plan, self.cache.generation())?;
                     self.replace_chunk(g, ino, o, &data)?;
                 }
             }

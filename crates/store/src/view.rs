@@ -322,11 +322,13 @@ impl Store {
                 return Ok(Vec::new());
             }
             let from = off.saturating_sub(self.cfg.chunking.max_chunk() as u64);
-            (off, end, view_plan(&g.db, s, ino, from, end)?)
+            let gen = self.cache.generation();
+            (off, end, (view_plan(&g.db, s, ino, from, end)?, gen))
         };
+        let (plan, gen) = plan;
         let plan: Vec<_> = plan.into_iter().filter(|p| p.0 + p.1 > start).collect();
         let mut buf = vec![0u8; (end - start) as usize];
-        self.fill(&mut buf, start, &plan)?;
+        self.fill(&mut buf, start, &plan, gen)?;
         Ok(buf)
     }
 }

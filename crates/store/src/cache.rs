@@ -12,9 +12,11 @@ use crate::meta::ChunkLoc;
 /// store is open — containers are append-only and write-once, and a new
 /// container always gets an id above every id on disk or in the database,
 /// so an id is never reused. A cached entry is therefore never stale, even
-/// after gc moved the chunk elsewhere. The one exception, a rolled-back
-/// commit's container (a stray whose id gc frees), is met by `clear` and
-/// by refusing inserts located before it (`generation`). Evicts in
+/// after gc moved the chunk elsewhere. Where that could fail — a
+/// follower taking the writer's newer metadata (a restarted writer may
+/// reuse the id of a container gc deleted), a rolled-back commit — the
+/// cache is cleared, and inserts located before the clear are refused
+/// (`generation`). Evicts in
 /// insertion order (reads are mostly sequential) once `limit` bytes are
 /// held.
 pub(crate) struct ChunkCache {

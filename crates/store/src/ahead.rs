@@ -167,7 +167,7 @@ impl Store {
             if bytes >= AHEAD_BYTES {
                 break;
             }
-            if self.cache.get(&p.2).is_none() {
+            if self.cache.get(gen, &p.2).is_none() {
                 bytes += p.2.raw_len as u64;
                 out.push(p);
             }

@@ -63,8 +63,15 @@ impl ChunkCache {
         self.lock().generation
     }
 
-    pub fn get(&self, loc: &ChunkLoc) -> Option<Arc<Vec<u8>>> {
-        self.lock().map.get(&(loc.container, loc.offset)).cloned()
+    /// The decoded bytes at `loc`, for a plan made at `generation`: none
+    /// if the cache was cleared since (the entry may be for a container
+    /// that reuses the id the plan meant).
+    pub fn get(&self, generation: u64, loc: &ChunkLoc) -> Option<Arc<Vec<u8>>> {
+        let c = self.lock();
+        if c.generation != generation {
+            return None;
+        }
+        c.map.get(&(loc.container, loc.offset)).cloned()
     }
 
     /// Keeps the decoded bytes of the record at `loc`, located by a plan
@@ -217,14 +224,14 @@ mod tests {
         for o in 0..5 {
             c.insert(0, &loc(o), Arc::new(vec![o as u8; 100]));
         }
-        assert!(c.get(&loc(0)).is_none(), "oldest entry evicted");
-        assert_eq!(c.get(&loc(4)).unwrap()[0], 4);
-        assert_eq!(c.get(&loc(1)).unwrap().len(), 100);
-        let before = c.generation();
+        assert!(c.get(0, &loc(0)).is_none(), "oldest entry evicted");
+        assert_eq!(c.get(0, &loc(4)).unwrap()[0], 4);
+        assert_eq!(c.get(0, &loc(1)).unwrap().len(), 100);
         c.clear();
-        c.insert(before, &loc(7), Arc::new(vec![7; 100]));
-        assert!(c.get(&loc(7)).is_none(), "located before the clear");
-        c.insert(c.generation(), &loc(7), Arc::new(vec![7; 100]));
-        assert!(c.get(&loc(7)).is_some());
+        c.insert(0, &loc(7), Arc::new(vec![7; 100]));
+        assert!(c.get(1, &loc(7)).is_none(), "located before the clear");
+        c.insert(1, &loc(7), Arc::new(vec![7; 100]));
+        assert!(c.get(1, &loc(7)).is_some());
+        assert!(c.get(0, &loc(7)).is_none(), "a plan from before the clear");
     }
 }

@@ -784,7 +784,7 @@ impl Store {
         let mut i = 0;
         while i < plan.len() {
             let (o, l, loc) = plan[i];
-            if let Some(data) = self.cache.get(&loc) {
+            if let Some(data) = self.cache.get(gen, &loc) {
                 copy_overlap(buf, at, &data[..(l as usize).min(data.len())], o);
                 i += 1;
                 continue;
@@ -795,7 +795,7 @@ impl Store {
                 && plan[j].2.container == loc.container
                 && plan[j].2.offset == end
                 && end - loc.offset < MAX_SPAN
-                && self.cache.get(&plan[j].2).is_none()
+                && self.cache.get(gen, &plan[j].2).is_none()
             {
                 end += plan[j].2.stored_len as u64;
                 j += 1;

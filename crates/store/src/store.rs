@@ -635,6 +635,8 @@ impl Store {
     /// read cache forgets the rolled-back containers.
     fn after_rollback(&self, g: &mut Inner, inos: i64) -> Result<()> {
         g.attrs.clear();
+        // First: the statements below may fail (a full disk).
+        self.cache.clear();
         g.db.execute(
             "UPDATE sqlite_sequence SET seq = MAX(seq, ?1) WHERE name = 'inodes'",
             [inos],
@@ -671,7 +673,6 @@ impl Store {
         for ino in gone {
             g.dirty.remove(&ino);
         }
-        self.cache.clear();
         Ok(())
     }
 

@@ -1964,7 +1964,11 @@ fn a_walk_is_read_ahead_and_reads_stay_the_same() {
         s.read(ino(0), 0, 10).unwrap();
         s.read(ino(1), 0, 10).unwrap();
         s.read_ahead(std::time::Duration::ZERO);
-        let cached = |i: usize| locs(inos[i]).iter().all(|l| s.cache.get(l).is_some());
+        let cached = |i: usize| {
+            locs(inos[i])
+                .iter()
+                .all(|l| s.cache.get(s.cache.generation(), l).is_some())
+        };
         assert!((2..40).all(cached), "{view:?}: the files ahead are decoded");
         for (i, d) in data.iter().enumerate() {
             assert_eq!(&read_all(&s, ino(i)), d, "{view:?}: file {i}");

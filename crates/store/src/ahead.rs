@@ -18,11 +18,11 @@ use std::time::Duration;
 
 use rusqlite::params;
 
-use crate::data::Planned;
+use crate::data::{adjacent_run, planned, Planned};
 use crate::error::Result;
 use crate::snap::split_view;
 use crate::store::Store;
-use crate::view::visible;
+use crate::view::view_extents_sql;
 
 /// Inode numbers read ahead of the file being read.
 const WINDOW: u64 = 64;
@@ -103,17 +103,12 @@ impl Store {
         let (plan, gen) = self.plan_window(after, upto)?;
         let mut i = 0;
         while i < plan.len() {
-            let loc = plan[i].2;
-            let mut end = loc.offset + loc.stored_len as u64;
-            let mut j = i + 1;
-            while j < plan.len() && plan[j].2.container == loc.container && plan[j].2.offset == end
-            {
-                end += plan[j].2.stored_len as u64;
-                j += 1;
-            }
-            let span =
-                self.containers
-                    .read(loc.container, loc.offset, (end - loc.offset) as usize)?;
+            let j = adjacent_run(&plan, i, |_| true);
+            let (loc, last) = (plan[i].2, plan[j - 1].2);
+            let len = last.offset + last.stored_len as u64 - loc.offset;
+            let span = self
+                .containers
+                .read(loc.container, loc.offset, len as usize)?;
             for &(_, _, lk) in &plan[i..j] {
                 let at = (lk.offset - loc.offset) as usize;
                 let raw = self.decode_loc(&span[at..at + lk.stored_len as usize], lk)?;
@@ -144,16 +139,7 @@ impl Store {
                 let Some(epoch) = self.view_epoch(&g, id)? else {
                     return Ok((Vec::new(), gen));
                 };
-                let sql = format!(
-                    "SELECT e.off, e.len, c.container, c.offset, c.stored_len, c.raw_len
-                     FROM ({}) e JOIN chunks c ON c.id = e.chunk",
-                    visible(
-                        "extents",
-                        "off, len, chunk",
-                        "ino > ?1 AND ino <= ?3 AND off < ?4",
-                        2
-                    )
-                );
+                let sql = view_extents_sql("ino > ?1 AND ino <= ?3 AND off < ?4");
                 let mut st = g.db.prepare_cached(&sql)?;
                 let rows = st.query_map(params![a, epoch, u, FILE_BYTES], planned)?;
                 rows.collect::<rusqlite::Result<_>>()?
@@ -176,10 +162,6 @@ impl Store {
         out.dedup_by_key(|p| (p.2.container, p.2.offset));
         Ok((out, gen))
     }
-}
-
-fn planned(r: &rusqlite::Row) -> rusqlite::Result<Planned> {
-    Ok((r.get(0)?, r.get(1)?, crate::chunks::loc_of(r, 2)?))
 }
 
 #[cfg(test)]

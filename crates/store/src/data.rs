@@ -97,6 +97,31 @@ fn most_buffered_over_total(dirty: &HashMap<u64, DirtyFile>, page: u64) -> Optio
 
 /// A stored extent: file offset, length, and where its chunk is.
 pub(crate) type Planned = (u64, u64, ChunkLoc);
+
+/// A [`Planned`] from a row of `e.off, e.len, c.container, c.offset,
+/// c.stored_len, c.raw_len`.
+pub(crate) fn planned(r: &rusqlite::Row) -> rusqlite::Result<Planned> {
+    Ok((r.get(0)?, r.get(1)?, crate::chunks::loc_of(r, 2)?))
+}
+
+/// The end of the run of records from `plan[i]` that lie one after
+/// another in one container, within [`MAX_SPAN`], each after the first
+/// also passing `more` (read with one call).
+pub(crate) fn adjacent_run(plan: &[Planned], i: usize, more: impl Fn(&Planned) -> bool) -> usize {
+    let first = plan[i].2;
+    let mut end = first.offset + first.stored_len as u64;
+    let mut j = i + 1;
+    while j < plan.len()
+        && plan[j].2.container == first.container
+        && plan[j].2.offset == end
+        && end - first.offset < MAX_SPAN
+        && more(&plan[j])
+    {
+        end += plan[j].2.stored_len as u64;
+        j += 1;
+    }
+    j
+}
 /// A buffered page: file offset and bytes.
 type Page = (u64, Arc<Vec<u8>>);
 
@@ -759,9 +784,7 @@ impl Store {
              FROM extents e JOIN chunks c ON c.id = e.chunk
              WHERE e.ino = ?1 AND e.off >= ?2 AND e.off < ?3 ORDER BY e.off",
         )?;
-        let rows = st.query_map(params![ino, from, end], |r| {
-            Ok((r.get(0)?, r.get(1)?, crate::chunks::loc_of(r, 2)?))
-        })?;
+        let rows = st.query_map(params![ino, from, end], planned)?;
         let mut out = Vec::new();
         for row in rows {
             let (o, l, loc): Planned = row?;
@@ -789,17 +812,7 @@ impl Store {
                 i += 1;
                 continue;
             }
-            let mut end = loc.offset + loc.stored_len as u64;
-            let mut j = i + 1;
-            while j < plan.len()
-                && plan[j].2.container == loc.container
-                && plan[j].2.offset == end
-                && end - loc.offset < MAX_SPAN
-                && self.cache.get(gen, &plan[j].2).is_none()
-            {
-                end += plan[j].2.stored_len as u64;
-                j += 1;
-            }
+            let j = adjacent_run(plan, i, |p| self.cache.get(gen, &p.2).is_none());
             self.fill_span(buf, at, &plan[i..j], gen)?;
             i = j;
         }

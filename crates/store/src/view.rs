@@ -308,7 +308,7 @@ impl Store {
 
     /// Reads a file of a snapshot (as [`Store::read`]).
     pub(crate) fn view_read(&self, ino: u64, off: u64, len: usize) -> Result<Vec<u8>> {
-        let (start, end, plan) = {
+        let (start, end, plan, gen) = {
             let g = self.lock();
             let Node::View(s, ino) = self.node(&g, ino)? else {
                 return Err(StoreError::IsDir);
@@ -322,10 +322,9 @@ impl Store {
                 return Ok(Vec::new());
             }
             let from = off.saturating_sub(self.cfg.chunking.max_chunk() as u64);
-            let gen = self.cache.generation();
-            (off, end, (view_plan(&g.db, s, ino, from, end)?, gen))
+            let plan = view_plan(&g.db, s, ino, from, end)?;
+            (off, end, plan, self.cache.generation())
         };
-        let (plan, gen) = plan;
         let plan: Vec<_> = plan.into_iter().filter(|p| p.0 + p.1 > start).collect();
         let mut buf = vec![0u8; (end - start) as usize];
         self.fill(&mut buf, start, &plan, gen)?;
@@ -368,18 +367,20 @@ fn view_plan(
     end: u64,
 ) -> Result<Vec<crate::data::Planned>> {
     let sql = format!(
-        "SELECT e.off, e.len, c.container, c.offset, c.stored_len, c.raw_len FROM ({}) e
-         JOIN chunks c ON c.id = e.chunk ORDER BY e.off",
-        visible(
-            "extents",
-            "off, len, chunk",
-            "ino = ?1 AND off >= ?3 AND off < ?4",
-            2
-        )
+        "{} ORDER BY e.off",
+        view_extents_sql("ino = ?1 AND off >= ?3 AND off < ?4")
     );
     let mut st = db.prepare_cached(&sql)?;
-    let rows = st.query_map(params![ino, s.epoch, from, end], |r| {
-        Ok((r.get(0)?, r.get(1)?, crate::chunks::loc_of(r, 2)?))
-    })?;
+    let rows = st.query_map(params![ino, s.epoch, from, end], crate::data::planned)?;
     Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// The extents a snapshot (epoch `?2`) sees with `cond`, with their
+/// chunks' locations, as rows [`crate::data::planned`] reads.
+pub(crate) fn view_extents_sql(cond: &str) -> String {
+    format!(
+        "SELECT e.off, e.len, c.container, c.offset, c.stored_len, c.raw_len FROM ({}) e
+         JOIN chunks c ON c.id = e.chunk",
+        visible("extents", "off, len, chunk", cond, 2)
+    )
 }

@@ -139,8 +139,9 @@ impl Store {
                 let Some(epoch) = self.view_epoch(&g, id)? else {
                     return Ok((Vec::new(), gen));
                 };
-                let sql = view_extents_sql("ino > ?1 AND ino <= ?3 AND off < ?4");
-                let mut st = g.db.prepare_cached(&sql)?;
+                let sql =
+                    crate::view::once!(view_extents_sql("ino > ?1 AND ino <= ?3 AND off < ?4"));
+                let mut st = g.db.prepare_cached(sql)?;
                 let rows = st.query_map(params![a, epoch, u, FILE_BYTES], planned)?;
                 rows.collect::<rusqlite::Result<_>>()?
             }

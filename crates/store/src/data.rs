@@ -256,6 +256,9 @@ impl Store {
     /// snapshots) settles them first; an error there leaves the buffer in
     /// place for the next flush, as one in `release_file` would.
     pub fn release_later(&self, ino: u64) {
+        if crate::view::is_read_only(ino) {
+            return; // nothing to store, no handle counted (`open_file`)
+        }
         let mut q = self.released.lock().unwrap_or_else(|e| e.into_inner());
         q.push(ino);
         // One wake-up per batch: a futex wake per file cost the closing

@@ -306,19 +306,24 @@ pub(crate) const NAME_RANGE: &str = name_range!();
 pub(crate) const CHILD_SQL: &str = concat!("SELECT ino FROM dirents WHERE ", name_range!());
 
 pub(crate) fn attr_of(r: &Row) -> rusqlite::Result<Attr> {
+    attr_at(r, 0)
+}
+
+/// [`attr_of`] of the [`ATTR_COLS`] starting at column `at`.
+pub(crate) fn attr_at(r: &Row, at: usize) -> rusqlite::Result<Attr> {
     Ok(Attr {
-        ino: r.get(0)?,
-        kind: Kind::from_i64(r.get(1)?),
-        perm: r.get(2)?,
-        uid: r.get(3)?,
-        gid: r.get(4)?,
-        nlink: r.get(5)?,
-        size: r.get(6)?,
-        atime_ns: r.get(7)?,
-        mtime_ns: r.get(8)?,
-        ctime_ns: r.get(9)?,
-        rdev: r.get(10)?,
-        data: r.get(11)?,
+        ino: r.get(at)?,
+        kind: Kind::from_i64(r.get(at + 1)?),
+        perm: r.get(at + 2)?,
+        uid: r.get(at + 3)?,
+        gid: r.get(at + 4)?,
+        nlink: r.get(at + 5)?,
+        size: r.get(at + 6)?,
+        atime_ns: r.get(at + 7)?,
+        mtime_ns: r.get(at + 8)?,
+        ctime_ns: r.get(at + 9)?,
+        rdev: r.get(at + 10)?,
+        data: r.get(at + 11)?,
     })
 }
 

@@ -1093,6 +1093,58 @@ fn read_view(s: &Store, id: u64, ino: u64) -> Vec<u8> {
 /// each shows its instant (data, names, xattrs), the live tree goes on,
 /// and deleting them plus gc frees exactly what only they held.
 #[test]
+fn a_snapshot_listing_gives_each_entry_the_row_of_its_instant() {
+    let (_d, s) = new_store("fixed:4K", "none");
+    let kept = file(&s, "kept", b"same");
+    let changed = file(&s, "changed", b"before");
+    let gone = file(&s, "gone", b"deleted after");
+    let sub = s.mknod(1, b"sub", node(Kind::Dir)).unwrap().ino;
+    let snap = s.snapshot_create("one").unwrap();
+    let before = s.getattr(changed).unwrap();
+    let set = SetAttr {
+        perm: Some(0o600),
+        mtime_ns: Some(7),
+        ..SetAttr::default()
+    };
+    s.setattr(changed, set).unwrap();
+    s.unlink(1, b"gone").unwrap();
+    file(&s, "new", b"made after");
+    let listed = s.readdir_plus(view_ino(snap.id, 1), 0, 100).unwrap();
+    let mut names: Vec<_> = listed.iter().map(|(e, _)| e.name.clone()).collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [&b"."[..], b"..", b"changed", b"gone", b"kept", b"sub"]
+    );
+    for (e, a) in &listed {
+        assert_eq!(e.ino, a.ino);
+        assert_eq!(*a, s.getattr(e.ino).unwrap(), "{:?}", e.name);
+    }
+    let of = |ino| {
+        listed
+            .iter()
+            .find(|(e, _)| e.ino == view_ino(snap.id, ino))
+            .unwrap()
+            .1
+    };
+    assert_eq!(of(changed).perm, before.perm, "the history row");
+    assert_eq!(of(changed).mtime_ns, before.mtime_ns);
+    assert_eq!(of(gone).size, 13, "deleted since");
+    assert_eq!(of(kept).size, 4);
+    assert_eq!(of(sub).kind, Kind::Dir);
+    // A listing resumed after its first entries, and one past the end.
+    let rest = s
+        .readdir_plus(view_ino(snap.id, 1), listed[3].0.next, 100)
+        .unwrap();
+    assert_eq!(rest.len(), listed.len() - 4);
+    let end = listed.last().unwrap().0.next;
+    assert!(s
+        .readdir(view_ino(snap.id, 1), end, 100)
+        .unwrap()
+        .is_empty());
+}
+
+#[test]
 fn snapshots_show_their_instant_and_free_what_only_they_held() {
     let (d, s) = new_store("fixed:4K", "none");
     let (a1, a2, a3) = (pseudo(40_000, 1), pseudo(40_000, 2), pseudo(40_000, 3));

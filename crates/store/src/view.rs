@@ -51,14 +51,26 @@ pub(crate) fn is_reserved(parent: u64, name: &[u8]) -> bool {
     parent == 1 && name == META_DIR_NAME
 }
 
-/// An attribute row of inode `ino` as snapshot `id` shows it.
-fn attr_of(r: &Row, id: u64) -> rusqlite::Result<Attr> {
-    let a = ns::attr_of(r)?;
+/// An attribute row of inode `ino` as snapshot `id` shows it, from the
+/// [`ns::ATTR_COLS`] starting at column `at`.
+fn attr_of(r: &Row, id: u64, at: usize) -> rusqlite::Result<Attr> {
+    let a = ns::attr_at(r, at)?;
     Ok(Attr {
         ino: view_ino(id, a.ino),
         ..a
     })
 }
+
+/// A statement's text built once: a view's statements are fixed, and
+/// building them on every request cost a cold `cp -a` out of a
+/// snapshot 1-2% of the mount's samples in `format!` alone.
+macro_rules! once {
+    ($e:expr) => {{
+        static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| $e);
+        SQL.as_str()
+    }};
+}
+pub(crate) use once;
 
 /// `SELECT cols` of table `t` restricted by `cond`, as epoch `?E` sees it
 /// (`e` is the parameter's number).
@@ -86,9 +98,9 @@ fn view_attr(g: &Inner, s: At, ino: u64) -> Result<Attr> {
 }
 
 fn view_attr_row(db: &Connection, s: At, ino: u64) -> Result<Attr> {
-    let sql = visible("inodes", ns::ATTR_COLS, "ino = ?1", 2);
-    let mut st = db.prepare_cached(&sql)?;
-    st.query_row(params![ino, s.epoch], |r| attr_of(r, s.id))
+    let sql = once!(visible("inodes", ns::ATTR_COLS, "ino = ?1", 2));
+    let mut st = db.prepare_cached(sql)?;
+    st.query_row(params![ino, s.epoch], |r| attr_of(r, s.id, 0))
         .optional()?
         .ok_or(StoreError::NotFound)
 }
@@ -100,8 +112,11 @@ fn view_xattr_names(g: &Inner, s: At, ino: u64) -> Result<Vec<Vec<u8>>> {
     if let Some(names) = g.attrs.xattr_names(key) {
         return Ok(names);
     }
-    let sql = format!("{} ORDER BY 1", visible("xattrs", "name", "ino = ?1", 2));
-    let mut st = g.db.prepare_cached(&sql)?;
+    let sql = once!(format!(
+        "{} ORDER BY 1",
+        visible("xattrs", "name", "ino = ?1", 2)
+    ));
+    let mut st = g.db.prepare_cached(sql)?;
     let rows = st.query_map(params![ino, s.epoch], |r| r.get(0))?;
     let names: Vec<Vec<u8>> = rows.collect::<rusqlite::Result<_>>()?;
     g.attrs.put_xattr_names(key, &names);
@@ -112,17 +127,17 @@ fn view_parent(db: &Connection, s: At, dir: u64) -> Result<u64> {
     if dir == 1 {
         return Ok(SNAPSHOTS_DIR_INO);
     }
-    let sql = visible("inodes", "parent", "ino = ?1", 2);
+    let sql = once!(visible("inodes", "parent", "ino = ?1", 2));
     let p: Option<Option<u64>> = db
-        .prepare_cached(&sql)?
+        .prepare_cached(sql)?
         .query_row(params![dir, s.epoch], |r| r.get(0))
         .optional()?;
     Ok(view_ino(s.id, p.flatten().unwrap_or(1)))
 }
 
 fn view_child(db: &Connection, s: At, parent: u64, name: &[u8]) -> Result<Option<u64>> {
-    let sql = visible("dirents", "ino", ns::NAME_RANGE, 4);
-    let mut st = db.prepare_cached(&sql)?;
+    let sql = once!(visible("dirents", "ino", ns::NAME_RANGE, 4));
+    let mut st = db.prepare_cached(sql)?;
     let key = params![parent, name_cookie(name), name, s.epoch];
     Ok(st.query_row(key, |r| r.get(0)).optional()?)
 }
@@ -227,15 +242,19 @@ impl Store {
     ) -> Result<Vec<(DirEntry, Attr)>> {
         let g = self.lock();
         let after = (offset - 3).max(-1);
-        let (up, children) = match self.node(&g, ino)? {
+        // (cookie, name, inode, its attributes when already read)
+        type Child = (i64, Vec<u8>, u64, Option<Attr>);
+        let (up, children): (u64, Vec<Child>) = match self.node(&g, ino)? {
             Node::MetaDir => {
-                let snaps = (after < 0).then_some((0, b"snapshots".to_vec(), SNAPSHOTS_DIR_INO));
+                let snaps =
+                    (after < 0).then_some((0, b"snapshots".to_vec(), SNAPSHOTS_DIR_INO, None));
                 (1, snaps.into_iter().collect())
             }
             Node::SnapshotsDir => {
                 let snaps = snap::list(&g.db)?.into_iter();
                 let named = snaps.filter(|s| s.id as i64 > after).take(max);
-                let named = named.map(|s| (s.id as i64, s.name.into_bytes(), view_ino(s.id, 1)));
+                let named =
+                    named.map(|s| (s.id as i64, s.name.into_bytes(), view_ino(s.id, 1), None));
                 (META_DIR_INO, named.collect())
             }
             Node::View(s, dir) => {
@@ -243,15 +262,28 @@ impl Store {
                     return Err(StoreError::NotDir);
                 }
                 let up = view_parent(&g.db, s, dir)?;
-                (up, view_children(&g.db, s, dir, after, max)?)
+                let children = view_children(&g.db, s, dir, after, max)?.into_iter();
+                (
+                    up,
+                    children.map(|(c, n, a)| (c, n, a.ino, Some(a))).collect(),
+                )
             }
             Node::Live(_) => unreachable!("a live directory is listed by Store::readdir"),
         };
-        let dots = [(-2, b".".to_vec(), ino), (-1, b"..".to_vec(), up)];
+        let dots = [
+            (-2, b".".to_vec(), ino, None),
+            (-1, b"..".to_vec(), up, None),
+        ];
         let dots = dots.into_iter().filter(|d| d.0 + 3 > offset);
         let mut out = Vec::new();
-        for (key, name, child) in dots.chain(children).take(max) {
-            let a = self.view_getattr_locked(&g, child)?;
+        for (key, name, child, a) in dots.chain(children).take(max) {
+            let a = match a {
+                Some(a) => {
+                    g.attrs.put(a);
+                    a
+                }
+                None => self.view_getattr_locked(&g, child)?,
+            };
             let e = DirEntry {
                 ino: child,
                 kind: a.kind,
@@ -269,9 +301,9 @@ impl Store {
         let Node::View(s, ino) = self.node(&g, ino)? else {
             return Err(StoreError::Invalid);
         };
-        let sql = visible("inodes", "kind, target", "ino = ?1", 2);
+        let sql = once!(visible("inodes", "kind, target", "ino = ?1", 2));
         let (kind, target): (i64, Option<Vec<u8>>) =
-            g.db.prepare_cached(&sql)?
+            g.db.prepare_cached(sql)?
                 .query_row(params![ino, s.epoch], |r| Ok((r.get(0)?, r.get(1)?)))
                 .optional()?
                 .ok_or(StoreError::NotFound)?;
@@ -300,8 +332,8 @@ impl Store {
         if !names.iter().any(|n| n == name) {
             return Err(StoreError::NoAttr);
         }
-        let sql = visible("xattrs", "value", "ino = ?1 AND name = ?3", 2);
-        let mut st = g.db.prepare_cached(&sql)?;
+        let sql = once!(visible("xattrs", "value", "ino = ?1 AND name = ?3", 2));
+        let mut st = g.db.prepare_cached(sql)?;
         let value = st.query_row(params![ino, s.epoch, name], |r| r.get(0));
         Ok(vec![value.optional()?.ok_or(StoreError::NoAttr)?])
     }
@@ -333,28 +365,50 @@ impl Store {
 }
 
 /// Up to `max` entries of a snapshot's directory with a cookie above
-/// `after`, in cookie order (cookie, name, view inode).
+/// `after`, in cookie order, each with its inode's row as the snapshot
+/// shows it (cookie, name, attributes), in one statement: a row per
+/// entry took a cold `cp -a` out of a snapshot 160 us per directory
+/// listing against 27 us for the null filesystem.
+///
+/// An entry's row is the live one born at or before the epoch, else the
+/// history row alive at it (at most one of the two, as [`visible`]).
 fn view_children(
     db: &Connection,
     s: At,
     dir: u64,
     after: i64,
     max: usize,
-) -> Result<Vec<(i64, Vec<u8>, u64)>> {
-    let sql = format!(
-        "{} ORDER BY cookie LIMIT ?4",
-        visible(
+) -> Result<Vec<(i64, Vec<u8>, Attr)>> {
+    let sql = once!({
+        let dirents = visible(
             "dirents",
             "cookie, name, ino",
             "parent = ?1 AND cookie > ?3",
-            2
+            2,
+        );
+        let cols = ns::ATTR_COLS.split(", ");
+        let cols: Vec<String> = cols.map(|c| format!("COALESCE(i.{c}, h.{c})")).collect();
+        format!(
+            "SELECT d.cookie, d.name, {} FROM ({dirents} ORDER BY cookie LIMIT ?4) d
+             LEFT JOIN inodes i ON i.ino = d.ino AND i.born <= ?2
+             LEFT JOIN inodes_hist h ON i.ino IS NULL AND h.ino = d.ino
+                 AND h.born <= ?2 AND h.died > ?2
+             ORDER BY d.cookie",
+            cols.join(", ")
         )
-    );
-    let mut st = db.prepare_cached(&sql)?;
+    });
+    let mut st = db.prepare_cached(sql)?;
     let rows = st.query_map(params![dir, s.epoch, after, max as i64], |r| {
-        Ok((r.get(0)?, r.get(1)?, view_ino(s.id, r.get(2)?)))
+        let found: Option<u64> = r.get(2)?;
+        let a = found.map(|_| attr_of(r, s.id, 2)).transpose()?;
+        Ok((r.get(0)?, r.get(1)?, a))
     })?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    let rows: Vec<(i64, Vec<u8>, Option<Attr>)> = rows.collect::<rusqlite::Result<_>>()?;
+    // A name whose inode the snapshot does not hold: as a lookup of it.
+    let found = rows
+        .into_iter()
+        .map(|(c, n, a)| Ok((c, n, a.ok_or(StoreError::NotFound)?)));
+    found.collect()
 }
 
 /// The extents of `ino` as the snapshot sees them with `from <= off <
@@ -366,11 +420,11 @@ fn view_plan(
     from: u64,
     end: u64,
 ) -> Result<Vec<crate::data::Planned>> {
-    let sql = format!(
+    let sql = once!(format!(
         "{} ORDER BY e.off",
         view_extents_sql("ino = ?1 AND off >= ?3 AND off < ?4")
-    );
-    let mut st = db.prepare_cached(&sql)?;
+    ));
+    let mut st = db.prepare_cached(sql)?;
     let rows = st.query_map(params![ino, s.epoch, from, end], crate::data::planned)?;
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }

@@ -1099,7 +1099,12 @@ fn a_snapshot_listing_gives_each_entry_the_row_of_its_instant() {
     let changed = file(&s, "changed", b"before");
     let gone = file(&s, "gone", b"deleted after");
     let sub = s.mknod(1, b"sub", node(Kind::Dir)).unwrap().ino;
+    s.setxattr(changed, b"user.b", b"1", false, false).unwrap();
+    s.setxattr(changed, b"user.a", b"2", false, false).unwrap();
+    s.setxattr(gone, b"user.g", b"3", false, false).unwrap();
     let snap = s.snapshot_create("one").unwrap();
+    s.removexattr(changed, b"user.b").unwrap();
+    s.setxattr(changed, b"user.c", b"4", false, false).unwrap();
     let before = s.getattr(changed).unwrap();
     let set = SetAttr {
         perm: Some(0o600),
@@ -1132,6 +1137,12 @@ fn a_snapshot_listing_gives_each_entry_the_row_of_its_instant() {
     assert_eq!(of(gone).size, 13, "deleted since");
     assert_eq!(of(kept).size, 4);
     assert_eq!(of(sub).kind, Kind::Dir);
+    // Attribute names, kept by the listing, as the snapshot has them.
+    let names = |ino| s.listxattr(view_ino(snap.id, ino)).unwrap();
+    assert_eq!(names(changed), [b"user.a".to_vec(), b"user.b".to_vec()]);
+    assert_eq!(names(gone), [b"user.g".to_vec()]);
+    assert!(names(kept).is_empty());
+    assert_eq!(s.getxattr(view_ino(snap.id, changed), b"user.b").unwrap(), b"1");
     // A listing resumed after its first entries, and one past the end.
     let rest = s
         .readdir_plus(view_ino(snap.id, 1), listed[3].0.next, 100)

@@ -1142,7 +1142,10 @@ fn a_snapshot_listing_gives_each_entry_the_row_of_its_instant() {
     assert_eq!(names(changed), [b"user.a".to_vec(), b"user.b".to_vec()]);
     assert_eq!(names(gone), [b"user.g".to_vec()]);
     assert!(names(kept).is_empty());
-    assert_eq!(s.getxattr(view_ino(snap.id, changed), b"user.b").unwrap(), b"1");
+    assert_eq!(
+        s.getxattr(view_ino(snap.id, changed), b"user.b").unwrap(),
+        b"1"
+    );
     // A listing resumed after its first entries, and one past the end.
     let rest = s
         .readdir_plus(view_ino(snap.id, 1), listed[3].0.next, 100)

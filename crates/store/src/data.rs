@@ -74,7 +74,7 @@ const RELEASE_BATCH: usize = 64;
 const CDC_PAGE: u64 = 64 << 10;
 /// A buffer of one page at most this long is stored with the lock held
 /// throughout ([`Store::flush_file`]).
-const SMALL_FLUSH: usize = 16 << 10;
+pub(crate) const SMALL_FLUSH: usize = 16 << 10;
 
 /// The file with the most buffered pages (none being flushed), when all
 /// buffers together reach [`DIRTY_TOTAL_LIMIT`]. One file alone is
@@ -199,7 +199,7 @@ fn span_buffers<'a>(
 
 /// Copies the part of `src` (at file offset `src_off`) that falls in
 /// `dst` (at file offset `dst_off`).
-fn copy_overlap(dst: &mut [u8], dst_off: u64, src: &[u8], src_off: u64) {
+pub(crate) fn copy_overlap(dst: &mut [u8], dst_off: u64, src: &[u8], src_off: u64) {
     let lo = dst_off.max(src_off);
     let hi = (dst_off + dst.len() as u64).min(src_off + src.len() as u64);
     if lo < hi {
@@ -295,10 +295,10 @@ impl Store {
     /// cores (see [`Store::flush_snapshot`]), except for a buffer of one
     /// page of at most 16 KiB (`SMALL_FLUSH`), stored under the lock.
     pub fn flush_file(&self, ino: u64) -> Result<()> {
-        let mut g = self.lock();
-        if matches!(self.cfg.chunking, Chunking::Cdc { .. }) {
-            return self.flush_file_locked(&mut g, ino);
+        if let Chunking::Cdc { min, avg, max } = self.cfg.chunking {
+            return self.flush_cdc(ino, (min, avg, max));
         }
+        let mut g = self.lock();
         let size = match g.attr(ino) {
             Ok(a) => a.size,
             Err(StoreError::NotFound) => return Ok(()),
@@ -331,7 +331,7 @@ impl Store {
 
     /// After a failed flush: the file's remaining buffer is left to the
     /// next one (`flushing` off).
-    fn flush_failed(g: &mut Inner, ino: u64) {
+    pub(crate) fn flush_failed(g: &mut Inner, ino: u64) {
         if let Some(d) = g.dirty.get_mut(&ino) {
             d.flushing = false;
         }
@@ -780,7 +780,7 @@ impl Store {
     }
 
     /// The stored extents overlapping `[start, end)` of a file.
-    fn plan(&self, g: &Inner, ino: u64, start: u64, end: u64) -> Result<Vec<Planned>> {
+    pub(crate) fn plan(&self, g: &Inner, ino: u64, start: u64, end: u64) -> Result<Vec<Planned>> {
         let from = start.saturating_sub(self.cfg.chunking.max_chunk() as u64);
         let mut st = g.db.prepare_cached(
             "SELECT e.off, e.len, c.container, c.offset, c.stored_len, c.raw_len
@@ -894,7 +894,7 @@ impl Store {
     }
 
     /// [`Store::flush_file_locked`] with `g.flushing` set.
-    fn flush_runs(&self, g: &mut Inner, ino: u64) -> Result<()> {
+    pub(crate) fn flush_runs(&self, g: &mut Inner, ino: u64) -> Result<()> {
         let Some(df) = g.dirty.remove(&ino) else {
             return Ok(());
         };
@@ -974,7 +974,12 @@ impl Store {
     }
 
     /// The extent containing file offset `pos`: (off, len, chunk).
-    fn extent_at(&self, g: &Inner, ino: u64, pos: u64) -> Result<Option<(u64, u64, ChunkId)>> {
+    pub(crate) fn extent_at(
+        &self,
+        g: &Inner,
+        ino: u64,
+        pos: u64,
+    ) -> Result<Option<(u64, u64, ChunkId)>> {
         let mut st = g.db.prepare_cached(
             "SELECT off, len, chunk FROM extents WHERE ino = ?1 AND off <= ?2
              ORDER BY off DESC LIMIT 1",
@@ -1033,25 +1038,13 @@ impl Store {
         pages: &[Page],
         (min, avg, max): (u32, u32, u32),
     ) -> Result<()> {
-        let mut a = start;
-        if a > 0 {
-            if let Some((o, _, _)) = self.extent_at(g, ino, a - 1)? {
-                a = o;
-            }
-        }
-        let mut b = end;
-        if let Some((o, l, _)) = self.extent_at(g, ino, b)? {
-            if o < b {
-                b = o + l;
-            }
-        }
+        let crate::cdc::Span { a, b, plan } = self.cdc_span(g, ino, start, end)?;
         let mut buf = vec![0u8; (b - a) as usize];
-        let plan = self.plan(g, ino, a, b)?;
         self.fill(&mut buf, a, &plan, self.cache.generation())?;
         for (po, page) in pages {
             copy_overlap(&mut buf, a, page, *po);
         }
-        let mut made: Vec<(u64, u64, Option<ChunkId>)> = Vec::new();
+        let mut made: crate::cdc::Made = Vec::new();
         for c in fastcdc::v2020::FastCDC::new(&buf, min, avg, max) {
             let data = &buf[c.offset..c.offset + c.length];
             let chunk = if is_zero(data) {
@@ -1060,28 +1053,14 @@ impl Store {
                 match self.put_chunk(g, data) {
                     Ok(id) => Some(id),
                     Err(e) => {
-                        let taken: Vec<(ChunkId, u64)> =
-                            made.iter().filter_map(|m| m.2.map(|id| (id, 1))).collect();
-                        self.release_chunks(g, &taken)?;
+                        self.release_made(g, &made)?;
                         return Err(e);
                     }
                 }
             };
             made.push((a + c.offset as u64, c.length as u64, chunk));
         }
-        self.drop_extents(g, ino, a, b)?;
-        let mut st = g.db.prepare_cached(
-            "INSERT INTO extents (ino, off, len, chunk, born) VALUES (?1, ?2, ?3, ?4, ?5)",
-        )?;
-        for &(off, len, chunk) in &made {
-            match chunk {
-                Some(id) => {
-                    st.execute(params![ino, off, len, id, g.epoch])?;
-                }
-                None => g.counters.zero_bytes += len,
-            }
-        }
-        Ok(())
+        self.replace_span(g, ino, a, b, &made)
     }
 
     /// Sets the file's size: chunks past it are dropped, the one across it
@@ -1139,8 +1118,16 @@ mod tests {
     /// its last write, before and after a reopen.
     #[test]
     fn flushes_outside_the_lock_never_lose_a_later_write() {
+        for chunking in ["fixed:4K", "cdc:2K/8K/32K"] {
+            race_writes_and_flushes(chunking);
+        }
+    }
+
+    /// See [`flushes_outside_the_lock_never_lose_a_later_write`]. With
+    /// CDC the file's 64 KiB pages each take 16 of the 4 KiB writes.
+    fn race_writes_and_flushes(chunking: &str) {
         let cfg = StoreConfig {
-            chunking: "fixed:4K".parse().unwrap(),
+            chunking: chunking.parse().unwrap(),
             container_size: 1 << 20,
             ..StoreConfig::default()
         };
@@ -1179,13 +1166,19 @@ mod tests {
             });
         });
         let want: Vec<u8> = (0..PAGES).flat_map(|pg| page(pg, ROUNDS - 1)).collect();
-        assert!(s.read(ino, 0, want.len()).unwrap() == want, "before flush");
+        assert!(
+            s.read(ino, 0, want.len()).unwrap() == want,
+            "{chunking}: before flush"
+        );
         s.release_file(ino).unwrap();
         s.flush_all(true).unwrap();
         drop(s);
         let s = Store::open(dir.path()).unwrap();
-        assert!(s.read(ino, 0, want.len()).unwrap() == want, "after reopen");
-        assert!(s.fsck(false).unwrap().problems.is_empty());
+        assert!(
+            s.read(ino, 0, want.len()).unwrap() == want,
+            "{chunking}: after reopen"
+        );
+        assert!(s.fsck(false).unwrap().problems.is_empty(), "{chunking}");
     }
 
     /// Reads at every alignment against chunks (decoded in place when

@@ -10,6 +10,7 @@ mod ahead;
 mod attrs;
 pub mod bucket;
 mod cache;
+mod cdc;
 mod chunks;
 pub mod config;
 pub mod container;

@@ -93,6 +93,38 @@ fn zero_chunks_are_holes_and_random_writes_work() {
     assert_eq!(read_all(&s, a), want, "and the chunks after a flush");
 }
 
+/// A file bigger than the per-file buffer is flushed in pieces while it
+/// is written (each cut, hashed and compressed outside the lock, each
+/// after the first re-cutting the last chunk of the one before): once
+/// stored and collected, its chunks are those of one FastCDC pass over
+/// the whole file, nothing more is kept, and it reads back.
+#[test]
+fn cdc_flushes_in_pieces_cut_as_one_pass() {
+    let (_d, s) = new_store("cdc:16K/64K/256K", "zstd");
+    let data = pseudo(40 << 20, 9);
+    let a = s.mknod(1, b"big", node(Kind::File)).unwrap().ino;
+    s.open_file(a).unwrap();
+    for (i, piece) in data.chunks(1 << 20).enumerate() {
+        s.write(a, (i << 20) as u64, piece).unwrap();
+        if i == 20 {
+            let g = s.lock();
+            let buffered = g.dirty.get(&a).map_or(0, |d| d.pages.len());
+            assert!(
+                buffered < 256,
+                "flushed while written: {buffered} pages of 64 KiB"
+            );
+        }
+    }
+    s.release_file(a).unwrap();
+    s.flush_all(true).unwrap();
+    s.gc().unwrap();
+    let cuts = fastcdc::v2020::FastCDC::new(&data, 16 << 10, 64 << 10, 256 << 10).count();
+    let st = s.stats().unwrap();
+    assert_eq!(st.chunks, cuts as u64, "{st:?}");
+    assert!(read_all(&s, a) == data);
+    assert!(s.fsck(false).unwrap().problems.is_empty());
+}
+
 #[test]
 fn cdc_insert_keeps_most_chunks() {
     let (_d, s) = new_store("cdc:2K/8K/32K", "none");

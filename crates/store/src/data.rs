@@ -736,13 +736,14 @@ impl Store {
         if off == 0 {
             self.ahead.started(ino);
         }
-        if crate::view::is_read_only(ino) {
-            return self.view_read(ino, off, len);
-        }
-        match self.read_once(ino, off, len) {
+        let once = || match crate::view::is_read_only(ino) {
+            true => self.view_read(ino, off, len),
+            false => self.read_once(ino, off, len),
+        };
+        match once() {
             // gc may have moved a chunk and deleted its old container
             // between planning and reading: plan again once.
-            Err(StoreError::Io { .. }) => self.read_once(ino, off, len),
+            Err(StoreError::Io { .. }) => once(),
             r => r,
         }
     }

@@ -2073,3 +2073,40 @@ fn a_walk_is_read_ahead_and_reads_stay_the_same() {
         }
     }
 }
+
+/// gc moves a snapshot's chunks (its file gone from the live tree) and
+/// deletes their old containers, round after round, while the snapshot's
+/// file is read: every read returns its bytes. A read planned before a
+/// move reads a deleted container; it is planned again, as a live
+/// file's read is.
+#[test]
+fn snapshot_reads_race_gc_moving_their_chunks() {
+    let (_d, s) = new_store("fixed:64K", "none");
+    let want = pseudo(1 << 20, 11);
+    let f = file(&s, "f", &want);
+    let snap = s.snapshot_create("one").unwrap();
+    s.unlink(1, b"f").unwrap();
+    let view = view_ino(snap.id, f);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (mut moved, mut reads) = (0, 0);
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            while !done.load(Relaxed) {
+                let got = s.read(view, 0, want.len());
+                assert!(got.as_ref().is_ok_and(|g| *g == want), "{:?}", got.err());
+                reads += 1;
+            }
+        });
+        for round in 0..60 {
+            file(&s, "junk", &pseudo(3 << 20, 100 + round));
+            s.unlink(1, b"junk").unwrap();
+            moved += s.gc().unwrap().containers_compacted;
+        }
+        done.store(true, Relaxed);
+    });
+    assert!(
+        moved >= 30 && reads > 0,
+        "{moved} compactions, {reads} reads"
+    );
+    assert!(s.fsck(false).unwrap().problems.is_empty());
+}

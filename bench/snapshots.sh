@@ -189,6 +189,13 @@ want series || exit 0
 # --delete`d into the mount then snapshotted, against `restic backup` of
 # the same tree. Then a cold restore of version 5 (cp -a out of its
 # snapshot vs restic restore), and forget --keep-last 5 + gc.
+# SERIES_TRANSPORT=uring mounts over FUSE-over-io_uring (default: dev).
+series_opts=(-o "transport=${SERIES_TRANSPORT:-dev}")
+if [ "${SERIES_TRANSPORT:-dev}" = uring ]; then
+    uring=/sys/module/fuse/parameters/enable_uring
+    uring_was=$(cat "$uring"); echo Y > "$uring"
+    trap 'echo "$uring_was" > "$uring"; cleanup' EXIT
+fi
 command -v restic >/dev/null || apt-get install -y -qq restic >/dev/null
 command -v rsync >/dev/null || apt-get install -y -qq rsync >/dev/null
 tree=$work/tree; mkdir -p "$tree"
@@ -197,11 +204,11 @@ mutate() { python3 bench/mutate-tree.py "$tree" "$1"; }
 sums() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0 md5sum) ; }
 st=$work/series; sm=$work/mnt-series; mkdir -p "$sm"
 "$O" store init "$st" --chunking cdc:16K/64K/256K >/dev/null
-"$O" mount "$st" "$sm"
+"$O" mount "$st" "$sm" "${series_opts[@]}"
 export RESTIC_PASSWORD=x
 restic init -q -r "$work/restic"
 echo
-echo "| version | input MiB | onecopy rsync+snapshot s | restic backup s |"
+echo "| version | input MiB | onecopy rsync+snapshot s (transport ${SERIES_TRANSPORT:-dev}) | restic backup s |"
 echo "|---|---|---|---|"
 to=0; tr=0
 for v in $(seq 1 10); do
@@ -221,7 +228,7 @@ echo
 # The store's metadata reserve (DIR/reserve, 4-64 MiB of allocated blocks
 # kept free for commits on a full disk) holds no data: left out.
 echo "stored MiB: onecopy $(du -sm --exclude=reserve "$st" | cut -f1) (containers $(du -sm "$st/containers" | cut -f1); reserve $(du -sm "$st/reserve" | cut -f1) not counted), restic $(du -sm "$work/restic" | cut -f1)"
-"$O" mount "$st" "$sm"
+"$O" mount "$st" "$sm" "${series_opts[@]}"
 drop
 t0=$(now); cp -a "$sm/.onecopy/snapshots/v5/live" "$work/restore-onecopy"; t1=$(now)
 snap5=$(restic -q -r "$work/restic" snapshots --json | python3 -c "import json,sys; print(json.load(sys.stdin)[4]['short_id'])")
@@ -234,7 +241,7 @@ fusermount3 -u "$sm"; sleep 1; drop
 t0=$(now); "$O" store snapshot restore "$st" v5 "$work/restore-offline" >/dev/null; t1=$(now)
 echo "cold restore of v5 without a mount (store snapshot restore): $(python3 -c "print(f'{$t1-$t0:.1f}')") s"
 diff <(sums "$work/restore-offline/live") "$work/v5.sums" >/dev/null && echo "v5 restored offline: every file's md5 matches"
-"$O" mount "$st" "$sm"
+"$O" mount "$st" "$sm" "${series_opts[@]}"
 "$O" store snapshot list "$sm"
 before=$("$O" store stats "$st" --json | python3 -c "import json,sys; print(json.load(sys.stdin)['stored_bytes'])")
 "$O" store forget "$sm" --keep-last 5 | tail -1

@@ -7,7 +7,7 @@
 //! pages (shared `Arc`s), the file's size and the span with its stored
 //! extents. Outside it the span is cut, hashed and its new chunks
 //! compressed. Back under the lock the result is applied only if nothing
-//! it was made from changed: the same size, every page still the same
+//! it was made from changed: no smaller size, every page still the same
 //! `Arc` in the buffer (a write copies a shared page first), the same
 //! span over the same stored extents. Otherwise the flush is redone
 //! under the lock ([`Store::flush_file_locked`]), which is always
@@ -205,9 +205,11 @@ impl Store {
                 .iter()
                 .all(|(i, pg)| d.pages.get(i).is_some_and(|cur| Arc::ptr_eq(cur, pg)))
         });
+        // A file that grew (a writer appending meanwhile: new pages past
+        // these) still has these bytes at these offsets, zeros after them.
         let (first, last) = (snap.pages[0].0, snap.pages[snap.pages.len() - 1].0);
-        let (start, end) = (first * p, ((last + 1) * p).min(size));
-        if size != snap.size || !same_pages || self.cdc_span(g, ino, start, end)? != snap.span {
+        let (start, end) = (first * p, ((last + 1) * p).min(snap.size));
+        if size < snap.size || !same_pages || self.cdc_span(g, ino, start, end)? != snap.span {
             return self.flush_runs(g, ino);
         }
         let a = snap.span.a;

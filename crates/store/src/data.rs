@@ -619,7 +619,7 @@ impl Store {
         let buffered = d.pages.len() as u64 * p;
         if buffered >= DIRTY_LIMIT && !d.flushing {
             drop(g);
-            self.flush_file(ino)?;
+            self.flush_for_room(ino)?;
         } else if buffered >= 4 * DIRTY_LIMIT {
             // Writers outrun the flush outside the lock: hold them here.
             self.flush_file_locked(&mut g, ino)?;
@@ -627,13 +627,25 @@ impl Store {
             drop(g);
             // Another file's failure is reported by its own close or
             // fsync, which flushes again; this write succeeded.
-            if let Err(e) = self.flush_file(other) {
+            if let Err(e) = self.flush_for_room(other) {
                 if other == ino {
                     return Err(e);
                 }
             }
         }
         Ok(data.len())
+    }
+
+    /// A flush a write makes to bound the buffers. With CDC it holds the
+    /// lock, so that writers wait for it: one outside the lock let a
+    /// sequential writer outrun it to the 4x bound, whose flush under
+    /// the lock then took its pages (dd of 2 GiB: 343-414 -> 269-306
+    /// MB/s). Closes, `fsync` and commits flush outside the lock.
+    fn flush_for_room(&self, ino: u64) -> Result<()> {
+        match self.cfg.chunking {
+            Chunking::Cdc { .. } => self.flush_file_locked(&mut self.lock(), ino),
+            Chunking::Fixed { .. } => self.flush_file(ino),
+        }
     }
 
     /// Before a write buffers more: a buffer this far over its limits is

@@ -46,7 +46,7 @@ struct Snap {
 }
 
 /// A chunk of a span: offset in it, length, and hash (`None`: zeros).
-type Cut = (usize, usize, Option<Hash>);
+pub(crate) type Cut = (usize, usize, Option<Hash>);
 
 /// Stored extents and what a span's chunks are: (file offset, length,
 /// chunk or hole).
@@ -79,7 +79,7 @@ impl Store {
     /// `flush_file` with CDC: a file's buffer of one run of pages, more
     /// than one small page, is cut, hashed and compressed outside the
     /// lock; any other buffer is stored under it.
-    pub(crate) fn flush_cdc(&self, ino: u64, (min, avg, max): (u32, u32, u32)) -> Result<()> {
+    pub(crate) fn flush_cdc(&self, ino: u64, chunking: (u32, u32, u32)) -> Result<()> {
         let mut g = self.lock();
         let Some(mut snap) = self.cdc_snapshot(&mut g, ino)? else {
             return self.flush_file_locked(&mut g, ino);
@@ -88,15 +88,8 @@ impl Store {
         for (idx, page) in &snap.pages {
             copy_overlap(&mut snap.buf, snap.span.a, page, idx * self.page_size());
         }
-        let buf = &snap.buf;
-        let offsets: Vec<(usize, usize)> = fastcdc::v2020::FastCDC::new(buf, min, avg, max)
-            .map(|c| (c.offset, c.length))
-            .collect();
-        let cuts: Vec<Cut> = par_map(&offsets, |&(o, l)| {
-            let data = &buf[o..o + l];
-            (o, l, (!is_zero(data)).then(|| self.fingerprint(data)))
-        });
-        let encoded = match self.encode_new(buf, &cuts) {
+        let cuts = self.cut_span(&snap.buf, chunking);
+        let encoded = match self.encode_new(&snap.buf, &cuts) {
             Ok(e) => e,
             Err(e) => {
                 Self::flush_failed(&mut self.lock(), ino);
@@ -140,8 +133,7 @@ impl Store {
         }
         let (start, end) = (first.0 * p, ((last.0 + 1) * p).min(size));
         let span = self.cdc_span(g, ino, start, end)?;
-        let mut buf = vec![0u8; (span.b - span.a) as usize];
-        self.fill(&mut buf, span.a, &span.plan, self.cache.generation())?;
+        let buf = self.span_bytes(&span)?;
         if let Some(d) = g.dirty.get_mut(&ino) {
             d.flushing = true;
         }
@@ -191,12 +183,15 @@ impl Store {
         ino: u64,
         snap: &Snap,
         cuts: &[Cut],
-        mut encoded: HashMap<Hash, Encoded>,
+        encoded: HashMap<Hash, Encoded>,
     ) -> Result<()> {
         Self::flush_failed(g, ino); // the mark is off from here on
         let size = match g.attr(ino) {
             Ok(a) => a.size,
-            Err(StoreError::NotFound) => return Ok(()),
+            Err(StoreError::NotFound) => {
+                g.dirty.remove(&ino); // gone meanwhile: nothing to store
+                return Ok(());
+            }
             Err(e) => return Err(e),
         };
         let p = self.page_size();
@@ -213,22 +208,7 @@ impl Store {
             return self.flush_runs(g, ino);
         }
         let a = snap.span.a;
-        let mut made: Made = Vec::with_capacity(cuts.len());
-        for (o, l, h) in cuts {
-            let (o, l) = (*o, *l);
-            let data = &snap.buf[o..o + l];
-            let chunk = match h {
-                None => None,
-                Some(h) => match self.put_hashed(g, h, data, encoded.remove(h)) {
-                    Ok(id) => Some(id),
-                    Err(e) => {
-                        self.release_made(g, &made)?;
-                        return Err(e);
-                    }
-                },
-            };
-            made.push((a + o as u64, l as u64, chunk));
-        }
+        let made = self.store_cuts(g, &snap.buf, a, cuts, encoded)?;
         self.replace_span(g, ino, a, snap.span.b, &made)?;
         if let Some(d) = g.dirty.get_mut(&ino) {
             for (i, _) in &snap.pages {
@@ -239,6 +219,52 @@ impl Store {
             }
         }
         Ok(())
+    }
+
+    /// A span's bytes cut into chunks (FastCDC), each hashed, in parallel.
+    pub(crate) fn cut_span(&self, buf: &[u8], (min, avg, max): (u32, u32, u32)) -> Vec<Cut> {
+        let offsets: Vec<(usize, usize)> = fastcdc::v2020::FastCDC::new(buf, min, avg, max)
+            .map(|c| (c.offset, c.length))
+            .collect();
+        par_map(&offsets, |&(o, l)| {
+            let data = &buf[o..o + l];
+            (o, l, (!is_zero(data)).then(|| self.fingerprint(data)))
+        })
+    }
+
+    /// The stored bytes of a span (zeros where it has none).
+    pub(crate) fn span_bytes(&self, span: &Span) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; (span.b - span.a) as usize];
+        self.fill(&mut buf, span.a, &span.plan, self.cache.generation())?;
+        Ok(buf)
+    }
+
+    /// Under the lock: the chunks `cuts` of `buf` (the span from `a`)
+    /// stored in order, each new one from its record in `encoded` if
+    /// there. On a failure the references taken so far are dropped.
+    pub(crate) fn store_cuts(
+        &self,
+        g: &mut Inner,
+        buf: &[u8],
+        a: u64,
+        cuts: &[Cut],
+        mut encoded: HashMap<Hash, Encoded>,
+    ) -> Result<Made> {
+        let mut made: Made = Vec::with_capacity(cuts.len());
+        for &(o, l, h) in cuts {
+            let chunk = match h {
+                None => None,
+                Some(h) => match self.put_hashed(g, &h, &buf[o..o + l], encoded.remove(&h)) {
+                    Ok(id) => Some(id),
+                    Err(e) => {
+                        self.release_made(g, &made)?;
+                        return Err(e);
+                    }
+                },
+            };
+            made.push((a + o as u64, l as u64, chunk));
+        }
+        Ok(made)
     }
 
     /// Drops the references chunks made for a span took, after a failure.

@@ -1049,31 +1049,16 @@ impl Store {
         start: u64,
         end: u64,
         pages: &[Page],
-        (min, avg, max): (u32, u32, u32),
+        chunking: (u32, u32, u32),
     ) -> Result<()> {
-        let crate::cdc::Span { a, b, plan } = self.cdc_span(g, ino, start, end)?;
-        let mut buf = vec![0u8; (b - a) as usize];
-        self.fill(&mut buf, a, &plan, self.cache.generation())?;
+        let span = self.cdc_span(g, ino, start, end)?;
+        let mut buf = self.span_bytes(&span)?;
         for (po, page) in pages {
-            copy_overlap(&mut buf, a, page, *po);
+            copy_overlap(&mut buf, span.a, page, *po);
         }
-        let mut made: crate::cdc::Made = Vec::new();
-        for c in fastcdc::v2020::FastCDC::new(&buf, min, avg, max) {
-            let data = &buf[c.offset..c.offset + c.length];
-            let chunk = if is_zero(data) {
-                None
-            } else {
-                match self.put_chunk(g, data) {
-                    Ok(id) => Some(id),
-                    Err(e) => {
-                        self.release_made(g, &made)?;
-                        return Err(e);
-                    }
-                }
-            };
-            made.push((a + c.offset as u64, c.length as u64, chunk));
-        }
-        self.replace_span(g, ino, a, b, &made)
+        let cuts = self.cut_span(&buf, chunking);
+        let made = self.store_cuts(g, &buf, span.a, &cuts, Default::default())?;
+        self.replace_span(g, ino, span.a, span.b, &made)
     }
 
     /// Sets the file's size: chunks past it are dropped, the one across it

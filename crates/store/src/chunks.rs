@@ -4,7 +4,7 @@
 //! [`Chunks`]; only fsck's checks and `stats`' totals query the table
 //! directly, as checkers that must not rely on the code they check.
 //!
-//! Invariants (ARCHITECTURE.md, "Store metadata"):
+//! Invariants (ARCHITECTURE.md, "meta.sqlite" and "Store" 4 and 9):
 //! - Every `chunks` row has one `chunk_refs` row of the same id and no
 //!   other `chunk_refs` row exists; its `refs` equals the number of
 //!   `extents` and `extents_hist` rows naming the chunk; a decrement

@@ -340,7 +340,7 @@ pub fn recover(
     next.generation += 1;
     crate::mirror::save_writer(dir, &writer)?;
     next.writer = writer;
-    next.time_ns = crate::store::time_now();
+    next.time_ns = crate::store::precise_now();
     let bytes = encode_manifest(&next, sealing.as_ref());
     objects
         .swap_settled(MANIFEST, bytes.into(), Some(&tag))

@@ -372,7 +372,7 @@ impl<'a> Push<'a> {
         Manifest {
             generation,
             writer: self.mirror.writer.clone(),
-            time_ns: crate::store::time_now(),
+            time_ns: crate::store::precise_now(),
             config: StoreConfig {
                 remote: None,
                 ..cfg.clone()
@@ -442,7 +442,7 @@ pub(crate) const DOOMED_TABLE: &str =
 /// Records containers gc deleted: their objects go once a manifest taken
 /// after this is in, and the grace has passed.
 fn record_doomed(db: &Connection, ids: &[u64]) -> Result<()> {
-    let now = crate::store::time_now();
+    let now = crate::store::precise_now();
     for &id in ids {
         db.execute(
             "INSERT OR IGNORE INTO doomed (id, at_ns) VALUES (?1, ?2)",
@@ -575,7 +575,7 @@ impl crate::Store {
     /// has passed (a follower may still read an older state). Best
     /// effort: what fails stays recorded and is tried at the next push.
     fn delete_doomed(&self, m: &Mirror, published: i64) {
-        let cutoff = published.min(crate::store::time_now() - m.grace.as_nanos() as i64);
+        let cutoff = published.min(crate::store::precise_now() - m.grace.as_nanos() as i64);
         let due: Vec<u64> = {
             let g = self.lock();
             let st =

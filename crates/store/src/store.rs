@@ -194,6 +194,15 @@ pub(crate) fn time_now() -> i64 {
     now_ns()
 }
 
+/// The wall clock at full resolution, for times compared to order
+/// events one thread makes microseconds apart (a gc delete recorded, then
+/// the manifest that follows it): the coarse clock of [`time_now`] ticks
+/// every few milliseconds, and would give both the same time.
+pub(crate) fn precise_now() -> i64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Realtime);
+    t.tv_sec.saturating_mul(1_000_000_000) + t.tv_nsec
+}
+
 /// How long [`lock_dir`] tries before answering `Locked`.
 const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_millis(200);
 

@@ -335,17 +335,21 @@ pub(crate) fn evict(local: &LocalDir, lru: &Mutex<Lru>, limit: u64, added: Optio
 }
 
 /// Puts container `id`'s first `len` bytes in the bucket, unless an
-/// object whose first `len` bytes are the same is there already.
+/// object whose first `len` bytes are the same is there already. The
+/// create-only PUT goes first: asking the bucket before every upload
+/// would cost a round trip per container for the rare one already there
+/// (an upload whose answer was lost, a listing gap after a crash).
 fn upload(local: &LocalDir, objects: &dyn Objects, id: u64, len: u64) -> Result<()> {
     let key = object_key(id);
-    let there = objects.size(&key).map_err(object_error)?;
     let bytes: bytes::Bytes = match local.read(id, 0, len as usize) {
-        Err(e) if is_missing(&e) && there >= Some(len) => return Ok(()),
+        Err(e) if is_missing(&e) => {
+            return match objects.size(&key).map_err(object_error)? {
+                Some(there) if there >= len => Ok(()),
+                _ => Err(e),
+            };
+        }
         r => r?.into(),
     };
-    if there >= Some(len) {
-        return same_prefix(objects, id, &bytes);
-    }
     // `Bytes` shares the buffer: the bytes are not copied again.
     match objects.put_new(&key, bytes.clone()) {
         Err(ObjectError::Exists { .. }) => same_prefix(objects, id, &bytes),
@@ -405,6 +409,10 @@ fn upload_loop(local: &LocalDir, objects: &dyn Objects, up: &Uploads, uploaded: 
                 q.failed = None;
                 q.skip_to = 0;
                 pause = Duration::from_millis(100);
+                drop(q);
+                // Kept for this read (see `Tiered::drop_cache`); a commit
+                // from now on drops what its sync leaves dirty here.
+                local.drop_cache(id);
             }
             Err(e) => {
                 q.failed = Some(e.to_string());
@@ -472,8 +480,15 @@ impl ContainerStore for Tiered {
         self.local.start_sync(id)
     }
 
+    /// Not while the container waits for its upload: the upload would
+    /// read it back from the disk, stalling the PUTs behind it (the
+    /// upload drops the cache once done).
     fn drop_cache(&self, id: u64) {
-        self.local.drop_cache(id)
+        let q = self.up.q.lock().unwrap();
+        if !q.pending.contains_key(&id) {
+            drop(q);
+            self.local.drop_cache(id)
+        }
     }
 
     fn sealed(&self, id: u64, len: u64) {
@@ -592,6 +607,37 @@ mod tests {
             t.read(3, (1 << 20) - 10, 20),
             Err(StoreError::Damaged { container: 3, .. })
         ));
+    }
+
+    /// An upload PUTs without asking first; an object already there is
+    /// accepted only if it begins with the container's bytes; a local
+    /// copy gone is fine only if the bucket holds the container.
+    #[test]
+    fn an_upload_accepts_only_the_same_bytes_already_there() {
+        let d = tempfile::tempdir().unwrap();
+        let objects = onecopy_objects::LocalObjects::new(d.path().join("b")).unwrap();
+        let local = LocalDir::new(d.path().join("cache"));
+        for id in 1..=3 {
+            local.create(id).unwrap();
+            local.append(id, b"abcdef").unwrap();
+        }
+        let len = local.len(1).unwrap().unwrap();
+        let bytes = |id| local.read(id, 0, len as usize).unwrap();
+        let longer = [&bytes(2)[..], b"XYZ"].concat();
+        let mut other = bytes(3);
+        *other.last_mut().unwrap() ^= 1;
+        objects.put_new(&object_key(2), longer.into()).unwrap();
+        objects.put_new(&object_key(3), other.into()).unwrap();
+        upload(&local, &objects, 1, len).unwrap();
+        assert_eq!(objects.get_range(&object_key(1), 0..len).unwrap(), bytes(1));
+        upload(&local, &objects, 2, len).unwrap();
+        assert!(matches!(
+            upload(&local, &objects, 3, len),
+            Err(StoreError::Damaged { container: 3, .. })
+        ));
+        local.delete(1).unwrap();
+        upload(&local, &objects, 1, len).unwrap();
+        assert!(upload(&local, &objects, 4, len).is_err());
     }
 
     #[test]

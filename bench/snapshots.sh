@@ -5,7 +5,8 @@
 # store with none. Usage: bench/snapshots.sh (as root) [MAX_FILES]
 # (default 1000000). Files are put in with `store import` (10 k-file tree
 # imported again and again, each copy its own directory), then the store
-# is mounted and the command timed as a user runs it.
+# is mounted and the command timed as a user runs it. HALT_POLL_NS=N sets
+# the guest's halt polling for the run (bench/haltpoll.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MAX=${1:-1000000}
@@ -18,10 +19,12 @@ O=$CARGO_TARGET_DIR/release/onecopy
 cargo build -q --release -p onecopy-fuse --example nullfs
 N=$CARGO_TARGET_DIR/release/examples/nullfs
 command -v fio >/dev/null || apt-get install -y -qq fio >/dev/null
+. bench/haltpoll.sh
 work=$(mktemp -d /var/tmp/onecopy-snapbench.XXXXXX)
 cleanup() {
     for m in "$work"/mnt*; do fusermount3 -u "$m" 2>/dev/null || true; done
     sleep 1; rm -rf "$work"
+    haltpoll_restore
 }
 trap cleanup EXIT
 drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }

@@ -356,6 +356,13 @@ pub trait ContainerStore: Send + Sync {
     fn remote(&self) -> bool {
         false
     }
+    /// A read found damage in container `id`: a backend that holds the
+    /// container elsewhere too (a remote store's bucket) drops its local
+    /// copy, so that the next read fetches the container again; whether
+    /// it did. A copy that is the only one is never dropped.
+    fn drop_damaged_copy(&self, _id: u64) -> bool {
+        false
+    }
     /// Current length of container `id` (None if it does not exist).
     fn len(&self, id: u64) -> Result<Option<u64>>;
     /// Deletes a whole container.

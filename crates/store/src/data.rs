@@ -752,12 +752,22 @@ impl Store {
             true => self.view_read(ino, off, len),
             false => self.read_once(ino, off, len),
         };
-        match once() {
-            // gc may have moved a chunk and deleted its old container
-            // between planning and reading: plan again once.
-            Err(StoreError::Io { .. }) => once(),
-            r => r,
+        let mut r = once();
+        // gc may have moved a chunk and deleted its old container between
+        // planning and reading: plan again once.
+        if matches!(r, Err(StoreError::Io { .. })) {
+            r = once();
         }
+        // A damaged cache copy of a container the bucket holds: read the
+        // bucket's instead, once per container (its damage too is `EIO`).
+        let mut dropped = HashSet::new();
+        while let Err(StoreError::Damaged { container, .. }) = r {
+            if !dropped.insert(container) || !self.containers.drop_damaged_copy(container) {
+                break;
+            }
+            r = once();
+        }
+        r
     }
 
     fn read_once(&self, ino: u64, off: u64, len: usize) -> Result<Vec<u8>> {

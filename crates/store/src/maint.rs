@@ -448,8 +448,25 @@ impl Store {
         Ok(rep)
     }
 
-    /// Reads and checks every chunk row of container `id`.
+    /// Reads and checks every chunk row of container `id`. Damage in a
+    /// remote store's cache copy drops the copy, and the bucket's copy is
+    /// checked instead (see [`container::ContainerStore::drop_damaged_copy`]).
     fn scrub_container(&self, id: u64, rep: &mut ScrubReport) -> Result<()> {
+        let mut one = ScrubReport::default();
+        self.scrub_rows(id, &mut one)?;
+        if !one.damaged.is_empty() && self.containers.drop_damaged_copy(id) {
+            one = ScrubReport::default();
+            self.scrub_rows(id, &mut one)?;
+        }
+        rep.chunks_checked += one.chunks_checked;
+        rep.bytes_checked += one.bytes_checked;
+        rep.damaged.extend(one.damaged);
+        rep.damaged_ids.extend(one.damaged_ids);
+        Ok(())
+    }
+
+    /// [`Store::scrub_container`]'s pass over the rows of container `id`.
+    fn scrub_rows(&self, id: u64, rep: &mut ScrubReport) -> Result<()> {
         for (id, hash, loc) in self.chunks_in(id)? {
             rep.chunks_checked += 1;
             match self.read_loc(loc) {

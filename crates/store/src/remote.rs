@@ -21,7 +21,10 @@
 //!   (least recently used first) only once its container is in the
 //!   bucket; a read that misses fetches the whole object back (up to
 //!   [`WHOLE_FETCH_MAX`]; larger ones are read by ranges), served from
-//!   memory until its local copy is written ([`crate::fetch`]).
+//!   memory until its local copy is written ([`crate::fetch`]);
+//! - a local copy found damaged (a read, scrub) is dropped and the bucket's
+//!   read instead only if it is evictable: the only copy stays, and its
+//!   damage is `EIO`.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Condvar, Mutex};
@@ -501,6 +504,18 @@ impl ContainerStore for Tiered {
 
     fn remote(&self) -> bool {
         true
+    }
+
+    /// Only a copy of a container the bucket holds (the LRU lists exactly
+    /// those): a container not uploaded yet has no other copy.
+    fn drop_damaged_copy(&self, id: u64) -> bool {
+        let mut lru = self.lru.lock().unwrap();
+        if !lru.held.contains_key(&id) {
+            return false;
+        }
+        lru.forget(id);
+        drop(lru);
+        self.local.delete(id).is_ok()
     }
 
     /// Queues the sealed containers the bucket's listing lacks or holds

@@ -1594,6 +1594,54 @@ fn sealed_ids(s: &Store) -> Vec<u64> {
         .collect()
 }
 
+/// A damaged cache copy of a container the bucket holds is dropped and
+/// the container read from the bucket; damage in the bucket's copy too is
+/// `EIO`, never wrong data.
+#[test]
+fn a_damaged_cache_copy_is_read_again_from_the_bucket() {
+    use crate::remote::object_key;
+    let bucket = tempfile::tempdir().unwrap();
+    let (d, s) = remote_store(bucket.path());
+    let data = pseudo(3 << 20, 21);
+    let a = file(&s, "a", &data);
+    s.push_remote().unwrap().expect("a change to push");
+    let ids = sealed_ids(&s);
+    assert!(ids.len() >= 2, "{ids:?}");
+    drop(s);
+    let local = |id: u64| {
+        d.path()
+            .join(format!("containers/{:02x}/{id:016x}.occ", id & 0xff))
+    };
+    let flip = |path: &std::path::Path| {
+        let mut bytes = std::fs::read(path).unwrap();
+        bytes[16 + 48 + 100] ^= 1;
+        std::fs::write(path, bytes).unwrap();
+    };
+    for &id in &ids {
+        flip(&local(id));
+    }
+    let s = Store::open(d.path()).unwrap();
+    assert_eq!(read_all(&s, a), data);
+    drop(s);
+    // Fetched again, whole and undamaged; scrub heals a copy the same way.
+    for &id in &ids {
+        assert!(local(id).exists(), "{id}");
+    }
+    flip(&local(ids[0]));
+    let s = Store::open(d.path()).unwrap();
+    let rep = s.scrub().unwrap();
+    assert!(rep.damaged.is_empty(), "{:?}", rep.damaged);
+    drop(s);
+    for &id in &ids {
+        flip(&local(id));
+        flip(&bucket.path().join(object_key(id)));
+    }
+    let s = Store::open(d.path()).unwrap();
+    let err = s.read(a, 0, 4096).unwrap_err();
+    assert_eq!(err.errno(), libc::EIO, "{err}");
+    assert!(!s.scrub().unwrap().damaged.is_empty());
+}
+
 /// The bucket alone is the store: sealed containers and pushed metadata
 /// rebuild a cache on an empty directory, every byte reads back, fsck
 /// and scrub are clean; the new cache is the bucket's writer and the old

@@ -186,7 +186,12 @@ const CACHE_BYTES: usize = 64 << 20;
 /// before it (on the fine clock it could, by up to a tick: xfstests
 /// generic/423).
 fn now_ns() -> i64 {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::RealtimeCoarse);
+    clock_ns(rustix::time::ClockId::RealtimeCoarse)
+}
+
+/// `clock`'s time in nanoseconds since the epoch.
+fn clock_ns(clock: rustix::time::ClockId) -> i64 {
+    let t = rustix::time::clock_gettime(clock);
     t.tv_sec.saturating_mul(1_000_000_000) + t.tv_nsec
 }
 
@@ -199,8 +204,7 @@ pub(crate) fn time_now() -> i64 {
 /// the manifest that follows it): the coarse clock of [`time_now`] ticks
 /// every few milliseconds, and would give both the same time.
 pub(crate) fn precise_now() -> i64 {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::Realtime);
-    t.tv_sec.saturating_mul(1_000_000_000) + t.tv_nsec
+    clock_ns(rustix::time::ClockId::Realtime)
 }
 
 /// How long [`lock_dir`] tries before answering `Locked`.

@@ -99,6 +99,20 @@ fn cp_in(src: &Path, dst: &Path) {
     assert!(st.success(), "cp -a {} {}", src.display(), dst.display());
 }
 
+/// A server for `bucket`, a new remote store in it, and a tree (seed
+/// `seed`) copied in through a mount, unmounted (so pushed); the tree's
+/// checksums.
+fn stored_tree(bucket: &str, seed: u64) -> (Weed, Scratch, BTreeMap<PathBuf, u128>) {
+    let (weed, _objects) = weed(bucket);
+    let s = remote_scratch(&weed);
+    let src = s.mnt.with_extension("src");
+    let want = make_tree(&src, seed);
+    let m = Mount::new(&s);
+    cp_in(&src, &m.mnt.join("tree"));
+    m.unmount();
+    (weed, s, want)
+}
+
 /// While mounted, a second cache is refused (exit 3). The cache is
 /// deleted while unmounted: `store init --recover` rebuilds
 /// it from the bucket alone and the tree reads back whole; a second
@@ -206,13 +220,7 @@ fn the_bucket_alone_is_the_store() {
 #[test]
 fn kill_9_while_pushing_loses_nothing_pushed() {
     require_fuse();
-    let (weed, _objects) = weed("onecopy-remote-kill");
-    let s = remote_scratch(&weed);
-    let src = s.mnt.with_extension("src");
-    let want = make_tree(&src, 3);
-    let m = Mount::new(&s);
-    cp_in(&src, &m.mnt.join("tree"));
-    m.unmount();
+    let (weed, s, want) = stored_tree("onecopy-remote-kill", 3);
     let mut rng = Rng::seeded("kill_9_while_pushing");
     for round in 0..3 {
         let m = Mount::with_args(&s, &["-o", "push=1"]);
@@ -392,13 +400,7 @@ fn libc_erofs() -> i32 {
 #[test]
 fn a_damaged_cache_heals_from_the_bucket() {
     require_fuse();
-    let (weed, _objects) = weed("onecopy-remote-rot");
-    let s = remote_scratch(&weed);
-    let src = s.mnt.with_extension("src");
-    let want = make_tree(&src, 3);
-    let m = Mount::new(&s);
-    cp_in(&src, &m.mnt.join("tree"));
-    m.unmount();
+    let (_weed, s, want) = stored_tree("onecopy-remote-rot", 3);
     let rot = || {
         let mut flipped = 0;
         for d in std::fs::read_dir(s.store.join("containers")).unwrap() {

@@ -19,6 +19,10 @@
 //!   those can not be read the file has no key and is read.
 //! - Data in metadata (inline), delayed allocation and unknown places have
 //!   no address: no key.
+//! - Only the bytes before the file's size count: space kept past the end
+//!   (XFS's speculative preallocation, `fallocate --keep-size`) is never
+//!   read, so it neither makes nor spoils a key, and an extent crossing
+//!   the end counts up to it.
 //!
 //! A key match is not trusted alone: [`crate::hash_files`] reuses an
 //! earlier file's digests only when the later file has not changed since
@@ -33,7 +37,7 @@ use onecopy_ioctl::fiemap::{self, flags, Extent};
 
 /// The layout key of `f` (inode `ino`, `size` bytes), if it has one.
 pub fn key(f: &File, ino: u64, size: u64) -> Option<u128> {
-    let extents = fiemap::fiemap(f.as_fd()).ok()?;
+    let extents = before_end(&fiemap::fiemap(f.as_fd()).ok()?, size);
     if !keyable(&extents) {
         return None;
     }
@@ -42,6 +46,19 @@ pub fn key(f: &File, ino: u64, size: u64) -> Option<u128> {
         return btrfs_key(&items, size);
     }
     Some(fiemap_key(&extents, size))
+}
+
+/// The parts of `extents` that hold a file's `size` bytes: those that
+/// start before the end, cut at it.
+fn before_end(extents: &[Extent], size: u64) -> Vec<Extent> {
+    extents
+        .iter()
+        .filter(|e| e.logical < size)
+        .map(|e| Extent {
+            length: e.length.min(size - e.logical),
+            ..*e
+        })
+        .collect()
 }
 
 /// Whether a FIEMAP answer can make a key: not empty, every extent shared
@@ -80,13 +97,13 @@ fn fiemap_key(extents: &[Extent], size: u64) -> u128 {
     xxhash_rust::xxh3::xxh3_128(&b)
 }
 
-/// The key from btrfs file extent items; `None` when one is inline or of
-/// an unknown kind.
+/// The key from btrfs file extent items (those before the end, cut at
+/// it); `None` when one is inline or of an unknown kind.
 fn btrfs_key(items: &[FileExtent], size: u64) -> Option<u128> {
     let mut b = Vec::with_capacity(8 + items.len() * 43);
     b.push(b'B');
     b.extend_from_slice(&size.to_le_bytes());
-    for i in items {
+    for i in items.iter().filter(|i| i.file_offset < size) {
         let kind = match i.kind {
             FileExtentKind::Regular => 1u8,
             FileExtentKind::Prealloc => 2,
@@ -99,7 +116,7 @@ fn btrfs_key(items: &[FileExtent], size: u64) -> Option<u128> {
             i.disk_bytenr,
             i.disk_num_bytes,
             i.offset,
-            i.num_bytes,
+            i.num_bytes.min(size - i.file_offset),
         ] {
             b.extend_from_slice(&v.to_le_bytes());
         }
@@ -163,31 +180,48 @@ mod tests {
     #[test]
     fn a_key_changes_with_any_address_offset_length_size_or_unwritten() {
         let s = flags::SHARED;
-        let base = [ext(0, 4096, 8192, s), ext(8192, 1 << 20, 4096, s)];
-        let k = fiemap_key(&base, 12288);
+        let base = [ext(0, 4096, 8192, s), ext(8192, 1 << 20, 8192, s)];
+        let k = fiemap_key(&base, 16384);
         let flagged = [
             ext(0, 4096, 8192, s | flags::MERGED),
-            ext(8192, 1 << 20, 4096, s | flags::LAST),
+            ext(8192, 1 << 20, 8192, s | flags::LAST),
         ];
         assert_eq!(
-            fiemap_key(&flagged, 12288),
+            fiemap_key(&flagged, 16384),
             k,
             "sharing and bookkeeping flags do not count"
         );
-        let mut variants = vec![fiemap_key(&base, 12289)];
+        let mut variants = vec![fiemap_key(&base, 16385)];
         for i in 0..2 {
             for f in 0..4 {
                 let mut v = base;
                 match f {
                     0 => v[i].logical += 4096,
                     1 => v[i].physical += 4096,
-                    2 => v[i].length += 4096,
+                    2 => v[i].length -= 4096,
                     _ => v[i].flags |= flags::UNWRITTEN,
                 }
-                variants.push(fiemap_key(&v, 12288));
+                variants.push(fiemap_key(&before_end(&v, 16384), 16384));
             }
         }
         assert!(variants.iter().all(|&v| v != k));
+    }
+
+    #[test]
+    fn space_past_the_end_does_not_count() {
+        let s = flags::SHARED;
+        let bare = [ext(0, 4096, 8192, s)];
+        let kept = [
+            ext(0, 4096, 8192, s),
+            ext(8192, 1 << 20, 8192, flags::UNWRITTEN | flags::LAST),
+        ];
+        let crossing = [ext(0, 4096, 12288, s)];
+        for extents in [&bare[..], &kept, &crossing] {
+            let e = before_end(extents, 8192);
+            assert!(keyable(&e), "{extents:?}");
+            assert_eq!(fiemap_key(&e, 8192), fiemap_key(&bare, 8192));
+        }
+        assert!(!keyable(&before_end(&bare, 0)), "nothing to key");
     }
 
     #[test]
@@ -205,6 +239,12 @@ mod tests {
         let a = btrfs_key(&[item(0)], 65536).unwrap();
         assert_eq!(btrfs_key(&[item(0)], 65536), Some(a));
         assert_ne!(btrfs_key(&[item(65536)], 65536), Some(a));
+        let kept = FileExtent {
+            file_offset: 65536,
+            kind: FileExtentKind::Prealloc,
+            ..item(0)
+        };
+        assert_eq!(btrfs_key(&[item(0), kept], 65536), Some(a), "past the end");
         let inline = FileExtent {
             kind: FileExtentKind::Inline,
             ..item(0)

@@ -427,10 +427,9 @@ impl LocalDir {
         let dir = path.parent().unwrap();
         std::fs::create_dir_all(dir).map_err(StoreError::io(dir))?;
         let part = path.with_extension("occ.part");
+        // Around the page cache: a cache copy is read, if ever, later.
         let write = || -> std::io::Result<()> {
-            let mut f = File::create(&part)?;
-            f.write_all(bytes)?;
-            f.sync_data()?;
+            crate::direct::write_synced(&part, bytes)?;
             std::fs::rename(&part, &path)
         };
         write().map_err(StoreError::io(&path))

@@ -14,8 +14,11 @@
 //! - a fetched container is always in memory or installed locally (it
 //!   leaves memory only once its local copy is in place, or its install
 //!   failed: then the next read fetches it again);
-//! - memory holds at most [`INSTALL_QUEUE`] + 2 fetched containers: the
-//!   fetch thread waits for the installer when it lags.
+//! - the last [`KEPT`] installed containers stay in memory too: their
+//!   readers are still in them, and the local copies were written around
+//!   the page cache;
+//! - memory holds at most [`INSTALL_QUEUE`] + 2 + [`KEPT`] fetched
+//!   containers: the fetch thread waits for the installer when it lags.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::mpsc::{sync_channel, SyncSender};
@@ -34,6 +37,9 @@ const INSTALL_QUEUE: usize = 2;
 /// Containers asked ahead lately (a read of each asks once).
 const ASKED: usize = 16;
 
+/// Installed containers kept in memory, newest last.
+const KEPT: usize = 2;
+
 /// Fetches whole containers into the cache.
 pub(crate) struct Fetcher {
     shared: Arc<Shared>,
@@ -50,8 +56,11 @@ pub(crate) struct Fetcher {
 struct Shared {
     local: Arc<LocalDir>,
     lru: Arc<Mutex<Lru>>,
-    /// Fetched containers whose local copies are not in place yet.
+    /// Fetched containers whose local copies are not in place yet, and
+    /// the [`KEPT`] last installed.
     fresh: Mutex<HashMap<u64, Bytes>>,
+    /// The installed containers still in `fresh`, oldest first.
+    kept: Mutex<VecDeque<u64>>,
 }
 
 impl Fetcher {
@@ -67,6 +76,7 @@ impl Fetcher {
             local,
             lru,
             fresh: Mutex::new(HashMap::new()),
+            kept: Mutex::new(VecDeque::new()),
         });
         let (install, todo) = sync_channel::<(u64, Bytes)>(INSTALL_QUEUE);
         let s = shared.clone();
@@ -111,7 +121,7 @@ impl Fetcher {
     }
 
     /// The bytes of container `id` if it was fetched and its local copy
-    /// is not in place yet.
+    /// is not in place yet, or was put there last.
     pub(crate) fn fresh(&self, id: u64) -> Option<Bytes> {
         self.shared.fresh.lock().unwrap().get(&id).cloned()
     }
@@ -179,17 +189,25 @@ impl Fetcher {
 }
 
 impl Shared {
-    /// Writes the local copy of container `id`, then lets its bytes go
-    /// from memory (a failed write too: the next read fetches again).
+    /// Writes the local copy of container `id`, then lets the bytes of
+    /// the oldest kept one go from memory (of this one at once if the
+    /// write failed: the next read fetches again).
     fn install(&self, id: u64, bytes: Bytes, limit: u64) {
-        if self.local.install(id, &bytes).is_ok() {
-            evict(
-                &self.local,
-                &self.lru,
-                limit,
-                Some((id, bytes.len() as u64)),
-            );
+        if self.local.install(id, &bytes).is_err() {
+            self.fresh.lock().unwrap().remove(&id);
+            return;
         }
-        self.fresh.lock().unwrap().remove(&id);
+        evict(
+            &self.local,
+            &self.lru,
+            limit,
+            Some((id, bytes.len() as u64)),
+        );
+        let mut kept = self.kept.lock().unwrap();
+        kept.push_back(id);
+        if kept.len() > KEPT {
+            let old = kept.pop_front();
+            self.fresh.lock().unwrap().remove(&old.unwrap());
+        }
     }
 }

@@ -17,6 +17,7 @@ pub mod container;
 mod copy;
 mod data;
 mod diff;
+mod direct;
 pub mod error;
 mod fetch;
 mod follow;

@@ -624,6 +624,39 @@ mod tests {
         ));
     }
 
+    /// The last two containers installed stay in memory (their local
+    /// copies were written around the page cache), older ones leave it.
+    #[test]
+    fn the_last_installed_containers_are_served_from_memory() {
+        let d = tempfile::tempdir().unwrap();
+        let objects = Arc::new(onecopy_objects::LocalObjects::new(d.path().join("b")).unwrap());
+        let body =
+            |id: u64| -> Vec<u8> { (0..1u32 << 16).map(|i| (i as u64 ^ id) as u8).collect() };
+        for id in 1..=4 {
+            objects.put_new(&object_key(id), body(id).into()).unwrap();
+        }
+        let t = Tiered::reader(LocalDir::new(d.path().join("cache")), objects, u64::MAX);
+        let in_memory = |id| t.fetcher.fresh(id).is_some();
+        let cached = |id| t.local.len(id).unwrap().is_some();
+        let eventually = |what: &str, ok: &dyn Fn() -> bool| {
+            let t0 = std::time::Instant::now();
+            while !ok() {
+                assert!(t0.elapsed().as_secs() < 30, "{what}");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        };
+        t.read(1, 0, 10).unwrap();
+        eventually("1 and 2 installed", &|| cached(1) && cached(2));
+        assert!(in_memory(1) && in_memory(2));
+        t.read(3, 0, 10).unwrap();
+        eventually("1 and 2 out of memory", &|| {
+            cached(3) && cached(4) && !in_memory(1) && !in_memory(2)
+        });
+        assert!(in_memory(3) && in_memory(4));
+        t.local.delete(4).unwrap();
+        assert_eq!(t.read(4, 100, 50).unwrap(), body(4)[100..150]);
+    }
+
     /// An upload PUTs without asking first; an object already there is
     /// accepted only if it begins with the container's bytes; a local
     /// copy gone is fine only if the bucket holds the container.

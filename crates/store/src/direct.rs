@@ -33,7 +33,17 @@ thread_local! {
 
 /// Creates (or truncates) `path` holding `bytes`, synced.
 pub(crate) fn write_synced(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    match write_direct(path, bytes) {
+    or_buffered(path, bytes, write_direct)
+}
+
+/// `direct`'s write, or a buffered one from the start where `direct` met
+/// `EINVAL` (the filesystem refuses `O_DIRECT`); other errors stand.
+fn or_buffered(
+    path: &Path,
+    bytes: &[u8],
+    direct: fn(&Path, &[u8]) -> io::Result<()>,
+) -> io::Result<()> {
+    match direct(path, bytes) {
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => write_buffered(path, bytes),
         r => r,
     }
@@ -89,13 +99,23 @@ mod tests {
         }
     }
 
+    /// A refusal of `O_DIRECT`, even after part of the file was written,
+    /// gives a buffered write of the whole; any other error stands.
     #[test]
-    fn a_filesystem_without_o_direct_gets_a_buffered_write() {
-        // /dev/shm is tmpfs, which refuses O_DIRECT on older kernels and
-        // takes it on newer ones: either way the bytes are there.
-        let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    fn a_refused_o_direct_falls_back_to_a_buffered_write_and_nothing_else_does() {
+        fn refused(path: &Path, _: &[u8]) -> io::Result<()> {
+            std::fs::write(path, b"a partial, longer direct attempt")?;
+            Err(io::Error::from_raw_os_error(libc::EINVAL))
+        }
+        fn failed(_: &Path, _: &[u8]) -> io::Result<()> {
+            Err(io::Error::from_raw_os_error(libc::EIO))
+        }
+        let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("f");
-        write_synced(&p, b"abc").unwrap();
+        or_buffered(&p, b"abc", refused).unwrap();
         assert_eq!(std::fs::read(&p).unwrap(), b"abc");
+        let e = or_buffered(&dir.path().join("g"), b"abc", failed).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EIO));
+        assert!(!dir.path().join("g").exists());
     }
 }

@@ -458,10 +458,17 @@ impl Store {
             one = ScrubReport::default();
             self.scrub_rows(id, &mut one)?;
         }
-        rep.chunks_checked += one.chunks_checked;
-        rep.bytes_checked += one.bytes_checked;
-        rep.damaged.extend(one.damaged);
-        rep.damaged_ids.extend(one.damaged_ids);
+        // Every field named: a new one cannot be left out of the sum.
+        let ScrubReport {
+            chunks_checked,
+            bytes_checked,
+            damaged,
+            damaged_ids,
+        } = one;
+        rep.chunks_checked += chunks_checked;
+        rep.bytes_checked += bytes_checked;
+        rep.damaged.extend(damaged);
+        rep.damaged_ids.extend(damaged_ids);
         Ok(())
     }
 

@@ -53,6 +53,16 @@ pub trait Objects: Send + Sync {
     fn size(&self, key: &str) -> Result<Option<u64>>;
     /// The whole of `key` and its version.
     fn get(&self, key: &str) -> Result<(Bytes, Tag)>;
+    /// The whole of `key` if it is at most `max` bytes long; `Ok(None)`
+    /// if it is longer or there is no such object. Here: the size asked
+    /// first, then the object; a bucket answers in one request, reading
+    /// no body past the size it announced.
+    fn get_at_most(&self, key: &str, max: u64) -> Result<Option<Bytes>> {
+        match self.size(key)? {
+            Some(n) if n <= max => self.get(key).map(|(b, _)| Some(b)),
+            _ => Ok(None),
+        }
+    }
     /// Replaces `key` by `bytes` if its version is `expected`, or creates
     /// it if `expected` is `None` and there is none; returns the new
     /// version. [`ObjectError::Conflict`] when the object changed (or

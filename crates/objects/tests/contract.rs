@@ -50,6 +50,12 @@ fn contract(o: &dyn Objects) {
     );
     let e = o.get("c/00/missing").unwrap_err();
     assert!(matches!(e, ObjectError::NotFound { .. }), "{e}");
+    // Whole only when short enough; a longer or absent object is `None`.
+    assert_eq!(o.get_at_most("c/00/a", 200_000).unwrap(), Some(a.clone()));
+    assert_eq!(o.get_at_most("c/00/a", 199_999).unwrap(), None);
+    assert_eq!(o.get_at_most("c/00/missing", 1 << 30).unwrap(), None);
+    // The connection a refused body was dropped on is not reused broken.
+    assert_eq!(o.get_at_most("c/00/a", u64::MAX).unwrap(), Some(a.clone()));
 
     // The manifest: created once, replaced only from the version read.
     let t1 = o

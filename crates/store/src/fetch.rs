@@ -172,11 +172,10 @@ impl Fetcher {
 
     fn get(&self, id: u64) -> Result<bool> {
         let key = object_key(id);
-        match self.objects.size(&key).map_err(object_error)? {
-            Some(n) if n <= WHOLE_FETCH_MAX && self.limit >= n => {}
-            _ => return Ok(false),
-        }
-        let (bytes, _) = self.objects.get(&key).map_err(object_error)?;
+        let max = WHOLE_FETCH_MAX.min(self.limit);
+        let Some(bytes) = self.objects.get_at_most(&key, max).map_err(object_error)? else {
+            return Ok(false);
+        };
         self.shared.fresh.lock().unwrap().insert(id, bytes.clone());
         if self.install.send((id, bytes)).is_err() {
             self.shared.fresh.lock().unwrap().remove(&id);

@@ -56,7 +56,9 @@ fn write_buffered(path: &Path, bytes: &[u8]) -> io::Result<()> {
 }
 
 /// `bytes` in aligned pieces (the last padded with zeros), then the
-/// file cut to its length.
+/// file cut to its length. Where `bytes` start on a boundary (a fetched
+/// container does), their whole blocks are written from where they are;
+/// the rest goes through this thread's staging buffer.
 fn write_direct(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let f = OpenOptions::new()
         .write(true)
@@ -64,6 +66,21 @@ fn write_direct(path: &Path, bytes: &[u8]) -> io::Result<()> {
         .truncate(true)
         .custom_flags(libc::O_DIRECT)
         .open(path)?;
+    let whole = match bytes.as_ptr() as usize % ALIGN {
+        0 => bytes.len() / ALIGN * ALIGN,
+        _ => 0,
+    };
+    for (i, piece) in bytes[..whole].chunks(PIECE).enumerate() {
+        f.write_all_at(piece, (i * PIECE) as u64)?;
+    }
+    staged(&f, &bytes[whole..], whole as u64)?;
+    f.set_len(bytes.len() as u64)?;
+    f.sync_data()
+}
+
+/// Writes `bytes` at `at` (a multiple of [`ALIGN`]) through the staging
+/// buffer, the last piece padded with zeros.
+fn staged(f: &File, bytes: &[u8], at: u64) -> io::Result<()> {
     STAGE.with(|stage| -> io::Result<()> {
         let mut stage = stage.borrow_mut();
         if stage.len() < PIECE + ALIGN {
@@ -75,12 +92,10 @@ fn write_direct(path: &Path, bytes: &[u8]) -> io::Result<()> {
             let n = piece.len().next_multiple_of(ALIGN);
             buf[..piece.len()].copy_from_slice(piece);
             buf[piece.len()..n].fill(0);
-            f.write_all_at(&buf[..n], (i * PIECE) as u64)?;
+            f.write_all_at(&buf[..n], at + (i * PIECE) as u64)?;
         }
         Ok(())
-    })?;
-    f.set_len(bytes.len() as u64)?;
-    f.sync_data()
+    })
 }
 
 #[cfg(test)]
@@ -95,6 +110,35 @@ mod tests {
             let p = dir.path().join(format!("f{len}"));
             std::fs::write(&p, b"an older, longer file at the same name").unwrap();
             write_synced(&p, &bytes).unwrap();
+            assert_eq!(std::fs::read(&p).unwrap(), bytes, "length {len}");
+        }
+    }
+
+    /// Bytes starting on a boundary are written from where they are, up
+    /// to their last whole block; the file still holds exactly them.
+    #[test]
+    fn aligned_bytes_are_written_whole_and_exactly() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut room = vec![0u8; 2 * PIECE + 3 * ALIGN];
+        let at = room.as_ptr().align_offset(ALIGN);
+        for (i, b) in room.iter_mut().enumerate() {
+            *b = (i * 13 % 251) as u8;
+        }
+        for len in [
+            0,
+            1,
+            ALIGN - 1,
+            ALIGN,
+            ALIGN + 1,
+            PIECE,
+            PIECE + 4097,
+            2 * PIECE + 3,
+        ] {
+            let bytes = &room[at..at + len];
+            assert_eq!(bytes.as_ptr() as usize % ALIGN, 0);
+            let p = dir.path().join(format!("a{len}"));
+            std::fs::write(&p, vec![9u8; 3 * PIECE]).unwrap();
+            write_synced(&p, bytes).unwrap();
             assert_eq!(std::fs::read(&p).unwrap(), bytes, "length {len}");
         }
     }

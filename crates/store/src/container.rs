@@ -378,12 +378,17 @@ pub(crate) fn scatter(
     bufs: &mut [&mut [u8]],
 ) -> Result<()> {
     let data = read(bufs.iter().map(|b| b.len()).sum())?;
+    scatter_slice(&data, bufs);
+    Ok(())
+}
+
+/// Copies `data`, exactly as long as `bufs` together, into `bufs` in turn.
+pub(crate) fn scatter_slice(data: &[u8], bufs: &mut [&mut [u8]]) {
     let mut at = 0;
     for b in bufs.iter_mut() {
         b.copy_from_slice(&data[at..at + b.len()]);
         at += b.len();
     }
-    Ok(())
 }
 
 /// Reads of at least this many bytes are let go from the page cache once

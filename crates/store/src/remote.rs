@@ -301,13 +301,23 @@ fn is_missing(e: &StoreError) -> bool {
 /// Bytes `offset..offset + len` of container `id`, whose whole object is
 /// `b`.
 fn slice(b: &Bytes, id: u64, offset: u64, len: usize) -> Result<Vec<u8>> {
+    within(b, id, offset, len).map(<[u8]>::to_vec)
+}
+
+/// [`slice`], borrowed from `b`.
+fn within(b: &Bytes, id: u64, offset: u64, len: usize) -> Result<&[u8]> {
     let tail = b.get(offset as usize..).unwrap_or_default();
-    exact(id, offset, len, &tail[..tail.len().min(len)])
+    whole(id, offset, len, &tail[..tail.len().min(len)])
 }
 
 /// `got`, read from the bucket at `offset` of container `id`, if it is
 /// the `len` bytes asked for; shorter is damage.
 fn exact(id: u64, offset: u64, len: usize, got: &[u8]) -> Result<Vec<u8>> {
+    whole(id, offset, len, got).map(<[u8]>::to_vec)
+}
+
+/// [`exact`], borrowed.
+fn whole(id: u64, offset: u64, len: usize, got: &[u8]) -> Result<&[u8]> {
     if got.len() != len {
         return Err(StoreError::Damaged {
             container: id,
@@ -318,7 +328,7 @@ fn exact(id: u64, offset: u64, len: usize, got: &[u8]) -> Result<Vec<u8>> {
             ),
         });
     }
-    Ok(got.to_vec())
+    Ok(got)
 }
 
 /// Registers `added` as evictable and deletes the least recently used
@@ -456,10 +466,15 @@ impl ContainerStore for Tiered {
     }
 
     fn read_into(&self, id: u64, offset: u64, bufs: &mut [&mut [u8]]) -> Result<()> {
-        use crate::container::scatter;
+        use crate::container::{scatter, scatter_slice};
         match self.read_cached(id, |l| l.read_into(id, offset, bufs))? {
             Found::Local(()) => Ok(()),
-            Found::Fresh(b) => scatter(|len| slice(&b, id, offset, len), bufs),
+            Found::Fresh(b) => {
+                // Straight from the fetched buffer: no copy in between.
+                let len = bufs.iter().map(|b| b.len()).sum();
+                scatter_slice(within(&b, id, offset, len)?, bufs);
+                Ok(())
+            }
             Found::Bucket => scatter(|len| self.fetch(id, offset, len), bufs),
         }
     }

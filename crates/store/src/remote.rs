@@ -265,7 +265,7 @@ impl Tiered {
             .objects
             .get_range(&key, offset..offset + len as u64)
             .map_err(object_error)?;
-        exact(id, offset, len, &got)
+        exact(id, offset, len, &got).map(<[u8]>::to_vec)
     }
 }
 
@@ -299,25 +299,15 @@ fn is_missing(e: &StoreError) -> bool {
 }
 
 /// Bytes `offset..offset + len` of container `id`, whose whole object is
-/// `b`.
-fn slice(b: &Bytes, id: u64, offset: u64, len: usize) -> Result<Vec<u8>> {
-    within(b, id, offset, len).map(<[u8]>::to_vec)
-}
-
-/// [`slice`], borrowed from `b`.
+/// `b`, borrowed from it.
 fn within(b: &Bytes, id: u64, offset: u64, len: usize) -> Result<&[u8]> {
     let tail = b.get(offset as usize..).unwrap_or_default();
-    whole(id, offset, len, &tail[..tail.len().min(len)])
+    exact(id, offset, len, &tail[..tail.len().min(len)])
 }
 
 /// `got`, read from the bucket at `offset` of container `id`, if it is
 /// the `len` bytes asked for; shorter is damage.
-fn exact(id: u64, offset: u64, len: usize, got: &[u8]) -> Result<Vec<u8>> {
-    whole(id, offset, len, got).map(<[u8]>::to_vec)
-}
-
-/// [`exact`], borrowed.
-fn whole(id: u64, offset: u64, len: usize, got: &[u8]) -> Result<&[u8]> {
+fn exact(id: u64, offset: u64, len: usize, got: &[u8]) -> Result<&[u8]> {
     if got.len() != len {
         return Err(StoreError::Damaged {
             container: id,
@@ -460,7 +450,7 @@ impl ContainerStore for Tiered {
     fn read(&self, id: u64, offset: u64, len: usize) -> Result<Vec<u8>> {
         match self.read_cached(id, |l| l.read(id, offset, len))? {
             Found::Local(v) => Ok(v),
-            Found::Fresh(b) => slice(&b, id, offset, len),
+            Found::Fresh(b) => within(&b, id, offset, len).map(<[u8]>::to_vec),
             Found::Bucket => self.fetch(id, offset, len),
         }
     }

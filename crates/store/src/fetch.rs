@@ -4,9 +4,10 @@
 //! container, not one per chunk) and serves it from memory at once; a
 //! thread of its own writes the local copy (the write and its `fdatasync`
 //! are off the reader's path). The first read of a fetched container
-//! asks for the next one ahead (a file written in one go lies in
+//! asks for the next [`AHEAD`] ones (a file written in one go lies in
 //! consecutive containers), so a sequential reader finds the next
-//! container fetched, or being fetched, when it gets there.
+//! container fetched, or being fetched, when it gets there, and the
+//! server has the one after it to send meanwhile.
 //!
 //! Invariants:
 //! - each container is fetched once at a time: a reader that wants one in
@@ -36,6 +37,9 @@ const INSTALL_QUEUE: usize = 2;
 
 /// Containers asked ahead lately (a read of each asks once).
 const ASKED: usize = 16;
+
+/// Containers asked for ahead of the one being read.
+const AHEAD: usize = 2;
 
 /// Installed containers kept in memory, newest last.
 const KEPT: usize = 2;
@@ -98,7 +102,7 @@ impl Fetcher {
             ahead: Mutex::new(None),
             asked: Mutex::new(VecDeque::new()),
         });
-        let (tx, rx) = sync_channel::<u64>(1);
+        let (tx, rx) = sync_channel::<u64>(AHEAD);
         let weak = Arc::downgrade(&f);
         std::thread::Builder::new()
             .name("onecopy-fetch".into())
@@ -126,22 +130,24 @@ impl Fetcher {
         self.shared.fresh.lock().unwrap().get(&id).cloned()
     }
 
-    /// Asks for the container after `id` to be fetched, once, if the
-    /// fetch thread is free.
+    /// Asks for the [`AHEAD`] containers after `id` to be fetched, each
+    /// once, as far as the fetch thread's queue has room.
     pub(crate) fn want_next(&self, id: u64) {
-        let next = id + 1;
-        {
+        for next in id + 1..=id + AHEAD as u64 {
             let mut asked = self.asked.lock().unwrap();
             if asked.contains(&next) {
+                continue;
+            }
+            let Some(tx) = &*self.ahead.lock().unwrap() else {
+                return;
+            };
+            if tx.try_send(next).is_err() {
                 return;
             }
             if asked.len() >= ASKED {
                 asked.pop_front();
             }
             asked.push_back(next);
-        }
-        if let Some(tx) = &*self.ahead.lock().unwrap() {
-            let _ = tx.try_send(next);
         }
     }
 

@@ -7,8 +7,10 @@
 //!
 //! Usage: throughput s3://BUCKET/PREFIX ENDPOINT [N] [SIZE_MIB] [PHASES]
 //! (credentials from the environment, as the store takes them); PHASES
-//! is a comma-separated subset of `put,get,delete` (all by default), so
-//! that a caller can measure each phase on its own.
+//! is a comma-separated subset of `put,get,whole,delete` (all but `whole`
+//! by default; `whole` is one unranged GET per object, as the store's
+//! cache fetches a container), so that a caller can measure each phase on
+//! its own.
 
 use std::time::Instant;
 
@@ -64,6 +66,20 @@ fn main() {
         let get = t.elapsed().as_secs_f64();
         println!(
             "ranged get {n} x {} MiB: {get:.2} s, {:.0} MiB/s",
+            size >> 20,
+            mib / get
+        );
+    }
+    if has("whole") {
+        let t = Instant::now();
+        for i in 0..n {
+            let key = format!("throughput/{i:08}");
+            let got = o.get_at_most(&key, size as u64).expect("get");
+            assert_eq!(got.map(|b| b.len()), Some(size));
+        }
+        let get = t.elapsed().as_secs_f64();
+        println!(
+            "whole get {n} x {} MiB: {get:.2} s, {:.0} MiB/s",
             size >> 20,
             mib / get
         );

@@ -4,7 +4,8 @@
 //! container, not one per chunk) and serves it from memory at once; a
 //! thread of its own writes the local copy (the write and its `fdatasync`
 //! are off the reader's path). The first read of a fetched container
-//! asks for the next [`AHEAD`] ones (a file written in one go lies in
+//! asks for the next one, and for the next [`AHEAD`] once the reader
+//! reached a container asked ahead (a file written in one go lies in
 //! consecutive containers), so a sequential reader finds the next
 //! container fetched, or being fetched, when it gets there, and the
 //! server has the one after it to send meanwhile.
@@ -130,10 +131,14 @@ impl Fetcher {
         self.shared.fresh.lock().unwrap().get(&id).cloned()
     }
 
-    /// Asks for the [`AHEAD`] containers after `id` to be fetched, each
-    /// once, as far as the fetch thread's queue has room.
+    /// Asks for the containers after `id` to be fetched, each once, as
+    /// far as the fetch thread's queue has room: [`AHEAD`] of them when
+    /// `id` was itself asked ahead (a reader walking the containers),
+    /// else one (a random reader fetches one container more per miss).
     pub(crate) fn want_next(&self, id: u64) {
-        for next in id + 1..=id + AHEAD as u64 {
+        let walking = self.asked.lock().unwrap().contains(&id);
+        let depth = if walking { AHEAD as u64 } else { 1 };
+        for next in id + 1..=id + depth {
             let mut asked = self.asked.lock().unwrap();
             if asked.contains(&next) {
                 continue;

@@ -32,7 +32,6 @@ fn main() {
     let phases = args.get(5).map_or("put,get,delete", |s| s.as_str());
     let has = |p: &str| phases.split(',').any(|x| x == p);
     let o = S3Objects::new(&c).expect("client");
-    let mib = (n * size) as f64 / (1 << 20) as f64;
     // Incompressible bytes, different per object.
     let mut body = vec![0u8; size];
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
@@ -43,50 +42,47 @@ fn main() {
         b.copy_from_slice(&x.to_le_bytes()[..b.len()]);
     }
     if has("put") {
-        let t = Instant::now();
-        for i in 0..n {
+        timed("put", n, size, |i, key| {
             body[..8].copy_from_slice(&(i as u64).to_le_bytes());
-            let key = format!("throughput/{i:08}");
-            o.put_new(&key, body.clone().into()).expect("put");
-        }
-        let put = t.elapsed().as_secs_f64();
-        println!(
-            "put {n} x {} MiB: {put:.2} s, {:.0} MiB/s",
-            size >> 20,
-            mib / put
-        );
+            o.put_new(key, body.clone().into()).expect("put");
+        });
     }
     if has("get") {
-        let t = Instant::now();
-        for i in 0..n {
-            let key = format!("throughput/{i:08}");
-            let got = o.get_range(&key, 0..size as u64).expect("get");
+        timed("ranged get", n, size, |_, key| {
+            let got = o.get_range(key, 0..size as u64).expect("get");
             assert_eq!(got.len(), size);
-        }
-        let get = t.elapsed().as_secs_f64();
-        println!(
-            "ranged get {n} x {} MiB: {get:.2} s, {:.0} MiB/s",
-            size >> 20,
-            mib / get
-        );
+        });
     }
     if has("whole") {
-        let t = Instant::now();
-        for i in 0..n {
-            let key = format!("throughput/{i:08}");
-            let got = o.get_at_most(&key, size as u64).expect("get");
+        timed("whole get", n, size, |_, key| {
+            let got = o.get_at_most(key, size as u64).expect("get");
             assert_eq!(got.map(|b| b.len()), Some(size));
-        }
-        let get = t.elapsed().as_secs_f64();
-        println!(
-            "whole get {n} x {} MiB: {get:.2} s, {:.0} MiB/s",
-            size >> 20,
-            mib / get
-        );
+        });
     }
     if has("delete") {
         for i in 0..n {
-            let _ = o.delete(&format!("throughput/{i:08}"));
+            let _ = o.delete(&key(i));
         }
     }
+}
+
+/// Object `i`'s key.
+fn key(i: usize) -> String {
+    format!("throughput/{i:08}")
+}
+
+/// Calls `each` for objects `0..n` (with each key) and prints how long
+/// the `what` of `n` objects of `size` bytes took.
+fn timed(what: &str, n: usize, size: usize, mut each: impl FnMut(usize, &str)) {
+    let t = Instant::now();
+    for i in 0..n {
+        each(i, &key(i));
+    }
+    let secs = t.elapsed().as_secs_f64();
+    let mib = (n * size) as f64 / (1 << 20) as f64;
+    println!(
+        "{what} {n} x {} MiB: {secs:.2} s, {:.0} MiB/s",
+        size >> 20,
+        mib / secs
+    );
 }

@@ -136,16 +136,16 @@ impl Fetcher {
     /// `id` was itself asked ahead (a reader walking the containers),
     /// else one (a random reader fetches one container more per miss).
     pub(crate) fn want_next(&self, id: u64) {
-        let walking = self.asked.lock().unwrap().contains(&id);
-        let depth = if walking { AHEAD as u64 } else { 1 };
+        let mut asked = self.asked.lock().unwrap();
+        let ahead = self.ahead.lock().unwrap();
+        let Some(tx) = &*ahead else {
+            return;
+        };
+        let depth = if asked.contains(&id) { AHEAD as u64 } else { 1 };
         for next in id + 1..=id + depth {
-            let mut asked = self.asked.lock().unwrap();
             if asked.contains(&next) {
                 continue;
             }
-            let Some(tx) = &*self.ahead.lock().unwrap() else {
-                return;
-            };
             if tx.try_send(next).is_err() {
                 return;
             }

@@ -595,6 +595,15 @@ impl ContainerStore for Tiered {
 mod tests {
     use super::*;
 
+    /// Waits up to 30 s for `ok`, failing with `what`.
+    fn eventually(what: &str, ok: &dyn Fn() -> bool) {
+        let t0 = std::time::Instant::now();
+        while !ok() {
+            assert!(t0.elapsed().as_secs() < 30, "{what}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// A miss fetches its whole container and serves it at once; the
     /// next container is fetched ahead and lands in the cache, and the
     /// read of that one asks for the two after it; a read past an
@@ -612,13 +621,6 @@ mod tests {
         let t = Tiered::reader(local, objects, u64::MAX);
         assert_eq!(t.read(1, 4096, 8192).unwrap(), body(1)[4096..12288]);
         let cached = |id| t.local.len(id).unwrap().is_some();
-        let eventually = |what: &str, ok: &dyn Fn() -> bool| {
-            let t0 = std::time::Instant::now();
-            while !ok() {
-                assert!(t0.elapsed().as_secs() < 30, "{what}");
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        };
         eventually("container 2 fetched ahead", &|| cached(1) && cached(2));
         std::thread::sleep(Duration::from_millis(200));
         assert!(!cached(3), "a miss asks for one container ahead only");
@@ -650,13 +652,6 @@ mod tests {
         let t = Tiered::reader(LocalDir::new(d.path().join("cache")), objects, u64::MAX);
         let in_memory = |id| t.fetcher.fresh(id).is_some();
         let cached = |id| t.local.len(id).unwrap().is_some();
-        let eventually = |what: &str, ok: &dyn Fn() -> bool| {
-            let t0 = std::time::Instant::now();
-            while !ok() {
-                assert!(t0.elapsed().as_secs() < 30, "{what}");
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        };
         t.read(1, 0, 10).unwrap();
         eventually("1 and 2 installed", &|| cached(1) && cached(2));
         assert!(in_memory(1) && in_memory(2));

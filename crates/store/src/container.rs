@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::config::{Compress, Packing, AUTO_WORTH_PERCENT};
 use crate::error::{Result, StoreError};
-use crate::seal::Keys;
+use crate::seal::{Keys, OVERHEAD};
 
 /// Magic at the start of every container.
 pub const CONTAINER_MAGIC: &[u8; 8] = b"OCCONT01";
@@ -37,8 +37,14 @@ pub struct Encoded {
     pub raw_len: u32,
 }
 
-/// Compresses `raw` (kept raw when that does not shrink it) and frames it.
-pub fn encode(hash: &Hash, raw: &[u8], packing: impl Into<Packing>) -> Encoded {
+/// Compresses `raw` (kept raw when that does not shrink it), seals it
+/// with `keys` when given, and frames it.
+pub fn encode(
+    hash: &Hash,
+    raw: &[u8],
+    packing: impl Into<Packing>,
+    keys: Option<&Keys>,
+) -> Encoded {
     let packing = packing.into();
     let packed = match packing.compress {
         Compress::Zstd => zstd_compress(raw, packing.zstd_level)
@@ -53,25 +59,9 @@ pub fn encode(hash: &Hash, raw: &[u8], packing: impl Into<Packing>) -> Encoded {
         _ => (Codec::Raw, raw),
     };
     Encoded {
-        bytes: frame(hash, raw.len() as u32, codec as u8, payload),
+        bytes: frame(hash, raw.len() as u32, codec as u8, payload, keys),
         raw_len: raw.len() as u32,
     }
-}
-
-/// A record: header (id, raw length, stored length, codec byte, CRC of
-/// header and payload) and payload.
-fn frame(hash: &Hash, raw_len: u32, codec: u8, payload: &[u8]) -> Vec<u8> {
-    let mut bytes = Vec::with_capacity(RECORD_HEADER + payload.len());
-    bytes.extend_from_slice(hash);
-    bytes.extend_from_slice(&raw_len.to_le_bytes());
-    bytes.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    bytes.extend_from_slice(&[codec, 0, 0, 0]);
-    let mut crc = crc32fast::Hasher::new();
-    crc.update(&bytes);
-    crc.update(payload);
-    bytes.extend_from_slice(&crc.finalize().to_le_bytes());
-    bytes.extend_from_slice(payload);
-    bytes
 }
 
 /// Codec-byte flag of a sealed record: its payload is the encoded
@@ -80,15 +70,33 @@ fn frame(hash: &Hash, raw_len: u32, codec: u8, payload: &[u8]) -> Vec<u8> {
 /// is found without the key too.
 const SEALED: u8 = 0x80;
 
-/// Seals a record [`encode`] made.
-pub fn seal_record(enc: Encoded, keys: &Keys) -> Encoded {
-    let b = &enc.bytes;
-    let sealed = keys.seal(&b[..36], &b[RECORD_HEADER..]);
-    let hash: Hash = b[..32].try_into().unwrap();
-    Encoded {
-        bytes: frame(&hash, enc.raw_len, b[40] | SEALED, &sealed),
-        raw_len: enc.raw_len,
+/// A record: header (id, raw length, stored length, codec byte, CRC of
+/// header and payload) and payload, sealed with `keys` when given. The
+/// payload is copied once, into its place.
+fn frame(hash: &Hash, raw_len: u32, codec: u8, payload: &[u8], keys: Option<&Keys>) -> Vec<u8> {
+    let (stored, flag) = match keys {
+        Some(_) => (payload.len() + OVERHEAD, SEALED),
+        None => (payload.len(), 0),
+    };
+    let mut bytes = Vec::with_capacity(RECORD_HEADER + stored);
+    bytes.extend_from_slice(hash);
+    bytes.extend_from_slice(&raw_len.to_le_bytes());
+    bytes.extend_from_slice(&(stored as u32).to_le_bytes());
+    bytes.extend_from_slice(&[codec | flag, 0, 0, 0, 0, 0, 0, 0]);
+    match keys {
+        Some(k) => {
+            let aad: [u8; 36] = bytes[..36].try_into().unwrap();
+            k.seal_into(&aad, payload, &mut bytes);
+        }
+        None => bytes.extend_from_slice(payload),
     }
+    debug_assert_eq!(bytes.len(), RECORD_HEADER + stored);
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&bytes[..44]);
+    crc.update(&bytes[RECORD_HEADER..]);
+    let crc = crc.finalize().to_le_bytes();
+    bytes[44..RECORD_HEADER].copy_from_slice(&crc);
+    bytes
 }
 
 /// The codec and encoded payload of a checked record: a sealed one
@@ -283,12 +291,19 @@ pub fn decode_into(
     keys: Option<&Keys>,
 ) -> Result<()> {
     let (raw_len, codec, payload) = check(rec, container, offset)?;
-    let (codec, payload) = unseal(rec, codec, payload, keys, (container, offset))?;
-    let payload = &payload[..];
     let bad = |why| damaged(container, offset, why);
     if raw_len != out.len() {
         return Err(bad("length differs from the index"));
     }
+    if let (SEALED, Some(k)) = (codec, keys) {
+        // Sealed (flag) and raw (codec 0): opened straight into `out`, no copy between.
+        return match k.open_into(&rec[..36], payload, out) {
+            true => Ok(()),
+            false => Err(bad("a sealed record that does not open")),
+        };
+    }
+    let (codec, payload) = unseal(rec, codec, payload, keys, (container, offset))?;
+    let payload = &payload[..];
     let n = match codec {
         0 if payload.len() == raw_len => {
             out.copy_from_slice(payload);
@@ -636,7 +651,7 @@ mod tests {
                 (0..5000u32).map(|i| ((i * 7919) >> 3) as u8).collect(),
             ] {
                 let hash = *blake3::hash(&raw).as_bytes();
-                let enc = encode(&hash, &raw, compress);
+                let enc = encode(&hash, &raw, compress, None);
                 let (h, back) = decode(&enc.bytes, 1, 16, None).unwrap();
                 assert_eq!((h, &back), (hash, &raw));
                 for i in [0, 33, 40, 47, enc.bytes.len() - 1] {
@@ -680,7 +695,7 @@ mod tests {
             .take(65536)
             .collect();
         let codec = |raw: &[u8], c: Compress| {
-            let e = encode(blake3::hash(raw).as_bytes(), raw, c);
+            let e = encode(blake3::hash(raw).as_bytes(), raw, c, None);
             assert_eq!(decode(&e.bytes, 1, 0, None).unwrap().1, raw);
             (e.bytes[40], e.bytes.len())
         };
@@ -713,13 +728,13 @@ mod tests {
         for q in 0..4 {
             let mut raw = noise.clone();
             raw[q * 16384..][..16384].fill(b'a');
-            let e = encode(blake3::hash(&raw).as_bytes(), &raw, Compress::Auto);
+            let e = encode(blake3::hash(&raw).as_bytes(), &raw, Compress::Auto, None);
             assert_eq!(e.bytes[40], Codec::Zstd as u8, "quarter {q}");
             assert!(e.bytes.len() < 50_000);
         }
         let mut raw = noise.clone();
         raw[4096..8192].fill(0);
-        let e = encode(blake3::hash(&raw).as_bytes(), &raw, Compress::Auto);
+        let e = encode(blake3::hash(&raw).as_bytes(), &raw, Compress::Auto, None);
         assert_eq!(e.bytes[40], Codec::Raw as u8);
     }
 
@@ -733,19 +748,33 @@ mod tests {
         let raw = b"some bytes, some bytes, some bytes, some bytes".repeat(50);
         let hash = keys.fingerprint(&raw);
         for compress in [Compress::None, Compress::Zstd, Compress::Lz4] {
-            let enc = seal_record(encode(&hash, &raw, compress), &keys);
+            let enc = encode(&hash, &raw, compress, Some(&keys));
             let (h, back) = decode(&enc.bytes, 1, 16, Some(&keys)).unwrap();
             assert_eq!((h, &back[..]), (hash, &raw[..]));
             let mut out = vec![0u8; raw.len()];
             decode_into(&enc.bytes, 1, 16, &mut out, Some(&keys)).unwrap();
             assert_eq!(out, raw);
-            assert!(decode(&enc.bytes, 1, 16, None).is_err());
-            assert!(decode(&enc.bytes, 1, 16, Some(&Keys::generate())).is_err());
+            let other = Keys::generate();
+            for k in [None, Some(&other)] {
+                assert!(decode(&enc.bytes, 1, 16, k).is_err());
+                assert!(decode_into(&enc.bytes, 1, 16, &mut out, k).is_err());
+            }
             for i in (0..enc.bytes.len()).step_by(7) {
                 let mut bad = enc.bytes.clone();
                 bad[i] ^= 1;
                 assert!(decode(&bad, 1, 16, Some(&keys)).is_err(), "flip at {i}");
+                let into = decode_into(&bad, 1, 16, &mut out, Some(&keys));
+                assert!(into.is_err(), "flip at {i}, decoded into");
             }
+            // A flip under a CRC made again: the AEAD alone refuses it.
+            let mut forged = enc.bytes.clone();
+            forged[RECORD_HEADER + 30] ^= 1;
+            let mut crc = crc32fast::Hasher::new();
+            crc.update(&forged[..44]);
+            crc.update(&forged[RECORD_HEADER..]);
+            forged[44..RECORD_HEADER].copy_from_slice(&crc.finalize().to_le_bytes());
+            assert!(decode(&forged, 1, 16, Some(&keys)).is_err());
+            assert!(decode_into(&forged, 1, 16, &mut out, Some(&keys)).is_err());
             let plain = &raw[..16];
             assert!(
                 !enc.bytes.windows(16).any(|w| w == plain),
@@ -764,7 +793,7 @@ mod tests {
         ] {
             let raw: Vec<u8> = (0..5000u32).map(|i| ((i * 7919) >> 3) as u8).collect();
             let hash = *blake3::hash(&raw).as_bytes();
-            let enc = encode(&hash, &raw, compress);
+            let enc = encode(&hash, &raw, compress, None);
             let mut out = vec![0u8; raw.len()];
             decode_into(&enc.bytes, 1, 16, &mut out, None).unwrap();
             assert_eq!(out, raw);
@@ -798,7 +827,7 @@ mod tests {
             compress: Compress::Zstd,
             zstd_level: level,
         };
-        let good = encode(&hash, &text, at(3));
+        let good = encode(&hash, &text, at(3), None);
         assert_eq!(good.bytes[40], Codec::Zstd as u8);
         let mut bad = good.bytes.clone();
         bad[RECORD_HEADER] ^= 0xff; // the zstd frame's magic number
@@ -810,7 +839,7 @@ mod tests {
         let mut out = vec![0u8; text.len()];
         assert!(decode_into(&bad, 1, 16, &mut out, None).is_err());
         for level in [3, 19, 1, 3] {
-            let e = encode(&hash, &text, at(level));
+            let e = encode(&hash, &text, at(level), None);
             assert_eq!(
                 decode(&e.bytes, 1, 16, None).unwrap().1,
                 text,
@@ -819,7 +848,7 @@ mod tests {
             decode_into(&e.bytes, 1, 16, &mut out, None).unwrap();
             assert_eq!(out, text);
         }
-        assert_eq!(encode(&hash, &text, at(3)).bytes, good.bytes);
+        assert_eq!(encode(&hash, &text, at(3), None).bytes, good.bytes);
     }
 
     #[test]
@@ -827,7 +856,7 @@ mod tests {
         let raw: Vec<u8> = (0..4096)
             .map(|i| blake3::hash(&[i as u8, (i >> 8) as u8]).as_bytes()[0])
             .collect();
-        let enc = encode(&[0; 32], &raw, Compress::Zstd);
+        let enc = encode(&[0; 32], &raw, Compress::Zstd, None);
         assert_eq!(enc.bytes[40], Codec::Raw as u8);
     }
 

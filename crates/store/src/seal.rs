@@ -121,9 +121,17 @@ impl Keys {
 
     /// `nonce || ciphertext || tag` of `plain`, bound to `aad`.
     pub fn seal(&self, aad: &[u8], plain: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(OVERHEAD + plain.len());
+        self.seal_into(aad, plain, &mut out);
+        out
+    }
+
+    /// [`Keys::seal`] appended to `out` ([`OVERHEAD`] bytes more than
+    /// `plain`): the plaintext is copied once, into its place in `out`.
+    pub fn seal_into(&self, aad: &[u8], plain: &[u8], out: &mut Vec<u8>) {
         match &self.data {
-            DataKey::XChaCha(aead) => seal_with(aead, aad, plain),
-            DataKey::Aes(key) => seal_aes(key, aad, plain),
+            DataKey::XChaCha(aead) => seal_xchacha_into(aead, aad, plain, out),
+            DataKey::Aes(key) => seal_aes_into(key, aad, plain, out),
         }
     }
 
@@ -133,6 +141,33 @@ impl Keys {
         match &self.data {
             DataKey::XChaCha(aead) => open_with(aead, aad, sealed),
             DataKey::Aes(key) => open_aes(key, aad, sealed),
+        }
+    }
+
+    /// [`Keys::open`] straight into `out`, which must be exactly
+    /// [`OVERHEAD`] bytes shorter than `sealed`; false (and `out` holding
+    /// unspecified bytes) when it does not open or the lengths differ.
+    pub fn open_into(&self, aad: &[u8], sealed: &[u8], out: &mut [u8]) -> bool {
+        if sealed.len() != out.len() + OVERHEAD {
+            return false;
+        }
+        let (nonce, rest) = sealed.split_at(NONCE);
+        let (body, tag) = rest.split_at(out.len());
+        let nonce: &[u8; NONCE] = nonce.try_into().unwrap();
+        match &self.data {
+            DataKey::XChaCha(aead) => {
+                out.copy_from_slice(body);
+                let Ok(tag) = tag.try_into() else {
+                    return false;
+                };
+                aead.decrypt_inout_detached(&XNonce::from(*nonce), aad, out.into(), tag)
+                    .is_ok()
+            }
+            DataKey::Aes(key) => {
+                let (key, gcm) = blob_key(key, nonce);
+                key.open_separate_gather(gcm, Aad::from(aad), body, tag, out)
+                    .is_ok()
+            }
         }
     }
 }
@@ -150,17 +185,17 @@ fn blob_key(data: &[u8; 32], nonce: &[u8; NONCE]) -> (LessSafeKey, Nonce) {
     (LessSafeKey::new(key), Nonce::assume_unique_for_key(gcm))
 }
 
-fn seal_aes(data: &[u8; 32], aad: &[u8], plain: &[u8]) -> Vec<u8> {
+fn seal_aes_into(data: &[u8; 32], aad: &[u8], plain: &[u8], out: &mut Vec<u8>) {
     let nonce: [u8; NONCE] = random();
     let (key, gcm) = blob_key(data, &nonce);
-    let mut out = Vec::with_capacity(OVERHEAD + plain.len());
+    out.reserve(OVERHEAD + plain.len());
     out.extend_from_slice(&nonce);
+    let start = out.len();
     out.extend_from_slice(plain);
     let tag = key
-        .seal_in_place_separate_tag(gcm, Aad::from(aad), &mut out[NONCE..])
+        .seal_in_place_separate_tag(gcm, Aad::from(aad), &mut out[start..])
         .expect("AES-256-GCM seals any length a record has");
     out.extend_from_slice(tag.as_ref());
-    out
 }
 
 fn open_aes(data: &[u8; 32], aad: &[u8], sealed: &[u8]) -> Option<Vec<u8>> {
@@ -175,17 +210,17 @@ fn open_aes(data: &[u8; 32], aad: &[u8], sealed: &[u8]) -> Option<Vec<u8>> {
     Some(buf)
 }
 
-fn seal_with(aead: &XChaCha20Poly1305, aad: &[u8], plain: &[u8]) -> Vec<u8> {
+/// nonce | ciphertext | tag appended to `out`, the plaintext copied once.
+fn seal_xchacha_into(aead: &XChaCha20Poly1305, aad: &[u8], plain: &[u8], out: &mut Vec<u8>) {
     let nonce: [u8; NONCE] = random();
-    // nonce | ciphertext | tag, the plaintext copied once.
-    let mut out = Vec::with_capacity(OVERHEAD + plain.len());
+    out.reserve(OVERHEAD + plain.len());
     out.extend_from_slice(&nonce);
+    let start = out.len();
     out.extend_from_slice(plain);
     let tag = aead
-        .encrypt_inout_detached(&XNonce::from(nonce), aad, (&mut out[NONCE..]).into())
+        .encrypt_inout_detached(&XNonce::from(nonce), aad, (&mut out[start..]).into())
         .expect("XChaCha20-Poly1305 seals any length a record has");
     out.extend_from_slice(&tag);
-    out
 }
 
 fn open_with(aead: &XChaCha20Poly1305, aad: &[u8], sealed: &[u8]) -> Option<Vec<u8>> {
@@ -252,13 +287,15 @@ fn kek(password: &[u8], salt: &[u8], m_kib: u32, t: u32, p: u32) -> Result<XChaC
 pub fn wrap(keys: &Keys, password: &[u8]) -> Result<KeyFile> {
     let salt: [u8; 16] = random();
     let k = kek(password, &salt, M_KIB, PASSES, 1)?;
+    let mut sealed = Vec::new();
+    seal_xchacha_into(&k, &master_aad(keys.cipher()), keys.master(), &mut sealed);
     Ok(KeyFile {
         kdf: "argon2id".into(),
         m_kib: M_KIB,
         t: PASSES,
         p: 1,
         salt: hex::encode(salt),
-        sealed: hex::encode(seal_with(&k, &master_aad(keys.cipher()), keys.master())),
+        sealed: hex::encode(sealed),
         cipher: keys.cipher().name().into(),
     })
 }
@@ -301,15 +338,27 @@ mod tests {
         let k = Keys::from_master(random(), cipher);
         let s = k.seal(b"a", b"hello");
         assert_eq!(s.len(), 5 + OVERHEAD);
-        assert_eq!(k.open(b"a", &s).unwrap(), b"hello");
-        assert!(k.open(b"b", &s).is_none(), "another aad");
+        assert_eq!(opened(&k, b"a", &s).unwrap(), b"hello");
+        assert!(opened(&k, b"b", &s).is_none(), "another aad");
         let other = Keys::from_master(random(), cipher);
-        assert!(other.open(b"a", &s).is_none(), "another key");
+        assert!(opened(&other, b"a", &s).is_none(), "another key");
         let mut bad = s.clone();
         bad[30] ^= 1;
-        assert!(k.open(b"a", &bad).is_none(), "a changed byte");
-        assert!(k.open(b"a", &s[..10]).is_none(), "cut short");
+        assert!(opened(&k, b"a", &bad).is_none(), "a changed byte");
+        assert!(opened(&k, b"a", &s[..10]).is_none(), "cut short");
         assert_ne!(k.seal(b"a", b"hello"), s, "a fresh nonce each time");
+        assert!(!k.open_into(b"a", &s, &mut [0; 4]), "an output too short");
+    }
+
+    /// `open` and `open_into` agree: the plaintext, or `None`.
+    fn opened(k: &Keys, aad: &[u8], sealed: &[u8]) -> Option<Vec<u8>> {
+        let plain = k.open(aad, sealed);
+        let mut out = vec![0; sealed.len().saturating_sub(OVERHEAD)];
+        assert_eq!(k.open_into(aad, sealed, &mut out), plain.is_some());
+        if let Some(p) = &plain {
+            assert_eq!(p, &out);
+        }
+        plain
     }
 
     #[test]
@@ -348,7 +397,7 @@ mod tests {
             let k = Keys::from_master(fixture_master(), cipher);
             let blob = hex::decode(blob).unwrap();
             assert_eq!(
-                k.open(b"fixture", &blob).unwrap(),
+                opened(&k, b"fixture", &blob).unwrap(),
                 b"kept readable",
                 "{cipher:?}"
             );
@@ -358,7 +407,7 @@ mod tests {
             };
             let k = Keys::from_master(fixture_master(), other);
             assert!(
-                k.open(b"fixture", &blob).is_none(),
+                opened(&k, b"fixture", &blob).is_none(),
                 "{cipher:?} read as {other:?}"
             );
         }

@@ -926,11 +926,7 @@ impl Store {
         data: &[u8],
         packing: crate::config::Packing,
     ) -> Encoded {
-        let e = container::encode(hash, data, packing);
-        match &self.keys {
-            Some(k) => container::seal_record(e, k),
-            None => e,
-        }
+        container::encode(hash, data, packing, self.keys.as_deref())
     }
 }
 

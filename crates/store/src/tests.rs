@@ -362,6 +362,7 @@ fn gc_refuses_to_move_a_record_that_is_not_its_chunk() {
         &hash.try_into().unwrap(),
         &pseudo(64 << 10, 99),
         Compress::None,
+        None,
     );
     let path = d
         .path()
@@ -1901,7 +1902,7 @@ fn a_sealed_record_as_long_as_a_raw_one_reads_back() {
             v
         })
         .find(|v| {
-            let e = container::encode(&[0; 32], v, Compress::Zstd);
+            let e = container::encode(&[0; 32], v, Compress::Zstd, None);
             e.bytes.len() - container::RECORD_HEADER + overhead == v.len()
         })
         .expect("some text whose zstd form is 40 bytes shorter");

@@ -4,7 +4,7 @@
 //! and the option parsers; `meta.sqlite` is SQLite's own format (a
 //! damaged header is tested through the CLI in tests/store_faults.rs).
 
-use onecopy_store::container::{decode, encode, seal_record, RECORD_HEADER};
+use onecopy_store::container::{decode, decode_into, encode, RECORD_HEADER};
 use onecopy_store::seal::{Cipher, Keys};
 use onecopy_store::{Chunking, Compress, Store};
 use proptest::prelude::*;
@@ -70,7 +70,7 @@ proptest! {
         bit in 0u8..8,
     ) {
         let hash = *blake3_like(&raw);
-        let enc = encode(&hash, &raw, compress);
+        let enc = encode(&hash, &raw, compress, None);
         let (h, back) = decode(&enc.bytes, 1, 16, None).unwrap();
         prop_assert_eq!(h, hash);
         prop_assert_eq!(&back, &raw);
@@ -82,12 +82,17 @@ proptest! {
         prop_assert!(decode(&enc.bytes[..cut], 1, 16, None).is_err());
         // The same, sealed with either cipher.
         for k in keys() {
-            let sealed = seal_record(encode(&hash, &raw, compress), &k);
+            let sealed = encode(&hash, &raw, compress, Some(&k));
             prop_assert_eq!(&decode(&sealed.bytes, 1, 16, Some(&k)).unwrap().1, &raw);
+            let mut out = vec![0; raw.len()];
+            decode_into(&sealed.bytes, 1, 16, &mut out, Some(&k)).unwrap();
+            prop_assert_eq!(&out, &raw);
             let mut bad = sealed.bytes.clone();
             let i = at.index(bad.len());
             bad[i] ^= 1 << bit;
             prop_assert!(decode(&bad, 1, 16, Some(&k)).is_err(), "sealed: flip at {}", i);
+            let into = decode_into(&bad, 1, 16, &mut out, Some(&k));
+            prop_assert!(into.is_err(), "sealed, decoded into: flip at {}", i);
         }
     }
 

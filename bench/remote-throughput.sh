@@ -54,7 +54,16 @@ start() {
     b=$(busy); w=$(wcpu); t=$(date +%s.%N)
 }
 stop() { echo "$1 $(date +%s.%N) $t $(busy) $b $(wcpu) $w $2" >> "$work/phases"; }
-gone() { while pgrep -f "mount $1 $2" >/dev/null; do sleep 0.1; done; }
+# unmount CACHE MNT: returns when the mount's process has exited (it
+# uploads what is left first). Waited for with `kill -0`: polling with
+# `pgrep`, which reads every process's command line, took 1.5% of the
+# machine during the write's upload tail, a cost the ceilings never paid.
+unmount() {
+    local pid
+    pid=$(cat "$1/mount.pid")
+    fusermount3 -u "$2"
+    while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+}
 # The ceilings move as many bytes as the mount does: the server's cost
 # per MiB grows with the bytes moved (GET 1.6-2.0 ms/MiB over 1 GiB,
 # 2.0-2.5 over 4 GiB, bench/notes/remote.md), so a 1 GiB ceiling
@@ -75,8 +84,7 @@ if [ -n "${PERF:-}" ]; then
     perf record -F 499 -g -o "$PERF/write.perf" -p "$(pgrep -f "mount $work/cache $work/mnt")" 2>/dev/null &
 fi
 dd if="$work/big" of="$work/mnt/big" bs=16M status=none
-fusermount3 -u "$work/mnt"
-gone "$work/cache" "$work/mnt"
+unmount "$work/cache" "$work/mnt"
 stop "$SIZE_MIB" "sequential write through the mount, until in the bucket"
 # A cache that holds the whole file (the default 4G does not hold 4 GiB
 # of containers and their metadata: the "read again" row would fetch).
@@ -85,14 +93,12 @@ stop "$SIZE_MIB" "sequential write through the mount, until in the bucket"
 "$O" mount "$work/cache2" "$work/mnt2"
 start; cat "$work/mnt2/big" > /dev/null; stop "$SIZE_MIB" "cold read from an empty cache"
 cmp "$work/mnt2/big" "$work/big"
-fusermount3 -u "$work/mnt2"
-gone "$work/cache2" "$work/mnt2"
+unmount "$work/cache2" "$work/mnt2"
 # The mount's own bound: the same read once every container is in the
 # local cache (page cache dropped): decryption and FUSE, no GET.
 "$O" mount "$work/cache2" "$work/mnt2"
 start; cat "$work/mnt2/big" > /dev/null; stop "$SIZE_MIB" "read again, every container in the local cache"
-fusermount3 -u "$work/mnt2"
-gone "$work/cache2" "$work/mnt2"
+unmount "$work/cache2" "$work/mnt2"
 python3 - "$work/phases" "$(nproc)" <<'EOF'
 import sys
 ncpu = int(sys.argv[2])

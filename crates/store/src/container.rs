@@ -297,10 +297,10 @@ pub fn decode_into(
     }
     if let (SEALED, Some(k)) = (codec, keys) {
         // Sealed (flag) and raw (codec 0): opened straight into `out`, no copy between.
-        return match k.open_into(&rec[..36], payload, out) {
-            true => Ok(()),
-            false => Err(bad("a sealed record that does not open")),
-        };
+        let opened = k.open_into(&rec[..36], payload, out);
+        return opened
+            .then_some(())
+            .ok_or_else(|| bad("a sealed record that does not open"));
     }
     let (codec, payload) = unseal(rec, codec, payload, keys, (container, offset))?;
     let payload = &payload[..];

@@ -138,10 +138,8 @@ impl Keys {
     /// The plaintext of [`Keys::seal`]'s output; `None` when it was made
     /// with another key or `aad`, or changed since.
     pub fn open(&self, aad: &[u8], sealed: &[u8]) -> Option<Vec<u8>> {
-        match &self.data {
-            DataKey::XChaCha(aead) => open_with(aead, aad, sealed),
-            DataKey::Aes(key) => open_aes(key, aad, sealed),
-        }
+        let mut out = vec![0; sealed.len().checked_sub(OVERHEAD)?];
+        self.open_into(aad, sealed, &mut out).then_some(out)
     }
 
     /// [`Keys::open`] straight into `out`, which must be exactly
@@ -196,18 +194,6 @@ fn seal_aes_into(data: &[u8; 32], aad: &[u8], plain: &[u8], out: &mut Vec<u8>) {
         .seal_in_place_separate_tag(gcm, Aad::from(aad), &mut out[start..])
         .expect("AES-256-GCM seals any length a record has");
     out.extend_from_slice(tag.as_ref());
-}
-
-fn open_aes(data: &[u8; 32], aad: &[u8], sealed: &[u8]) -> Option<Vec<u8>> {
-    if sealed.len() < OVERHEAD {
-        return None;
-    }
-    let nonce: [u8; NONCE] = sealed[..NONCE].try_into().unwrap();
-    let (key, gcm) = blob_key(data, &nonce);
-    let mut buf = sealed[NONCE..].to_vec();
-    let len = key.open_in_place(gcm, Aad::from(aad), &mut buf).ok()?.len();
-    buf.truncate(len);
-    Some(buf)
 }
 
 /// nonce | ciphertext | tag appended to `out`, the plaintext copied once.

@@ -81,7 +81,7 @@ head -c $((SIZE_MIB << 20)) /dev/urandom > "$work/big"
 "$O" mount "$work/cache" "$work/mnt"
 start "$work/big"
 if [ -n "${PERF:-}" ]; then
-    perf record -F 499 -g -o "$PERF/write.perf" -p "$(pgrep -f "mount $work/cache $work/mnt")" 2>/dev/null &
+    perf record -F 499 -g -o "$PERF/write.perf" -p "$(cat "$work/cache/mount.pid")" 2>/dev/null &
 fi
 dd if="$work/big" of="$work/mnt/big" bs=16M status=none
 unmount "$work/cache" "$work/mnt"

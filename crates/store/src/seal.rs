@@ -31,8 +31,9 @@ use crate::container::Hash;
 use crate::error::{Result, StoreError};
 
 /// Bytes a sealed blob adds: the nonce and the tag.
-pub const OVERHEAD: usize = NONCE + 16;
+pub const OVERHEAD: usize = NONCE + TAG;
 const NONCE: usize = 24;
+const TAG: usize = 16;
 
 /// The AEAD an encrypted store seals its blobs with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -183,30 +184,40 @@ fn blob_key(data: &[u8; 32], nonce: &[u8; NONCE]) -> (LessSafeKey, Nonce) {
     (LessSafeKey::new(key), Nonce::assume_unique_for_key(gcm))
 }
 
-fn seal_aes_into(data: &[u8; 32], aad: &[u8], plain: &[u8], out: &mut Vec<u8>) {
+/// nonce | ciphertext | tag appended to `out`: a fresh random nonce, and
+/// the plaintext copied once into its place, where `encrypt` turns it
+/// into ciphertext and returns the tag.
+fn seal_appending(
+    plain: &[u8],
+    out: &mut Vec<u8>,
+    encrypt: impl FnOnce(&[u8; NONCE], &mut [u8]) -> [u8; TAG],
+) {
     let nonce: [u8; NONCE] = random();
-    let (key, gcm) = blob_key(data, &nonce);
     out.reserve(OVERHEAD + plain.len());
     out.extend_from_slice(&nonce);
     let start = out.len();
     out.extend_from_slice(plain);
-    let tag = key
-        .seal_in_place_separate_tag(gcm, Aad::from(aad), &mut out[start..])
-        .expect("AES-256-GCM seals any length a record has");
-    out.extend_from_slice(tag.as_ref());
+    let tag = encrypt(&nonce, &mut out[start..]);
+    out.extend_from_slice(&tag);
 }
 
-/// nonce | ciphertext | tag appended to `out`, the plaintext copied once.
+fn seal_aes_into(data: &[u8; 32], aad: &[u8], plain: &[u8], out: &mut Vec<u8>) {
+    seal_appending(plain, out, |nonce, body| {
+        let (key, gcm) = blob_key(data, nonce);
+        let tag = key
+            .seal_in_place_separate_tag(gcm, Aad::from(aad), body)
+            .expect("AES-256-GCM seals any length a record has");
+        tag.as_ref().try_into().expect("a 16-byte tag")
+    })
+}
+
 fn seal_xchacha_into(aead: &XChaCha20Poly1305, aad: &[u8], plain: &[u8], out: &mut Vec<u8>) {
-    let nonce: [u8; NONCE] = random();
-    out.reserve(OVERHEAD + plain.len());
-    out.extend_from_slice(&nonce);
-    let start = out.len();
-    out.extend_from_slice(plain);
-    let tag = aead
-        .encrypt_inout_detached(&XNonce::from(nonce), aad, (&mut out[start..]).into())
-        .expect("XChaCha20-Poly1305 seals any length a record has");
-    out.extend_from_slice(&tag);
+    seal_appending(plain, out, |nonce, body| {
+        let tag = aead
+            .encrypt_inout_detached(&XNonce::from(*nonce), aad, body.into())
+            .expect("XChaCha20-Poly1305 seals any length a record has");
+        tag.into()
+    })
 }
 
 fn open_with(aead: &XChaCha20Poly1305, aad: &[u8], sealed: &[u8]) -> Option<Vec<u8>> {

@@ -356,6 +356,10 @@ pub trait ContainerStore: Send + Sync {
     /// [`crate::remote::Tiered`]) starts moving it there. A hint: it
     /// returns at once and reports nothing.
     fn sealed(&self, _id: u64, _len: u64) {}
+    /// Called by a write before it buffers more, with no lock held: a
+    /// backend whose sealed containers wait to move elsewhere may hold the
+    /// writer while too many wait (see [`crate::remote::Tiered`]).
+    fn admit(&self) {}
     /// Every sealed container (id, length), at open: a remote backend
     /// moves those not yet elsewhere (a mount stopped before their
     /// upload).
@@ -452,7 +456,10 @@ impl LocalDir {
             crate::direct::write_synced(&part, bytes)?;
             std::fs::rename(&part, &path)
         };
-        write().map_err(StoreError::io(&path))
+        write().map_err(StoreError::io(&path))?;
+        // A file opened under the name before is not the container now.
+        self.open.lock().unwrap().remove(&id);
+        Ok(())
     }
 
     fn file(&self, id: u64) -> Result<Arc<File>> {
@@ -603,8 +610,11 @@ impl ContainerStore for LocalDir {
         }
     }
 
+    /// The open-file table stays locked until the name is gone: a reader
+    /// opening it meanwhile would keep the deleted file as the container.
     fn delete(&self, id: u64) -> Result<()> {
-        self.open.lock().unwrap().remove(&id);
+        let mut open = self.open.lock().unwrap();
+        open.remove(&id);
         self.unnamed.lock().unwrap().remove(&id);
         let path = self.path(id);
         match std::fs::remove_file(&path) {

@@ -512,15 +512,21 @@ impl ContainerStore for Tiered {
     }
 
     /// Only a copy of a container the bucket holds (the LRU lists exactly
-    /// those): a container not uploaded yet has no other copy.
+    /// those): a container not uploaded yet has no other copy. The LRU
+    /// stays locked until the copy is gone, so that a reader that met the
+    /// same damage meanwhile finds it gone, and reads again too: a copy
+    /// fetched again meanwhile is fresh (and kept), one not listed and
+    /// not there was dropped (or never fetched): both read well now.
     fn drop_damaged_copy(&self, id: u64) -> bool {
         let mut lru = self.lru.lock().unwrap();
-        if !lru.held.contains_key(&id) {
-            return false;
+        if self.fetcher.fresh(id).is_some() {
+            return true;
         }
-        lru.forget(id);
-        drop(lru);
-        self.local.delete(id).is_ok()
+        if lru.held.contains_key(&id) {
+            lru.forget(id);
+            return self.local.delete(id).is_ok();
+        }
+        matches!(self.local.len(id), Ok(None))
     }
 
     /// Queues the sealed containers the bucket's listing lacks or holds

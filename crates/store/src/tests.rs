@@ -1643,6 +1643,51 @@ fn a_damaged_cache_copy_is_read_again_from_the_bucket() {
     assert!(!s.scrub().unwrap().damaged.is_empty());
 }
 
+/// Readers that meet the same damaged cache copy at once all read the
+/// bucket's copy: the one that drops the copy first must not leave the
+/// others with `EIO` (a mount's readers of two files sharing chunks did).
+#[test]
+fn readers_at_once_all_heal_from_the_bucket() {
+    let bucket = tempfile::tempdir().unwrap();
+    let (d, s) = remote_store(bucket.path());
+    let data = pseudo(3 << 20, 22);
+    let files: Vec<u64> = (0..4).map(|i| file(&s, &format!("f{i}"), &data)).collect();
+    s.push_remote().unwrap().expect("a change to push");
+    let ids = sealed_ids(&s);
+    drop(s);
+    for round in 0..20 {
+        let mut flipped = 0;
+        for &id in &ids {
+            let path = d
+                .path()
+                .join(format!("containers/{:02x}/{id:016x}.occ", id & 0xff));
+            // A copy the last round dropped and read from memory is gone.
+            let Ok(mut bytes) = std::fs::read(&path) else {
+                continue;
+            };
+            let at = bytes.len() / 2;
+            bytes[at] ^= 1;
+            std::fs::write(&path, bytes).unwrap();
+            flipped += 1;
+        }
+        assert!(round > 0 || flipped == ids.len(), "{flipped} of {ids:?}");
+        let s = Store::open(d.path()).unwrap();
+        std::thread::scope(|sc| {
+            for &ino in files.iter().chain(&files) {
+                let (s, data) = (&s, &data);
+                sc.spawn(move || {
+                    let got = s.read(ino, 0, data.len());
+                    assert!(
+                        got.as_deref().ok() == Some(&data[..]),
+                        "round {round}: {:?}",
+                        got.err()
+                    );
+                });
+            }
+        });
+    }
+}
+
 /// The bucket alone is the store: sealed containers and pushed metadata
 /// rebuild a cache on an empty directory, every byte reads back, fsck
 /// and scrub are clean; the new cache is the bucket's writer and the old

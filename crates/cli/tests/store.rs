@@ -313,6 +313,25 @@ fn kill_9_during_writes(mount_args: &[&str]) {
     fsck_clean(&s.store);
 }
 
+/// A local store keeps the pages of a long write (drop-behind is for
+/// remote stores: `store_remote.rs`), and reads every byte back.
+#[test]
+fn a_local_store_keeps_a_writers_pages() {
+    require_fuse();
+    let s = scratch(&["--compress", "none"]);
+    let m = Mount::new(&s);
+    let (f, want) = write_in_order(&s.mnt.join("stream"), 144);
+    // Give a drop the time it would take.
+    std::thread::sleep(Duration::from_millis(500));
+    let pages = resident_pages(&f, 48 << 20, 64 << 20);
+    assert!(pages > 15_000, "only {pages} of 16,384 pages cached");
+    let mut got = vec![0; want.len()];
+    std::os::unix::fs::FileExt::read_exact_at(&f, &mut got, 0).unwrap();
+    assert!(got == want);
+    drop(f);
+    m.unmount();
+}
+
 #[test]
 fn damaged_chunk_reads_as_eio() {
     require_fuse();

@@ -393,6 +393,54 @@ fn libc_erofs() -> i32 {
     30
 }
 
+#[test]
+fn drop_behind_lets_a_writers_pages_go() {
+    drop_behind("behind", &[]);
+}
+
+#[test]
+fn drop_behind_over_io_uring() {
+    require_uring();
+    drop_behind("behinduring", &["-o", "transport=uring"]);
+}
+
+/// A file written in order through a remote store's mount (made with
+/// `mount_args`): the kernel's pages far behind the writer are let go
+/// while the file is still open (`mincore` of the writer's own mapping,
+/// no new open that would drop them anyway), and every byte reads back
+/// through that same handle, from the store, also after a rewrite inside
+/// the dropped range, and after a remount.
+fn drop_behind(bucket: &str, mount_args: &[&str]) {
+    use std::os::unix::fs::FileExt;
+    require_fuse();
+    let (w, _o) = weed(bucket);
+    let s = remote_scratch(&w);
+    let m = Mount::with_args(&s, mount_args);
+    let path = s.mnt.join("stream");
+    let (f, mut want) = write_in_order(&path, 144);
+    // Tracking begins with the first write past the window (32 MiB; it
+    // may be stored a little out of order), and the last 32 MiB stay:
+    // 48-112 MiB go.
+    let (from, len) = (48 << 20, 64 << 20);
+    eventually(30, "48-112 MiB dropped", || {
+        resident_pages(&f, from, len) == 0
+    });
+    let mut got = vec![0; want.len()];
+    f.read_exact_at(&mut got, 0).unwrap();
+    assert!(got == want, "a dropped range read back wrong");
+    f.write_all_at(b"rewritten", (50 << 20) + 5).unwrap();
+    want[(50 << 20) + 5..][..9].copy_from_slice(b"rewritten");
+    f.read_exact_at(&mut got, 0).unwrap();
+    assert!(got == want, "a rewrite in a dropped range read back wrong");
+    f.sync_all().unwrap();
+    drop(f);
+    m.unmount();
+    fsck_clean(&s.store);
+    let m = Mount::new(&s);
+    assert!(std::fs::read(&path).unwrap() == want, "after remount");
+    m.unmount();
+}
+
 /// A byte flipped in every local copy of the bucket's containers (bit rot
 /// in the cache directory) while unmounted: the mount reads every file
 /// back whole from the bucket; flipped again, scrub finds no damage (it

@@ -16,6 +16,8 @@ use onecopy_store::{
 };
 use std::sync::Arc;
 
+use crate::behind::Behind;
+
 /// A `LOOKUP` answer meaning "no such name" that the kernel keeps for
 /// the entry timeout (inode number 0 is never an inode).
 pub(crate) const ABSENT: Attr = Attr::ZERO;
@@ -47,6 +49,8 @@ pub(crate) struct Core {
     /// The store inode the mount's root (FUSE inode 1) stands for: the
     /// store's root, or a snapshot's (`onecopy mount --snapshot`).
     root: u64,
+    /// Files written in order, whose pages behind the writer may go.
+    behind: Behind,
 }
 
 pub(crate) fn errno(e: StoreError) -> Errno {
@@ -54,8 +58,12 @@ pub(crate) fn errno(e: StoreError) -> Errno {
 }
 
 impl Core {
-    pub fn new(store: Arc<Store>, root: u64) -> Self {
-        Core { store, root }
+    pub fn new(store: Arc<Store>, root: u64, behind: Behind) -> Self {
+        Core {
+            store,
+            root,
+            behind,
+        }
     }
 
     /// The store inode a FUSE inode number names.
@@ -259,6 +267,7 @@ impl Core {
     pub fn release(&self, ino: u64, dir: bool) -> Ret<()> {
         if !dir {
             self.live()?;
+            self.behind.released(ino);
         }
         self.store.release_later(self.ino(ino));
         Ok(())
@@ -279,6 +288,7 @@ impl Core {
     /// `kill` is FUSE_WRITE_KILL_SUIDGID.
     pub fn write(&self, who: Caller, ino: u64, offset: u64, data: &[u8], kill: bool) -> Ret<u32> {
         self.writable(&[ino])?;
+        let fuse_ino = ino;
         let ino = self.ino(ino);
         if kill {
             let mut set = SetAttr::default();
@@ -286,6 +296,7 @@ impl Core {
             self.store.setattr(ino, set).map_err(errno)?;
         }
         let n = self.store.write(ino, offset, data).map_err(errno)?;
+        self.behind.wrote(fuse_ino, offset, n as u64);
         Ok(n as u32)
     }
 

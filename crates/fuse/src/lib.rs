@@ -4,6 +4,7 @@
 //! `max_write` the kernel accepts. [`NullFs`] is the same adapter with
 //! writes discarded: the FUSE ceiling the benchmarks compare against.
 
+mod behind;
 mod core;
 mod dev;
 mod null;
@@ -132,7 +133,8 @@ pub fn serve_store_on(
     if root != 1 {
         config.mount_options.push(fuser::MountOption::RO);
     }
-    let core = core::Core::new(store.clone(), root);
+    let (behind, drops) = behind::Behind::new(store.is_remote());
+    let core = core::Core::new(store.clone(), root, behind);
     let session = match transport {
         Transport::Dev => Session::Dev(fuser::Session::new(
             dev::StoreFs(core),
@@ -141,17 +143,17 @@ pub fn serve_store_on(
         )?),
         Transport::Uring => Session::Uring(uring::session(core, mountpoint, &config)?),
     };
+    session.drop_behind(drops);
     widen_readahead(mountpoint, READAHEAD_KB);
     ready();
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = Arc::new(Stop::default());
     let committer = {
         let (store, stop) = (store.clone(), stop.clone());
         std::thread::spawn(move || {
             // The same error every second (a poisoned store fails every
             // commit until remounted) is reported once.
             let mut last = String::new();
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                std::thread::sleep(Duration::from_secs(1));
+            while !stop.wait(Duration::from_secs(1)) {
                 match store.flush_all(false) {
                     Err(e) if e.to_string() != last => {
                         last = e.to_string();
@@ -166,7 +168,7 @@ pub fn serve_store_on(
     let releaser = {
         let (store, stop) = (store.clone(), stop.clone());
         std::thread::spawn(move || {
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            while !stop.is_set() {
                 if store.wait_for_releases(Duration::from_millis(10)) {
                     store.settle_releases();
                 }
@@ -178,7 +180,7 @@ pub fn serve_store_on(
     let reader = {
         let (store, stop) = (store.clone(), stop.clone());
         std::thread::spawn(move || {
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            while !stop.is_set() {
                 store.read_ahead(Duration::from_millis(50));
             }
         })
@@ -186,7 +188,7 @@ pub fn serve_store_on(
     let pusher = (store.is_remote() || store.is_follower())
         .then(|| spawn_pusher(store.clone(), stop.clone()));
     let r = session.run();
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    stop.set();
     let _ = committer.join();
     let _ = releaser.join();
     let _ = reader.join();
@@ -202,6 +204,32 @@ pub fn serve_store_on(
     r
 }
 
+/// The mount's end, told to its background threads: a thread waiting
+/// for its next round wakes at once (an unmount used to wait up to a
+/// second for the committer's sleep to end).
+#[derive(Default)]
+struct Stop {
+    set: std::sync::Mutex<bool>,
+    cv: std::sync::Condvar,
+}
+
+impl Stop {
+    fn set(&self) {
+        *self.set.lock().unwrap() = true;
+        self.cv.notify_all();
+    }
+
+    fn is_set(&self) -> bool {
+        *self.set.lock().unwrap()
+    }
+
+    /// Waits `d` or until set; whether set.
+    fn wait(&self, d: Duration) -> bool {
+        let g = self.set.lock().unwrap();
+        *self.cv.wait_timeout_while(g, d, |set| !*set).unwrap().0
+    }
+}
+
 /// A mounted session of either transport.
 enum Session {
     Dev(fuser::Session<dev::StoreFs>),
@@ -209,6 +237,23 @@ enum Session {
 }
 
 impl Session {
+    /// Sends the pages to drop behind writers (see `behind.rs`) to the
+    /// kernel through this transport's notifications.
+    fn drop_behind(&self, drops: std::sync::mpsc::Receiver<behind::Pages>) {
+        match self {
+            Session::Dev(s) => {
+                let n = s.notifier();
+                behind::serve(drops, move |ino, off, len| {
+                    n.inval_inode(fuser::INodeNo(ino), off, len)
+                })
+            }
+            Session::Uring(s) => {
+                let n = s.notifier();
+                behind::serve(drops, move |ino, off, len| n.inval_inode(ino, off, len))
+            }
+        }
+    }
+
     /// Serves requests until the filesystem is unmounted.
     fn run(self) -> std::io::Result<()> {
         match self {
@@ -222,15 +267,12 @@ impl Session {
 /// bucket's latest state), every [`Store::push_every`], on a thread of
 /// their own (a push may wait a minute for uploads; commits go on
 /// meanwhile).
-fn spawn_pusher(
-    store: Arc<Store>,
-    stop: Arc<std::sync::atomic::AtomicBool>,
-) -> std::thread::JoinHandle<()> {
+fn spawn_pusher(store: Arc<Store>, stop: Arc<Stop>) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let mut last = String::new();
         let mut due = std::time::Instant::now() + store.push_every();
-        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-            std::thread::sleep(Duration::from_millis(200));
+        // Woken every 200 ms: `push_every` may change meanwhile.
+        while !stop.wait(Duration::from_millis(200)) {
             if std::time::Instant::now() < due {
                 continue;
             }

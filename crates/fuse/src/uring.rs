@@ -537,6 +537,11 @@ pub(crate) struct Session {
 }
 
 impl Session {
+    /// Notifications to the kernel (usable for the whole mount's life).
+    pub fn notifier(&self) -> fractal_fuse::FuseNotifier {
+        fractal_fuse::FuseNotifier::from(self.session.fuse_fd())
+    }
+
     /// Serves requests until the filesystem is unmounted.
     pub fn run(self) -> std::io::Result<()> {
         self.session.run(self.fs)

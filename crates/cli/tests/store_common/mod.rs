@@ -307,3 +307,46 @@ pub fn fill_leaving(ballast: &Path, leave: u64) {
         st.f_bfree * st.f_frsize
     );
 }
+
+/// `mib` MiB written in order into the new file `path` through the mount
+/// (1 MiB `pwrite`s of [`pattern`]) and fsync'd: the open handle and the
+/// bytes.
+pub fn write_in_order(path: &Path, mib: u64) -> (File, Vec<u8>) {
+    use std::os::unix::fs::FileExt;
+    let f = File::options()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .unwrap();
+    let mut want = Vec::new();
+    for i in 0..mib {
+        let piece = pattern(1, 0, i << 20, 1 << 20);
+        f.write_all_at(&piece, i << 20).unwrap();
+        want.extend_from_slice(&piece);
+    }
+    f.sync_all().unwrap();
+    (f, want)
+}
+
+/// Pages of `len` bytes of `f` from `off` in the page cache (`mincore`
+/// of a shared read-only mapping, which faults nothing in).
+pub fn resident_pages(f: &File, off: i64, len: usize) -> usize {
+    use std::os::fd::AsRawFd;
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            off,
+        );
+        assert_ne!(p, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+        let mut vec = vec![0u8; len.div_ceil(4096)];
+        let r = libc::mincore(p, len, vec.as_mut_ptr());
+        libc::munmap(p, len);
+        assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+        vec.iter().filter(|&&b| b & 1 != 0).count()
+    }
+}

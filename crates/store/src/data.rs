@@ -547,6 +547,7 @@ impl Store {
 
     /// Writes `data` at `off`.
     pub fn write(&self, ino: u64, off: u64, data: &[u8]) -> Result<usize> {
+        self.containers.admit();
         let mut copies = self.whole_pages(off, data).into_iter().peekable();
         let mut g = self.lock();
         let a = g.attr(ino)?;

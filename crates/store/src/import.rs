@@ -897,6 +897,7 @@ impl Store {
             unknown.iter().map(enc).collect()
         };
         let mut encoded: HashMap<usize, Encoded> = encoded.into_iter().collect();
+        self.containers.admit();
         let mut g = self.lock();
         let mut end = 0u64;
         for (i, (&(off, data), h)) in chunks.iter().zip(&hashes).enumerate() {

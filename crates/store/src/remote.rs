@@ -41,6 +41,19 @@ use bytes::Bytes;
 /// (sequential reads of a file then cost one GET per container).
 pub const WHOLE_FETCH_MAX: u64 = 64 << 20;
 
+/// Sealed containers that may wait for their upload before a writer is
+/// held ([`ContainerStore::admit`]): up to 4 x 32 MiB (a push seals the
+/// open container early). Unbounded, a 4 GiB write ran ahead of its
+/// uploads and left half of them for after it (132-136 MiB/s until in
+/// the bucket); 4 gave 142-149, 8 139-152 (bench/notes/remote.md, stop
+/// 58). It also bounds what a dead machine
+/// can take with it beyond the bucket's last commit.
+pub const UPLOAD_BACKLOG: usize = 4;
+
+/// How long one write waits for the upload backlog to shrink: an upload
+/// that is slow, not failing, holds writers only this long at a time.
+const ADMIT_WAIT: Duration = Duration::from_secs(30);
+
 /// Local copies of containers that are in the bucket: evictable.
 #[derive(Default)]
 pub(crate) struct Lru {
@@ -507,6 +520,19 @@ impl ContainerStore for Tiered {
         self.up.cv.notify_all();
     }
 
+    /// Holds the writer while [`UPLOAD_BACKLOG`] containers wait for
+    /// their upload, unless the last upload failed (the bucket is away:
+    /// writes go on into the local cache) or the tier stops.
+    fn admit(&self) {
+        if self.read_only {
+            return;
+        }
+        let q = self.up.q.lock().unwrap();
+        let full =
+            |q: &mut Queue| q.pending.len() >= UPLOAD_BACKLOG && q.failed.is_none() && !q.stop;
+        drop(self.up.cv.wait_timeout_while(q, ADMIT_WAIT, full).unwrap());
+    }
+
     fn remote(&self) -> bool {
         true
     }
@@ -668,6 +694,119 @@ mod tests {
         assert!(in_memory(3) && in_memory(4));
         t.local.delete(4).unwrap();
         assert_eq!(t.read(4, 100, 50).unwrap(), body(4)[100..150]);
+    }
+
+    /// A bucket whose PUTs wait until let through (`open`), or fail at
+    /// once (`down`).
+    struct Gate {
+        inner: onecopy_objects::LocalObjects,
+        state: Mutex<(bool, bool)>,
+        cv: Condvar,
+    }
+
+    impl Gate {
+        fn set(&self, open: bool, down: bool) {
+            *self.state.lock().unwrap() = (open, down);
+            self.cv.notify_all();
+        }
+    }
+
+    impl Objects for Gate {
+        fn put_new(&self, key: &str, bytes: Bytes) -> onecopy_objects::Result<()> {
+            let st = self.state.lock().unwrap();
+            let st = self
+                .cv
+                .wait_while(st, |(open, down)| !*open && !*down)
+                .unwrap();
+            if st.1 {
+                let source = std::io::Error::other("injected");
+                return Err(ObjectError::Io {
+                    key: key.into(),
+                    source,
+                });
+            }
+            drop(st);
+            self.inner.put_new(key, bytes)
+        }
+        fn get_range(&self, key: &str, r: std::ops::Range<u64>) -> onecopy_objects::Result<Bytes> {
+            self.inner.get_range(key, r)
+        }
+        fn size(&self, key: &str) -> onecopy_objects::Result<Option<u64>> {
+            self.inner.size(key)
+        }
+        fn get(&self, key: &str) -> onecopy_objects::Result<(Bytes, onecopy_objects::Tag)> {
+            self.inner.get(key)
+        }
+        fn swap(
+            &self,
+            key: &str,
+            bytes: Bytes,
+            expected: Option<&onecopy_objects::Tag>,
+        ) -> onecopy_objects::Result<onecopy_objects::Tag> {
+            self.inner.swap(key, bytes, expected)
+        }
+        fn delete(&self, key: &str) -> onecopy_objects::Result<()> {
+            self.inner.delete(key)
+        }
+        fn list(&self, dir: &str) -> onecopy_objects::Result<Vec<onecopy_objects::Listed>> {
+            self.inner.list(dir)
+        }
+    }
+
+    /// A writer is held while UPLOAD_BACKLOG sealed containers wait for
+    /// the bucket and let go once one is in; with the bucket failing it
+    /// is not held (writes go on into the local cache).
+    #[test]
+    fn a_writer_waits_for_a_full_upload_backlog_only_while_uploads_work() {
+        let d = tempfile::tempdir().unwrap();
+        let gate = Arc::new(Gate {
+            inner: onecopy_objects::LocalObjects::new(d.path().join("b")).unwrap(),
+            state: Mutex::new((false, false)),
+            cv: Condvar::new(),
+        });
+        let t = Arc::new(Tiered::new(
+            LocalDir::new(d.path().join("c")),
+            gate.clone(),
+            u64::MAX,
+        ));
+        let seal = |id: u64| {
+            t.create(id).unwrap();
+            t.append(id, b"bytes").unwrap();
+            t.sealed(id, t.len(id).unwrap().unwrap());
+        };
+        for id in 1..UPLOAD_BACKLOG as u64 {
+            seal(id);
+        }
+        t.admit();
+        seal(UPLOAD_BACKLOG as u64);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let writer = {
+            let t = t.clone();
+            std::thread::spawn(move || {
+                t.admit();
+                tx.send(()).unwrap();
+            })
+        };
+        let held = rx.recv_timeout(Duration::from_millis(300));
+        assert!(held.is_err(), "a full backlog holds the writer");
+        gate.set(true, false);
+        rx.recv_timeout(Duration::from_secs(30))
+            .expect("let go once uploads move");
+        writer.join().unwrap();
+        t.wait_uploaded(Duration::from_secs(30)).unwrap();
+        gate.set(false, true);
+        for id in 10..10 + 2 * UPLOAD_BACKLOG as u64 {
+            seal(id);
+        }
+        eventually("an upload failed", &|| {
+            t.wait_uploaded(Duration::ZERO).is_err()
+        });
+        let t0 = std::time::Instant::now();
+        t.admit();
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "a failing bucket holds no writer"
+        );
     }
 
     /// An upload PUTs without asking first; an object already there is

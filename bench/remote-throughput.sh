@@ -55,14 +55,17 @@ start() {
 }
 stop() { echo "$1 $(date +%s.%N) $t $(busy) $b $(wcpu) $w $2" >> "$work/phases"; }
 # unmount CACHE MNT: returns when the mount's process has exited (it
-# uploads what is left first). Waited for with `kill -0`: polling with
-# `pgrep`, which reads every process's command line, took 1.5% of the
-# machine during the write's upload tail, a cost the ceilings never paid.
+# uploads what is left first). Polled in /proc: `pgrep`, which reads
+# every process's command line, took 1.5% of the machine during the
+# write's upload tail, a cost the ceilings never paid; and `kill -0`
+# also sees the exited process until its parent (init: the mount runs
+# as a daemon) reaps it, which took this VM's init 1-2 s.
+exited() { [ ! -e "/proc/$1" ] || [ "$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -c1)" = Z ]; }
 unmount() {
     local pid
     pid=$(cat "$1/mount.pid")
     fusermount3 -u "$2"
-    while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+    until exited "$pid"; do sleep 0.05; done
 }
 # The ceilings move as many bytes as the mount does: the server's cost
 # per MiB grows with the bytes moved (GET 1.6-2.0 ms/MiB over 1 GiB,

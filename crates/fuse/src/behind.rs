@@ -194,20 +194,23 @@ impl Behind {
 
 /// Sends each drop to the kernel with `notify` (a transport's
 /// `FUSE_NOTIFY_INVAL_INODE`) on a thread of its own, so that no request
-/// waits for the kernel's page locks; ends when the tracker is gone.
+/// waits for the kernel's page locks; ends when the tracker is gone. A
+/// thread that cannot start costs only the drops (reported once).
 pub(crate) fn serve(
     rx: Receiver<Pages>,
     notify: impl Fn(u64, i64, i64) -> std::io::Result<()> + Send + 'static,
 ) {
-    std::thread::Builder::new()
+    let spawned = std::thread::Builder::new()
         .name("drop-behind".into())
         .spawn(move || {
             for (ino, r) in rx {
                 // ENOENT: the kernel forgot the inode; its pages are gone.
                 let _ = notify(ino, r.start as i64, (r.end - r.start) as i64);
             }
-        })
-        .expect("spawning the drop-behind thread");
+        });
+    if let Err(e) = spawned {
+        eprintln!("onecopy: pages behind writers are kept (no thread to drop them: {e})");
+    }
 }
 
 #[cfg(test)]

@@ -63,6 +63,8 @@ pub struct S3Objects {
     store: AmazonS3,
     prefix: String,
     rt: tokio::runtime::Runtime,
+    /// Buffers of whole objects fetched before, for the next fetch.
+    pool: std::sync::Arc<Pool>,
 }
 
 impl S3Objects {
@@ -114,6 +116,7 @@ impl S3Objects {
             store,
             prefix: config.prefix.clone(),
             rt,
+            pool: Default::default(),
         })
     }
 
@@ -190,7 +193,7 @@ impl Objects for S3Objects {
             }
             let len = got.meta.size as usize;
             let mut body = got.into_stream();
-            let mut buf = Aligned::new(len);
+            let mut buf = Aligned::new(len, &self.pool);
             let short = || {
                 let why = format!("the body was not the {len} bytes announced");
                 ObjectError::io(
@@ -299,20 +302,84 @@ fn parse_profile(text: &str, profile: &str) -> Option<(String, String, Option<St
 /// in an aligned copy first (a property callers may use, never rely on).
 const FETCH_ALIGN: usize = 4096;
 
+/// Buffers of whole fetched objects kept for the next fetches: a new
+/// 32 MiB buffer comes from `mmap` (it is past glibc's threshold), and the
+/// kernel zeroes and maps each of its pages on first touch, which cost a
+/// cold read from the bucket a twelfth of the machine's samples in its
+/// fetch thread (bench/notes/remote.md, stop 59). At most [`POOLED`] are
+/// kept, so an idle mount holds no more than that.
+#[derive(Default)]
+pub(crate) struct Pool {
+    free: std::sync::Mutex<Vec<Vec<u8>>>,
+}
+
+/// Buffers a [`Pool`] keeps at most: the fetches in flight (the cache asks
+/// for two containers ahead) and one being let go.
+const POOLED: usize = 3;
+
+impl Pool {
+    /// An empty buffer that holds at least `cap` bytes: a kept one if one
+    /// is large enough, else a new one (and one kept goes, so that the
+    /// sizes kept follow the objects').
+    fn take(&self, cap: usize) -> Vec<u8> {
+        let mut free = self.free.lock().unwrap();
+        match free.iter().position(|b| b.capacity() >= cap) {
+            Some(i) => free.swap_remove(i),
+            None => {
+                free.pop();
+                Vec::with_capacity(cap)
+            }
+        }
+    }
+
+    fn give(&self, mut buf: Vec<u8>) {
+        buf.clear();
+        let mut free = self.free.lock().unwrap();
+        if free.len() < POOLED {
+            free.push(buf);
+        }
+    }
+}
+
+/// A pooled buffer's bytes handed out as [`Bytes`]: back to the pool when
+/// the last reference goes.
+struct Pooled {
+    buf: Vec<u8>,
+    start: usize,
+    pool: std::sync::Arc<Pool>,
+}
+
+impl AsRef<[u8]> for Pooled {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf[self.start..]
+    }
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        self.pool.give(std::mem::take(&mut self.buf));
+    }
+}
+
 /// A body collected into one buffer whose first byte lies on a
 /// [`FETCH_ALIGN`] boundary (the room before it is never part of the
 /// bytes handed out).
 struct Aligned {
     buf: Vec<u8>,
     start: usize,
+    pool: std::sync::Arc<Pool>,
 }
 
 impl Aligned {
-    fn new(len: usize) -> Aligned {
-        let mut buf = Vec::<u8>::with_capacity(len + FETCH_ALIGN);
+    fn new(len: usize, pool: &std::sync::Arc<Pool>) -> Aligned {
+        let mut buf = pool.take(len + FETCH_ALIGN);
         let start = buf.as_ptr().align_offset(FETCH_ALIGN).min(FETCH_ALIGN);
         buf.resize(start, 0);
-        Aligned { buf, start }
+        Aligned {
+            buf,
+            start,
+            pool: pool.clone(),
+        }
     }
 
     /// Appends `piece` unless the bytes would pass `len` (then false).
@@ -324,9 +391,16 @@ impl Aligned {
         fits
     }
 
-    /// The bytes, if they are exactly `len` long.
+    /// The bytes, if they are exactly `len` long (the buffer goes back to
+    /// the pool either way).
     fn finish(self, len: usize) -> Option<Bytes> {
-        (self.buf.len() - self.start == len).then(|| Bytes::from(self.buf).slice(self.start..))
+        let whole = self.buf.len() - self.start == len;
+        let owned = Pooled {
+            buf: self.buf,
+            start: self.start,
+            pool: self.pool,
+        };
+        whole.then(|| Bytes::from_owner(owned))
     }
 }
 
@@ -336,9 +410,10 @@ mod tests {
 
     #[test]
     fn a_collected_body_starts_aligned_and_is_exactly_its_length() {
+        let pool = std::sync::Arc::new(Pool::default());
         for len in [0, 1, 4095, 4096, 100_000] {
             let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
-            let mut a = Aligned::new(len);
+            let mut a = Aligned::new(len, &pool);
             for piece in data.chunks(7000) {
                 assert!(a.push(piece, len));
             }
@@ -346,11 +421,35 @@ mod tests {
             assert_eq!(b.as_ptr() as usize % FETCH_ALIGN, 0);
             assert_eq!(&b[..], &data[..]);
         }
-        let mut short = Aligned::new(10);
+        let mut short = Aligned::new(10, &pool);
         assert!(short.push(b"12345", 10));
         assert!(short.finish(10).is_none());
-        let mut long = Aligned::new(4);
+        let mut long = Aligned::new(4, &pool);
         assert!(!long.push(b"12345", 4));
+    }
+
+    /// A fetched body's buffer serves the next fetch once every reference
+    /// to the body is gone, not before; the pool keeps at most POOLED.
+    #[test]
+    fn a_fetch_buffer_is_reused_once_let_go() {
+        let pool = std::sync::Arc::new(Pool::default());
+        let fetch = |len: usize| {
+            let mut a = Aligned::new(len, &pool);
+            assert!(a.push(&vec![7; len], len));
+            a.finish(len).unwrap()
+        };
+        let first = fetch(100_000);
+        let kept = first.clone();
+        drop(first);
+        let second = fetch(100_000);
+        assert_ne!(second.as_ptr(), kept.as_ptr(), "a buffer still referenced");
+        let at = kept.as_ptr();
+        drop(kept);
+        assert_eq!(fetch(100_000).as_ptr(), at, "a buffer let go");
+        let many: Vec<Bytes> = (0..POOLED + 2).map(|_| fetch(10)).collect();
+        drop(many);
+        drop(second);
+        assert_eq!(pool.free.lock().unwrap().len(), POOLED);
     }
 
     #[test]

@@ -437,6 +437,11 @@ impl LocalDir {
         }
     }
 
+    /// The directory the containers are in.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
     fn path(&self, id: u64) -> PathBuf {
         self.root
             .join(format!("{:02x}", id & 0xff))

@@ -70,13 +70,14 @@ struct Shared {
 
 impl Fetcher {
     /// A fetcher into `local`, whose evictable copies add up to at most
-    /// `limit` bytes; starts its installer and fetch-ahead threads.
+    /// `limit` bytes; starts its installer and fetch-ahead threads (fails
+    /// only if they cannot start).
     pub(crate) fn start(
         local: Arc<LocalDir>,
         objects: Arc<dyn Objects>,
         lru: Arc<Mutex<Lru>>,
         limit: u64,
-    ) -> Arc<Fetcher> {
+    ) -> Result<Arc<Fetcher>> {
         let shared = Arc::new(Shared {
             local,
             lru,
@@ -85,6 +86,8 @@ impl Fetcher {
         });
         let (install, todo) = sync_channel::<(u64, Bytes)>(INSTALL_QUEUE);
         let s = shared.clone();
+        let root = shared.local.root().to_path_buf();
+        let spawned = |e| StoreError::io(&root)(e);
         std::thread::Builder::new()
             .name("onecopy-install".into())
             .spawn(move || {
@@ -92,7 +95,7 @@ impl Fetcher {
                     s.install(id, bytes, limit);
                 }
             })
-            .expect("spawn the install thread");
+            .map_err(spawned)?;
         let f = Arc::new(Fetcher {
             shared,
             objects,
@@ -115,9 +118,9 @@ impl Fetcher {
                     }
                 }
             })
-            .expect("spawn the fetch thread");
+            .map_err(spawned)?;
         *f.ahead.lock().unwrap() = Some(tx);
-        f
+        Ok(f)
     }
 
     /// Stops fetching ahead (the store is closing).

@@ -67,7 +67,7 @@ impl crate::Store {
             .ok_or_else(|| crate::bucket::remote_err("the bucket holds no store"))?;
         let local = crate::container::LocalDir::new(dir.join("containers"));
         let limit = spec.cache_size.unwrap_or(crate::config::DEFAULT_CACHE);
-        let tiered = Arc::new(Tiered::reader(local, objects.clone(), limit));
+        let tiered = Arc::new(Tiered::reader(local, objects.clone(), limit)?);
         let mut store = Self::open_with(dir, tiered)?;
         store.keys = sealing.as_ref().map(|s| s.keys.clone());
         let f = Follower {

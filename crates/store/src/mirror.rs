@@ -475,7 +475,7 @@ impl crate::Store {
         let objects = connect(spec)?;
         let local = crate::container::LocalDir::new(dir.join("containers"));
         let limit = spec.cache_size.unwrap_or(crate::config::DEFAULT_CACHE);
-        let tiered = Arc::new(Tiered::new(local, objects.clone(), limit));
+        let tiered = Arc::new(Tiered::new(local, objects.clone(), limit)?);
         let sealing = match &spec.key {
             Some(key) => Some(crate::bucket::load_local_key(dir, key)?),
             None => None,

@@ -157,16 +157,18 @@ pub struct Tiered {
 
 impl Tiered {
     /// A tier whose local copies of uploaded containers add up to at
-    /// most `limit` bytes (`u64::MAX`: kept).
-    pub fn new(local: LocalDir, objects: Arc<dyn Objects>, limit: u64) -> Tiered {
+    /// most `limit` bytes (`u64::MAX`: kept); fails only if its threads
+    /// cannot start.
+    pub fn new(local: LocalDir, objects: Arc<dyn Objects>, limit: u64) -> Result<Tiered> {
         let local = Arc::new(local);
         let lru = Arc::new(Mutex::new(Lru::default()));
-        let fetcher = Fetcher::start(local.clone(), objects.clone(), lru.clone(), limit);
+        let fetcher = Fetcher::start(local.clone(), objects.clone(), lru.clone(), limit)?;
         let up = Arc::new(Uploads {
             q: Mutex::new(Queue::default()),
             cv: Condvar::new(),
         });
         let worker = {
+            let root = local.root().to_path_buf();
             let (local, objects, up) = (local.clone(), objects.clone(), up.clone());
             let (lru, limit) = (lru.clone(), limit);
             std::thread::Builder::new()
@@ -176,9 +178,9 @@ impl Tiered {
                         evict(&local, &lru, limit, Some((id, len)))
                     })
                 })
-                .expect("spawn the upload thread")
+                .map_err(StoreError::io(root))?
         };
-        Tiered {
+        Ok(Tiered {
             local,
             objects,
             up,
@@ -188,15 +190,15 @@ impl Tiered {
             limit,
             fetcher,
             read_only: false,
-        }
+        })
     }
 
     /// A tier that only reads the bucket (a follower's): sealed
     /// containers are not uploaded, deletes stay local.
-    pub fn reader(local: LocalDir, objects: Arc<dyn Objects>, limit: u64) -> Tiered {
-        let mut t = Tiered::new(local, objects, limit);
+    pub fn reader(local: LocalDir, objects: Arc<dyn Objects>, limit: u64) -> Result<Tiered> {
+        let mut t = Tiered::new(local, objects, limit)?;
         t.read_only = true;
-        t
+        Ok(t)
     }
 
     /// Bytes of local copies the cache may evict, now.
@@ -650,7 +652,7 @@ mod tests {
             objects.put_new(&object_key(id), body(id).into()).unwrap();
         }
         let local = LocalDir::new(d.path().join("cache"));
-        let t = Tiered::reader(local, objects, u64::MAX);
+        let t = Tiered::reader(local, objects, u64::MAX).unwrap();
         assert_eq!(t.read(1, 4096, 8192).unwrap(), body(1)[4096..12288]);
         let cached = |id| t.local.len(id).unwrap().is_some();
         eventually("container 2 fetched ahead", &|| cached(1) && cached(2));
@@ -681,7 +683,7 @@ mod tests {
         for id in 1..=4 {
             objects.put_new(&object_key(id), body(id).into()).unwrap();
         }
-        let t = Tiered::reader(LocalDir::new(d.path().join("cache")), objects, u64::MAX);
+        let t = Tiered::reader(LocalDir::new(d.path().join("cache")), objects, u64::MAX).unwrap();
         let in_memory = |id| t.fetcher.fresh(id).is_some();
         let cached = |id| t.local.len(id).unwrap().is_some();
         t.read(1, 0, 10).unwrap();
@@ -764,11 +766,9 @@ mod tests {
             state: Mutex::new((false, false)),
             cv: Condvar::new(),
         });
-        let t = Arc::new(Tiered::new(
-            LocalDir::new(d.path().join("c")),
-            gate.clone(),
-            u64::MAX,
-        ));
+        let t = Arc::new(
+            Tiered::new(LocalDir::new(d.path().join("c")), gate.clone(), u64::MAX).unwrap(),
+        );
         let seal = |id: u64| {
             t.create(id).unwrap();
             t.append(id, b"bytes").unwrap();

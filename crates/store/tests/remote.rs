@@ -53,7 +53,7 @@ fn containers_uploaded_across_a_server_crash_read_back_from_the_bucket() {
     Store::init(dir.path(), &cfg).unwrap();
     let tiered = || {
         let local = LocalDir::new(dir.path().join("containers"));
-        Arc::new(Tiered::new(local, objects.clone(), u64::MAX))
+        Arc::new(Tiered::new(local, objects.clone(), u64::MAX).unwrap())
     };
     let t = tiered();
     let s = Store::open_with(dir.path(), t.clone()).unwrap();

@@ -12,7 +12,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use onecopy_objects::{Objects, S3Config, S3Objects};
-use onecopy_testfs::{checksum_tree, write_random, Weed};
+use onecopy_testfs::{checksum_tree, write_random, FaultProxy, Faults, Weed};
 
 mod store_common;
 use store_common::*;
@@ -439,6 +439,76 @@ fn drop_behind(bucket: &str, mount_args: &[&str]) {
     let m = Mount::new(&s);
     assert!(std::fs::read(&path).unwrap() == want, "after remount");
     m.unmount();
+}
+
+#[test]
+fn a_slow_bucket_holds_writers_not_the_mount() {
+    slow_bucket("slowdev", &[]);
+}
+
+#[test]
+fn a_slow_bucket_holds_writers_not_the_mount_over_io_uring() {
+    require_uring();
+    slow_bucket("slowuring", &["-o", "transport=uring"]);
+}
+
+/// A bucket that answers after 20 s, behind a fault proxy, while a file
+/// is written and fsync'd through a mount made with `mount_args`: the
+/// upload backlog fills and holds the writer, but not the mount's request
+/// threads (a held write waits on a thread of its own over `/dev/fuse`,
+/// on the blocking pool over io_uring): `mkdir`s answer while the writer
+/// is still held (a liveness bound of 10 s against the 20 s a held
+/// request thread would cost; they take milliseconds). Once the bucket
+/// answers at once again the file reads back whole, and fsck is clean.
+fn slow_bucket(bucket: &str, mount_args: &[&str]) {
+    require_fuse();
+    let (w, _o) = weed(bucket);
+    let proxy = FaultProxy::start(&w.endpoint).unwrap();
+    let url = format!("s3://{}/store", w.bucket);
+    let ep = proxy.endpoint();
+    let init = [
+        "--remote",
+        &url,
+        "--endpoint",
+        &ep,
+        "--container-size",
+        "1M",
+    ];
+    let s = scratch(&init);
+    let m = Mount::with_args(&s, mount_args);
+    let slow = Duration::from_secs(20);
+    proxy.set(Faults {
+        delay: slow,
+        ..Faults::default()
+    });
+    let path = m.mnt.join("big");
+    // Incompressible: 12 containers.
+    let want = onecopy_testfs::random_bytes(12 << 20, 7);
+    let writer = {
+        let want = want.clone();
+        std::thread::spawn(move || {
+            // The first fsync seals 8 containers, whose uploads wait: the
+            // second half's writes find the backlog full.
+            let mut f = std::fs::File::create(&path).unwrap();
+            for half in want.chunks(want.len() * 2 / 3) {
+                std::io::Write::write_all(&mut f, half).unwrap();
+                f.sync_all().unwrap();
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_secs(3));
+    let t0 = Instant::now();
+    for i in 0..3 {
+        std::fs::create_dir(m.mnt.join(format!("dir{i}"))).unwrap();
+    }
+    let took = t0.elapsed();
+    assert!(!writer.is_finished(), "the backlog did not hold the writer");
+    assert!(took < slow / 2, "mkdir waited {took:?} behind held writes");
+    proxy.set(Faults::default());
+    writer.join().unwrap();
+    assert!(std::fs::read(m.mnt.join("big")).unwrap() == want);
+    m.unmount();
+    fsck_clean(&s.store);
 }
 
 /// A byte flipped in every local copy of the bucket's containers (bit rot

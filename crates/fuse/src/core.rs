@@ -285,6 +285,12 @@ impl Core {
         r.map_err(errno)
     }
 
+    /// Whether a write now would wait for the store's uploads (a request
+    /// thread should not: see `dev.rs`'s `Deferred`).
+    pub fn write_would_wait(&self) -> bool {
+        self.store.write_would_wait()
+    }
+
     /// `kill` is FUSE_WRITE_KILL_SUIDGID.
     pub fn write(&self, who: Caller, ino: u64, offset: u64, data: &[u8], kill: bool) -> Ret<u32> {
         self.writable(&[ino])?;

@@ -5,6 +5,9 @@
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::mpsc::{channel, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::SystemTime;
 
 use fuser::{
@@ -19,7 +22,71 @@ use crate::core::{Caller, Core, Node, Rename, Ret, Xattr};
 use crate::{file_type, ns, TTL};
 
 /// The store as a `fuser` filesystem.
-pub(crate) struct StoreFs(pub Core);
+pub(crate) struct StoreFs(pub Arc<Core>, Deferred);
+
+impl StoreFs {
+    pub fn new(core: Core) -> StoreFs {
+        StoreFs(Arc::new(core), Deferred::start())
+    }
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// Writes that would wait for a remote store's uploads, done in order on a
+/// thread of their own: a request thread held there stalled every other
+/// request it would have served, for as long as an upload takes (on a
+/// slow uplink, each held thread froze the mount for seconds). The kernel
+/// bounds what waits here (background writes: `max_background`; others
+/// hold their caller), and orders what depends on a write (fsync, flush,
+/// truncate) after its reply.
+struct Deferred {
+    tx: Option<Sender<Job>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Deferred {
+    /// Without the thread (it could not start) writes wait in place.
+    fn start() -> Deferred {
+        let (tx, rx) = channel::<Job>();
+        let spawned = std::thread::Builder::new()
+            .name("held-writes".into())
+            .spawn(move || rx.into_iter().for_each(|job| job()));
+        match spawned {
+            Ok(t) => Deferred {
+                tx: Some(tx),
+                thread: Some(t),
+            },
+            Err(_) => Deferred {
+                tx: None,
+                thread: None,
+            },
+        }
+    }
+
+    /// Runs `job` on the thread, or here if it is gone.
+    fn run(&self, job: Job) {
+        let Some(tx) = &self.tx else {
+            return job();
+        };
+        if let Err(e) = tx.send(job) {
+            (e.0)()
+        }
+    }
+
+    /// Waits until every write handed over is done.
+    fn finish(&mut self) {
+        self.tx.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Deferred {
+    fn drop(&mut self) {
+        self.finish()
+    }
+}
 
 fn who(req: &Request) -> Caller {
     Caller {
@@ -114,7 +181,9 @@ impl Filesystem for StoreFs {
         Ok(())
     }
 
+    /// Held writes are done before the last commit.
     fn destroy(&mut self) {
+        self.1.finish();
         self.0.destroy()
     }
 
@@ -329,9 +398,19 @@ impl Filesystem for StoreFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
-        let r = self.0.write(who(req), ino.0, offset, data, kill);
-        written(reply, r.map(u64::from))
+        let (kill, who) = (
+            write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID),
+            who(req),
+        );
+        if !self.0.write_would_wait() {
+            let r = self.0.write(who, ino.0, offset, data, kill);
+            return written(reply, r.map(u64::from));
+        }
+        let (core, data) = (self.0.clone(), data.to_vec());
+        self.1.run(Box::new(move || {
+            let r = core.write(who, ino.0, offset, &data, kill);
+            written(reply, r.map(u64::from))
+        }))
     }
 
     fn flush(

@@ -137,7 +137,7 @@ pub fn serve_store_on(
     let core = core::Core::new(store.clone(), root, behind);
     let session = match transport {
         Transport::Dev => Session::Dev(fuser::Session::new(
-            dev::StoreFs(core),
+            dev::StoreFs::new(core),
             mountpoint,
             &config,
         )?),

@@ -311,7 +311,9 @@ impl Filesystem for UringFs {
         _flags: u32,
     ) -> FsResult<usize> {
         let (kill, who, ino) = (write_flags & WRITE_KILL_SUIDGID != 0, who(&req), inode.0);
-        if data.len() < INLINE_IO_MAX {
+        // A write that would wait for uploads waits on the pool, not in
+        // the ring's worker (which would stall the ring's other requests).
+        if data.len() < INLINE_IO_MAX && !self.0.write_would_wait() {
             return Ok(self.0.write(who, ino, offset, data, kill)? as usize);
         }
         let data = data.to_vec();

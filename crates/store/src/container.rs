@@ -360,6 +360,10 @@ pub trait ContainerStore: Send + Sync {
     /// backend whose sealed containers wait to move elsewhere may hold the
     /// writer while too many wait (see [`crate::remote::Tiered`]).
     fn admit(&self) {}
+    /// Whether [`ContainerStore::admit`] would return at once now.
+    fn admits_now(&self) -> bool {
+        true
+    }
     /// Every sealed container (id, length), at open: a remote backend
     /// moves those not yet elsewhere (a mount stopped before their
     /// upload).

@@ -621,6 +621,12 @@ impl crate::Store {
         );
     }
 
+    /// Whether a write now would wait for uploads first (a remote
+    /// store's full upload backlog, see [`crate::remote::UPLOAD_BACKLOG`]).
+    pub fn write_would_wait(&self) -> bool {
+        !self.containers.admits_now()
+    }
+
     /// Whether the store lives in a bucket.
     pub fn is_remote(&self) -> bool {
         self.mirror.is_some()

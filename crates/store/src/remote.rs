@@ -133,6 +133,14 @@ struct Queue {
     stop: bool,
 }
 
+impl Queue {
+    /// [`UPLOAD_BACKLOG`] containers wait while uploads work and the tier
+    /// runs: writers wait.
+    fn holds_writers(&self) -> bool {
+        self.pending.len() >= UPLOAD_BACKLOG && self.failed.is_none() && !self.stop
+    }
+}
+
 struct Uploads {
     q: Mutex<Queue>,
     cv: Condvar,
@@ -530,9 +538,12 @@ impl ContainerStore for Tiered {
             return;
         }
         let q = self.up.q.lock().unwrap();
-        let full =
-            |q: &mut Queue| q.pending.len() >= UPLOAD_BACKLOG && q.failed.is_none() && !q.stop;
+        let full = |q: &mut Queue| q.holds_writers();
         drop(self.up.cv.wait_timeout_while(q, ADMIT_WAIT, full).unwrap());
+    }
+
+    fn admits_now(&self) -> bool {
+        self.read_only || !self.up.q.lock().unwrap().holds_writers()
     }
 
     fn remote(&self) -> bool {
@@ -789,11 +800,13 @@ mod tests {
         };
         let held = rx.recv_timeout(Duration::from_millis(300));
         assert!(held.is_err(), "a full backlog holds the writer");
+        assert!(!t.admits_now());
         gate.set(true, false);
         rx.recv_timeout(Duration::from_secs(30))
             .expect("let go once uploads move");
         writer.join().unwrap();
         t.wait_uploaded(Duration::from_secs(30)).unwrap();
+        assert!(t.admits_now());
         gate.set(false, true);
         for id in 10..10 + 2 * UPLOAD_BACKLOG as u64 {
             seal(id);
@@ -801,6 +814,7 @@ mod tests {
         eventually("an upload failed", &|| {
             t.wait_uploaded(Duration::ZERO).is_err()
         });
+        assert!(t.admits_now());
         let t0 = std::time::Instant::now();
         t.admit();
         assert!(

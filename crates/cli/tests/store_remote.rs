@@ -393,16 +393,7 @@ fn libc_erofs() -> i32 {
     30
 }
 
-#[test]
-fn drop_behind_lets_a_writers_pages_go() {
-    drop_behind("behind", &[]);
-}
-
-#[test]
-fn drop_behind_over_io_uring() {
-    require_uring();
-    drop_behind("behinduring", &["-o", "transport=uring"]);
-}
+per_transport!(drop_behind, a_slow_bucket_holds_writers_not_the_mount);
 
 /// A file written in order through a remote store's mount (made with
 /// `mount_args`): the kernel's pages far behind the writer are let go
@@ -410,10 +401,10 @@ fn drop_behind_over_io_uring() {
 /// no new open that would drop them anyway), and every byte reads back
 /// through that same handle, from the store, also after a rewrite inside
 /// the dropped range, and after a remount.
-fn drop_behind(bucket: &str, mount_args: &[&str]) {
+fn drop_behind(transport: &str, mount_args: &[&str]) {
     use std::os::unix::fs::FileExt;
     require_fuse();
-    let (w, _o) = weed(bucket);
+    let (w, _o) = weed(&format!("behind-{transport}"));
     let s = remote_scratch(&w);
     let m = Mount::with_args(&s, mount_args);
     let path = s.mnt.join("stream");
@@ -441,17 +432,6 @@ fn drop_behind(bucket: &str, mount_args: &[&str]) {
     m.unmount();
 }
 
-#[test]
-fn a_slow_bucket_holds_writers_not_the_mount() {
-    slow_bucket("slowdev", &[]);
-}
-
-#[test]
-fn a_slow_bucket_holds_writers_not_the_mount_over_io_uring() {
-    require_uring();
-    slow_bucket("slowuring", &["-o", "transport=uring"]);
-}
-
 /// A bucket that answers after 20 s, behind a fault proxy, while a file
 /// is written and fsync'd through a mount made with `mount_args`: the
 /// upload backlog fills and holds the writer, but not the mount's request
@@ -460,9 +440,9 @@ fn a_slow_bucket_holds_writers_not_the_mount_over_io_uring() {
 /// is still held (a liveness bound of 10 s against the 20 s a held
 /// request thread would cost; they take milliseconds). Once the bucket
 /// answers at once again the file reads back whole, and fsck is clean.
-fn slow_bucket(bucket: &str, mount_args: &[&str]) {
+fn a_slow_bucket_holds_writers_not_the_mount(transport: &str, mount_args: &[&str]) {
     require_fuse();
-    let (w, _o) = weed(bucket);
+    let (w, _o) = weed(&format!("slow-{transport}"));
     let proxy = FaultProxy::start(&w.endpoint).unwrap();
     let url = format!("s3://{}/store", w.bucket);
     let ep = proxy.endpoint();

@@ -53,6 +53,28 @@ pub fn require_uring() {
     assert_eq!(on.trim(), "Y", "{param}: FUSE over io_uring is off");
 }
 
+/// Runs `$f(transport, mount_args)` as two tests, `$f::dev` over
+/// `/dev/fuse` and `$f::io_uring` (which needs `enable_uring`);
+/// `transport` ("dev", "uring") tells buckets and stores apart.
+#[macro_export]
+macro_rules! per_transport {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[test]
+                fn dev() {
+                    super::$name("dev", &[])
+                }
+                #[test]
+                fn io_uring() {
+                    super::require_uring();
+                    super::$name("uring", &["-o", "transport=uring"])
+                }
+            }
+        )*
+    };
+}
+
 /// A small deterministic generator (xorshift64*), seeded per test so a
 /// failure can be replayed with `ONECOPY_FAULT_SEED`.
 pub struct Rng(pub u64);

@@ -49,10 +49,21 @@ fn remote_args(weed: &Weed) -> Vec<String> {
 
 /// A new remote store (1 MiB containers) in the bucket of `weed`.
 fn remote_scratch(weed: &Weed) -> Scratch {
-    let mut init: Vec<String> = remote_args(weed);
-    init.extend(["--container-size".into(), "1M".into()]);
-    let init: Vec<&str> = init.iter().map(|s| s.as_str()).collect();
-    scratch(&init)
+    remote_scratch_at(weed, &weed.endpoint, "1M")
+}
+
+/// A remote store on `weed`'s bucket reached at `endpoint` (the server,
+/// or a proxy before it), with containers of `size`.
+fn remote_scratch_at(weed: &Weed, endpoint: &str, size: &str) -> Scratch {
+    let url = format!("s3://{}/store", weed.bucket);
+    scratch(&[
+        "--remote",
+        &url,
+        "--endpoint",
+        endpoint,
+        "--container-size",
+        size,
+    ])
 }
 
 fn run(args: &[String]) -> Output {
@@ -409,9 +420,7 @@ fn drop_behind(transport: &str, mount_args: &[&str]) {
     // does not hold this writer. Held writes go on in any order over
     // io_uring (on the blocking pool), past what a run of drop-behind
     // follows (`behind::REORDER`): fewer pages are dropped then.
-    let mut init = remote_args(&w);
-    init.extend(["--container-size".into(), "32M".into()]);
-    let s = scratch(&init.iter().map(|a| a.as_str()).collect::<Vec<_>>());
+    let s = remote_scratch_at(&w, &w.endpoint, "32M");
     let m = Mount::with_args(&s, mount_args);
     let path = s.mnt.join("stream");
     let (f, mut want) = write_in_order(&path, 144);
@@ -450,17 +459,7 @@ fn a_slow_bucket_holds_writers_not_the_mount(transport: &str, mount_args: &[&str
     require_fuse();
     let (w, _o) = weed(&format!("slow-{transport}"));
     let proxy = FaultProxy::start(&w.endpoint).unwrap();
-    let url = format!("s3://{}/store", w.bucket);
-    let ep = proxy.endpoint();
-    let init = [
-        "--remote",
-        &url,
-        "--endpoint",
-        &ep,
-        "--container-size",
-        "1M",
-    ];
-    let s = scratch(&init);
+    let s = remote_scratch_at(&w, &proxy.endpoint(), "1M");
     let m = Mount::with_args(&s, mount_args);
     let slow = Duration::from_secs(20);
     proxy.set(Faults {

@@ -402,15 +402,15 @@ impl Filesystem for StoreFs {
             write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID),
             who(req),
         );
+        let store = move |core: &Core, data: &[u8]| {
+            let r = core.write(who, ino.0, offset, data, kill);
+            written(reply, r.map(u64::from))
+        };
         if !self.0.write_would_wait() {
-            let r = self.0.write(who, ino.0, offset, data, kill);
-            return written(reply, r.map(u64::from));
+            return store(&self.0, data);
         }
         let (core, data) = (self.0.clone(), data.to_vec());
-        self.1.run(Box::new(move || {
-            let r = core.write(who, ino.0, offset, &data, kill);
-            written(reply, r.map(u64::from))
-        }))
+        self.1.run(Box::new(move || store(&core, &data)))
     }
 
     fn flush(

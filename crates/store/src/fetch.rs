@@ -87,7 +87,6 @@ impl Fetcher {
         let (install, todo) = sync_channel::<(u64, Bytes)>(INSTALL_QUEUE);
         let s = shared.clone();
         let root = shared.local.root().to_path_buf();
-        let spawned = |e| StoreError::io(&root)(e);
         std::thread::Builder::new()
             .name("onecopy-install".into())
             .spawn(move || {
@@ -95,7 +94,7 @@ impl Fetcher {
                     s.install(id, bytes, limit);
                 }
             })
-            .map_err(spawned)?;
+            .map_err(StoreError::io(&root))?;
         let f = Arc::new(Fetcher {
             shared,
             objects,
@@ -118,7 +117,7 @@ impl Fetcher {
                     }
                 }
             })
-            .map_err(spawned)?;
+            .map_err(StoreError::io(&root))?;
         *f.ahead.lock().unwrap() = Some(tx);
         Ok(f)
     }

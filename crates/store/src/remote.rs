@@ -538,8 +538,11 @@ impl ContainerStore for Tiered {
             return;
         }
         let q = self.up.q.lock().unwrap();
-        let full = |q: &mut Queue| q.holds_writers();
-        drop(self.up.cv.wait_timeout_while(q, ADMIT_WAIT, full).unwrap());
+        let held = self
+            .up
+            .cv
+            .wait_timeout_while(q, ADMIT_WAIT, |q| q.holds_writers());
+        drop(held.unwrap());
     }
 
     fn admits_now(&self) -> bool {

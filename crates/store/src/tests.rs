@@ -46,6 +46,11 @@ fn file(s: &Store, name: &str, data: &[u8]) -> u64 {
     a.ino
 }
 
+/// The file of container `id` in the store (or cache) at `dir`.
+fn container_file(dir: &std::path::Path, id: u64) -> std::path::PathBuf {
+    dir.join(format!("containers/{:02x}/{id:016x}.occ", id & 0xff))
+}
+
 fn read_all(s: &Store, ino: u64) -> Vec<u8> {
     let size = s.getattr(ino).unwrap().size;
     s.read(ino, 0, size as usize).unwrap()
@@ -364,9 +369,7 @@ fn gc_refuses_to_move_a_record_that_is_not_its_chunk() {
         Compress::None,
         None,
     );
-    let path = d
-        .path()
-        .join(format!("containers/{:02x}/{cont:016x}.occ", cont & 0xff));
+    let path = container_file(d.path(), cont);
     let mut bytes = std::fs::read(&path).unwrap();
     bytes[off as usize..off as usize + forged.bytes.len()].copy_from_slice(&forged.bytes);
     std::fs::write(&path, bytes).unwrap();
@@ -1609,10 +1612,7 @@ fn a_damaged_cache_copy_is_read_again_from_the_bucket() {
     let ids = sealed_ids(&s);
     assert!(ids.len() >= 2, "{ids:?}");
     drop(s);
-    let local = |id: u64| {
-        d.path()
-            .join(format!("containers/{:02x}/{id:016x}.occ", id & 0xff))
-    };
+    let local = |id: u64| container_file(d.path(), id);
     let flip = |path: &std::path::Path| {
         let mut bytes = std::fs::read(path).unwrap();
         bytes[16 + 48 + 100] ^= 1;
@@ -1658,9 +1658,7 @@ fn readers_at_once_all_heal_from_the_bucket() {
     for round in 0..20 {
         let mut flipped = 0;
         for &id in &ids {
-            let path = d
-                .path()
-                .join(format!("containers/{:02x}/{id:016x}.occ", id & 0xff));
+            let path = container_file(d.path(), id);
             // A copy the last round dropped and read from memory is gone.
             let Ok(mut bytes) = std::fs::read(&path) else {
                 continue;

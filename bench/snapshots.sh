@@ -148,7 +148,7 @@ cp -a /usr/include /usr/lib/python3* "$tree/" 2>/dev/null || true
 echo
 echo "v1 tree: $(find "$tree" -type f | wc -l) files, $(du -sm "$tree" | cut -f1) MiB"
 kinds="native null null-uring onecopy onecopy-uring"
-echo "round  into: $kinds restic_backup  out: $kinds restic_restore  (s)"
+echo "round  into: $kinds restic_backup  out: $kinds onecopy-uring-alone restic_restore  (s)"
 secs() { python3 -c "import sys; print(f'{float(sys.argv[2])-float(sys.argv[1]):.2f}')" "$@"; }
 for r in $(seq 1 ${ROUNDS:-3}); do
     into=(); out=()
@@ -171,6 +171,14 @@ for r in $(seq 1 ${ROUNDS:-3}); do
         sync; t1=$(now)
         out+=("$(secs "$t0" "$t1")")
         [ "$c" = native ] || { fusermount3 -u "$m"; sleep 1; }
+        if [ "$c" = onecopy-uring ]; then
+            # The same copy out of the snapshot mounted alone.
+            "$O" mount --snapshot v1 "$d/s" "$m" -o transport=uring
+            drop
+            t0=$(now); cp -a "$m/live" "$d/out2"; sync; t1=$(now)
+            alone=$(secs "$t0" "$t1")
+            fusermount3 -u "$m"; sleep 1
+        fi
         rm -rf "$d"
     done
     export RESTIC_PASSWORD=x; rm -rf "$work/c-restic"
@@ -180,7 +188,7 @@ for r in $(seq 1 ${ROUNDS:-3}); do
     drop
     t2=$(now); restic -q -r "$work/c-restic" restore latest --target "$work/c-rout" >/dev/null; sync; t3=$(now)
     rm -rf "$work/c-restic" "$work/c-rout"
-    echo "$r  into: ${into[*]} $(secs "$t0" "$t1")  out: ${out[*]} $(secs "$t2" "$t3")"
+    echo "$r  into: ${into[*]} $(secs "$t0" "$t1")  out: ${out[*]} $alone $(secs "$t2" "$t3")"
 done
 rm -rf "$tree"
 fi
@@ -240,6 +248,12 @@ t2=$(now); restic -q -r "$work/restic" restore "$snap5" --target "$work/restore-
 mib=$(du -sm "$work/restore-onecopy" | cut -f1)
 echo "cold restore of v5 ($mib MiB): onecopy cp -a $(python3 -c "print(f'{$t1-$t0:.1f}')") s, restic restore $(python3 -c "print(f'{$t3-$t2:.1f}')") s"
 diff <(sums "$work/restore-onecopy") "$work/v5.sums" >/dev/null && echo "v5 restored from the snapshot: every file's md5 matches"
+fusermount3 -u "$sm"; sleep 1
+"$O" mount --snapshot v5 "$st" "$sm" "${series_opts[@]}"
+drop
+t0=$(now); cp -a "$sm/live" "$work/restore-alone"; t1=$(now)
+echo "cold restore of v5 mounted alone (mount --snapshot v5, cp -a): $(python3 -c "print(f'{$t1-$t0:.1f}')") s"
+diff <(sums "$work/restore-alone") "$work/v5.sums" >/dev/null && echo "v5 restored from the snapshot mounted alone: every file's md5 matches"
 fusermount3 -u "$sm"; sleep 1; drop
 t0=$(now); "$O" store snapshot restore "$st" v5 "$work/restore-offline" >/dev/null; t1=$(now)
 echo "cold restore of v5 without a mount (store snapshot restore): $(python3 -c "print(f'{$t1-$t0:.1f}')") s"

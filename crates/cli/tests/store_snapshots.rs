@@ -489,6 +489,63 @@ fn a_snapshot_is_restored_and_mounted_alone_as_it_was() {
     fsck_clean(&s.store);
 }
 
+/// A snapshot mounted alone tells the kernel, at its first open, that
+/// its files and directories need no `OPEN` (and so no `RELEASE`), and,
+/// when it holds no extended attribute, that it has none: over both
+/// transports every file reads back as it was, opened again and again,
+/// and extended attributes are "not supported" only in the snapshot
+/// that has none.
+fn a_snapshot_mounted_alone_needs_no_open(_: &str, transport: &[&str]) {
+    require_fuse();
+    let s = scratch(&[]);
+    let src = s.mnt.with_extension("src");
+    ok(sh(&format!(
+        "mkdir -p {0}/d/e && for i in 1 2 3; do head -c $((i * 70000)) /dev/urandom > {0}/d/f$i; done && \
+         echo small > {0}/d/e/s && ln {0}/d/f1 {0}/hard && ln -s d/f2 {0}/sym && chmod 600 {0}/d/f3 && \
+         mkfifo {0}/fifo && touch -d 2001-01-01 {0}/d",
+        src.display()
+    )));
+    let bare = inventory(&src);
+    let m = Mount::with_args(&s, transport);
+    ok(sh(&format!(
+        "cp -a {}/. {}/",
+        src.display(),
+        s.mnt.display()
+    )));
+    ok(snapshot(&["create", s.mnt.to_str().unwrap(), "bare"]));
+    for root in [&src, &s.mnt] {
+        ok(sh(&format!(
+            "setfattr -n user.k -v v {}/d/f1",
+            root.display()
+        )));
+    }
+    ok(snapshot(&["create", s.mnt.to_str().unwrap(), "with"]));
+    let with = inventory(&src);
+    m.unmount();
+    for (name, want) in [("bare", &bare), ("with", &with)] {
+        let args = [&["--snapshot", name][..], transport].concat();
+        let m = Mount::with_args(&s, &args);
+        for round in 0..2 {
+            assert_eq!(&inventory(&s.mnt), want, "{name}, round {round}");
+        }
+        let got = sh(&format!(
+            "getfattr -n user.k --only-values {}/d/f1",
+            s.mnt.display()
+        ));
+        match name {
+            "bare" => assert!(
+                String::from_utf8_lossy(&got.stderr).contains("Operation not supported"),
+                "{got:?}"
+            ),
+            _ => assert_eq!(got.stdout, b"v", "{got:?}"),
+        }
+        m.unmount();
+    }
+    fsck_clean(&s.store);
+}
+
+per_transport!(a_snapshot_mounted_alone_needs_no_open);
+
 /// Absent names are cached by the kernel only where every name appears
 /// through it: a snapshot looked up before it exists is there as soon as
 /// `snapshot create` returns (made over the control channel, not through

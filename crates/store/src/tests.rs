@@ -2202,3 +2202,25 @@ fn snapshot_reads_race_gc_moving_their_chunks() {
     );
     assert!(s.fsck(false).unwrap().problems.is_empty());
 }
+
+/// A snapshot tells whether any of its inodes has an extended
+/// attribute: one set after it, or removed after it, changes nothing
+/// it shows.
+#[test]
+fn a_snapshot_knows_whether_it_holds_xattrs() {
+    let (_d, s) = new_store("fixed:64K", "none");
+    let f = file(&s, "f", b"x");
+    let bare = s.snapshot_create("bare").unwrap();
+    s.setxattr(f, b"user.k", b"v", true, false).unwrap();
+    let with = s.snapshot_create("with").unwrap();
+    s.removexattr(f, b"user.k").unwrap();
+    let after = s.snapshot_create("after").unwrap();
+    let has = |id| s.view_has_xattrs(view_ino(id, 1)).unwrap();
+    assert_eq!(
+        (has(bare.id), has(with.id), has(after.id)),
+        (false, true, false)
+    );
+    assert!(s.view_has_xattrs(1).unwrap(), "the live tree: not known");
+    s.snapshot_delete("bare").unwrap();
+    assert!(s.view_has_xattrs(view_ino(bare.id, 1)).is_err());
+}

@@ -217,6 +217,25 @@ impl Store {
         }
     }
 
+    /// Whether any inode of the snapshot `ino` belongs to has an extended
+    /// attribute (ACLs are ones); `true` for an inode of no snapshot. A
+    /// snapshot never changes, so a mount of one that has none may tell
+    /// the kernel it keeps none (`onecopy-fuse`'s `Core`).
+    pub fn view_has_xattrs(&self, ino: u64) -> Result<bool> {
+        let g = self.lock();
+        let Node::View(s, _) = self.node(&g, ino)? else {
+            return Ok(true);
+        };
+        let sql = once!(format!(
+            "SELECT EXISTS ({})",
+            visible("xattrs", "1", "1", 1)
+        ));
+        let any =
+            g.db.prepare_cached(sql)?
+                .query_row([s.epoch], |r| r.get(0))?;
+        Ok(any)
+    }
+
     /// [`Store::getattr`] of a read-only inode.
     pub(crate) fn view_getattr(&self, ino: u64) -> Result<Attr> {
         let g = self.lock();

@@ -18,7 +18,9 @@
 #
 # Usage: bench/remote-throughput.sh (as root); SIZE_MIB=N, CEIL_ROUNDS=N, KEEP=1,
 # PERF=DIR (a perf profile of the mount during the write), ONECOPY=BINARY
-# (measure that build instead of this tree's).
+# (measure that build instead of this tree's), MOUNT_OPTS=OPTS (`-o` of
+# both mounts, e.g. transport=uring; the fuse module's enable_uring is
+# turned on for the run and put back after).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "run as root" >&2; exit 2; }
@@ -39,6 +41,14 @@ cleanup() {
 }
 trap cleanup EXIT
 mkdir -p "$work/mnt" "$work/mnt2"
+mount_opts=()
+if [ -n "${MOUNT_OPTS:-}" ]; then
+    mount_opts=(-o "$MOUNT_OPTS")
+    uring=/sys/module/fuse/parameters/enable_uring
+    uring_was=$(cat "$uring"); echo Y > "$uring"
+    trap 'echo "$uring_was" > "$uring"; cleanup' EXIT
+fi
+echo "mounts: ${MOUNT_OPTS:-transport=dev (the default)}"
 weed_start "$work/weed" bench
 ep=http://127.0.0.1:$(cat "$work/weed/s3")
 for _ in $(seq 120); do "$T" s3://bench/probe "$ep" 1 1 >/dev/null 2>&1 && break; sleep 0.5; done
@@ -81,7 +91,7 @@ for _ in $(seq "${CEIL_ROUNDS:-3}"); do
 done
 head -c $((SIZE_MIB << 20)) /dev/urandom > "$work/big"
 "$O" store init "$work/cache" --remote s3://bench/store --endpoint "$ep" >/dev/null
-"$O" mount "$work/cache" "$work/mnt"
+"$O" mount "$work/cache" "$work/mnt" "${mount_opts[@]}"
 start "$work/big"
 if [ -n "${PERF:-}" ]; then
     perf record -F 499 -g -o "$PERF/write.perf" -p "$(cat "$work/cache/mount.pid")" 2>/dev/null &
@@ -93,13 +103,13 @@ stop "$SIZE_MIB" "sequential write through the mount, until in the bucket"
 # of containers and their metadata: the "read again" row would fetch).
 "$O" store init "$work/cache2" --recover --remote s3://bench/store --endpoint "$ep" \
     --cache-size "$((SIZE_MIB * 2))M" >/dev/null
-"$O" mount "$work/cache2" "$work/mnt2"
+"$O" mount "$work/cache2" "$work/mnt2" "${mount_opts[@]}"
 start; cat "$work/mnt2/big" > /dev/null; stop "$SIZE_MIB" "cold read from an empty cache"
 cmp "$work/mnt2/big" "$work/big"
 unmount "$work/cache2" "$work/mnt2"
 # The mount's own bound: the same read once every container is in the
 # local cache (page cache dropped): decryption and FUSE, no GET.
-"$O" mount "$work/cache2" "$work/mnt2"
+"$O" mount "$work/cache2" "$work/mnt2" "${mount_opts[@]}"
 start; cat "$work/mnt2/big" > /dev/null; stop "$SIZE_MIB" "read again, every container in the local cache"
 unmount "$work/cache2" "$work/mnt2"
 python3 - "$work/phases" "$(nproc)" <<'EOF'

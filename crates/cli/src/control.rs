@@ -165,6 +165,13 @@ pub enum Request {
         keep: onecopy_store::Keep,
         dry_run: bool,
     },
+    /// Write a snapshot's tree as the new directory `dest` (absolute, as
+    /// this process sees it). Only the mount's own user or root reaches
+    /// the socket (mode 0600), who could write there themselves.
+    SnapshotRestore {
+        name: String,
+        dest: PathBuf,
+    },
 }
 
 /// Serves requests for `store`, mounted on `mountpoint`, on its socket,
@@ -232,6 +239,9 @@ fn serve(store: &Store, req: Request, mountpoint: &Path) -> serde_json::Value {
         Request::SnapshotDiff { old, new } => store.snapshot_diff(&old, &new).map(to_json),
         Request::SnapshotForget { keep, dry_run } => {
             store.snapshot_forget(keep, dry_run).map(to_json)
+        }
+        Request::SnapshotRestore { name, dest } => {
+            store.snapshot_restore(&name, &dest).map(to_json)
         }
     };
     match r {

@@ -32,9 +32,9 @@ pub enum SnapshotAction {
     /// Delete a snapshot (constant time); `store gc` then frees what only
     /// it held.
     Delete { store: PathBuf, name: String },
-    /// Write snapshot NAME's tree as the new directory DEST, without a
-    /// mount (keeps what `cp -a` keeps). A mounted store: copy out of
-    /// MOUNT/.onecopy/snapshots/NAME instead.
+    /// Write snapshot NAME's tree as the new directory DEST (keeps what
+    /// `cp -a` keeps), reading the store directly, not through a mount:
+    /// a mounted store's mount process does it.
     Restore {
         store: PathBuf,
         name: String,
@@ -235,19 +235,23 @@ pub fn run(action: SnapshotAction) -> Result<u8, StoreError> {
     }
 }
 
-/// `snapshot restore`: offline only.
+/// `snapshot restore`: by the store's mount when it is mounted (which
+/// reads the store without the kernel's round trips), else here. DEST
+/// is made absolute here: the mount's working directory is not ours.
 fn restore(store: &Path, name: &str, dest: &Path) -> Result<u8, StoreError> {
     let dir = store_dir(store);
-    let s = match control::open_store(&dir) {
-        Err(StoreError::Locked { .. }) => {
-            return Err(StoreError::BadOption(format!(
-                "{} is mounted: copy out of MOUNT/.onecopy/snapshots/{name} (cp -a) instead",
-                dir.display()
-            )))
-        }
-        r => r?,
+    if dest.symlink_metadata().is_ok() {
+        return Err(StoreError::DestExists { path: dest.into() });
+    }
+    let dest = std::path::absolute(dest).map_err(|source| StoreError::Io {
+        path: dest.into(),
+        source,
+    })?;
+    let req = Request::SnapshotRestore {
+        name: name.into(),
+        dest: dest.clone(),
     };
-    let rep = s.snapshot_restore(name, dest).map_err(named(name))?;
+    let rep = in_store(&dir, req, |s| s.snapshot_restore(name, &dest)).map_err(named(name))?;
     for e in &rep.errors {
         eprintln!("onecopy: {e}");
     }

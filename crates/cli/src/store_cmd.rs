@@ -231,6 +231,7 @@ pub fn error_code(e: &StoreError) -> u8 {
         StoreError::NotAStore { .. }
         | StoreError::Version { .. }
         | StoreError::Exists { .. }
+        | StoreError::DestExists { .. }
         | StoreError::NotEmptyDir { .. }
         | StoreError::BucketInUse { .. }
         | StoreError::WrongPassword

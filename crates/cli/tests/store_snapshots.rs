@@ -489,6 +489,83 @@ fn a_snapshot_is_restored_and_mounted_alone_as_it_was() {
     fsck_clean(&s.store);
 }
 
+/// `snapshot restore` of a mounted store is done by its mount (named by
+/// the store's directory or the mount point, DEST relative to the
+/// caller's directory): the tree comes back as it was while the mount
+/// goes on serving; an existing DEST is refused and left as it was; an
+/// unknown snapshot is named.
+#[test]
+fn a_mounted_store_restores_a_snapshot_through_its_mount() {
+    require_fuse();
+    let s = scratch(&[]);
+    let src = s.mnt.with_extension("src");
+    ok(sh(&format!(
+        "mkdir -p {0}/d && head -c 300000 /dev/urandom > {0}/d/f && ln {0}/d/f {0}/hard && \
+         ln -s d/f {0}/sym && setfattr -n user.k -v v {0}/d/f && chmod 640 {0}/d/f && \
+         touch -d 2001-01-01 {0}/d",
+        src.display()
+    )));
+    let want = inventory(&src);
+    let m = Mount::new(&s);
+    ok(sh(&format!(
+        "cp -a {}/. {}/",
+        src.display(),
+        s.mnt.display()
+    )));
+    ok(snapshot(&["create", s.mnt.to_str().unwrap(), "s"]));
+    ok(sh(&format!(
+        "rm -r {}/d && echo new > {0}/new",
+        s.mnt.display()
+    )));
+    let here = s.mnt.parent().unwrap();
+    for (by, dest) in [(&s.store, "by-store"), (&s.mnt, "by-mount")] {
+        let out = Command::new(BIN)
+            .args([
+                "store",
+                "snapshot",
+                "restore",
+                by.to_str().unwrap(),
+                "s",
+                dest,
+            ])
+            .current_dir(here)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        assert_eq!(inventory(&here.join(dest)), want, "restored by {by:?}");
+    }
+    let again = snapshot(&[
+        "restore",
+        s.mnt.to_str().unwrap(),
+        "s",
+        here.join("by-mount").to_str().unwrap(),
+    ]);
+    assert_eq!(again.status.code(), Some(2), "{again:?}");
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("exists"),
+        "{again:?}"
+    );
+    assert_eq!(inventory(&here.join("by-mount")), want, "left as it was");
+    let none = snapshot(&[
+        "restore",
+        s.mnt.to_str().unwrap(),
+        "nope",
+        here.join("x").to_str().unwrap(),
+    ]);
+    assert_eq!(none.status.code(), Some(2), "{none:?}");
+    assert!(
+        String::from_utf8_lossy(&none.stderr).contains("no snapshot named"),
+        "{none:?}"
+    );
+    assert_eq!(
+        std::fs::read(s.mnt.join("new")).unwrap(),
+        b"new\n",
+        "the mount serves on"
+    );
+    m.unmount();
+    fsck_clean(&s.store);
+}
+
 /// A snapshot mounted alone tells the kernel, at its first open, that
 /// its files and directories need no `OPEN` (and so no `RELEASE`), and,
 /// when it holds no extended attribute, that it has none: over both

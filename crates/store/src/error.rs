@@ -32,6 +32,8 @@ pub enum StoreError {
     },
     #[error("{path}: a store already exists here")]
     Exists { path: PathBuf },
+    #[error("{path} exists: a restore makes a new directory, never writes into one")]
+    DestExists { path: PathBuf },
     #[error(
         "{path}: directory is not empty ({entry} is there); a store needs a new or empty directory"
     )]

@@ -15,7 +15,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use rustix::fs::{Mode, Timespec, Timestamps};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, StoreError};
 use crate::ns::{Attr, Kind};
@@ -25,7 +25,7 @@ use crate::store::Store;
 const PIECE: usize = 1 << 20;
 
 /// What a restore wrote.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct RestoreReport {
     pub files: u64,
     pub directories: u64,
@@ -51,7 +51,7 @@ impl Store {
     pub fn snapshot_restore(&self, name: &str, dest: &Path) -> Result<RestoreReport> {
         let root = self.snapshot_root(name)?;
         if dest.symlink_metadata().is_ok() {
-            return Err(StoreError::Exists { path: dest.into() });
+            return Err(StoreError::DestExists { path: dest.into() });
         }
         let attr = self.getattr(root)?;
         std::fs::create_dir(dest).map_err(StoreError::io(dest))?;

@@ -7,9 +7,10 @@
 //! refuses the connection, and a mount that dies while answering closes
 //! it, which the caller reads as "gone".
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -215,15 +216,37 @@ fn answer(conn: UnixStream, store: &Weak<Store>, mountpoint: &Path) {
         return;
     }
     let reply = match (serde_json::from_str::<Request>(&line), store.upgrade()) {
-        (Ok(req), Some(store)) => serve(&store, req, mountpoint),
+        (Ok(req), Some(store)) => {
+            until_caller_leaves(&conn, |left| serve(&store, req, mountpoint, left))
+        }
         (_, None) => serde_json::json!({ "error": "the mount is ending" }),
         (Err(e), _) => serde_json::json!({ "error": format!("unknown request: {e}") }),
     };
     let _ = writeln!(&conn, "{reply}");
 }
 
-/// Runs one request; its JSON answer.
-fn serve(store: &Store, req: Request, mountpoint: &Path) -> serde_json::Value {
+/// Runs `f` with a flag set once the caller has closed its end of
+/// `conn` (it sends nothing after its request, so a read that returns
+/// means it is gone): a long request (a restore) stops when its caller
+/// is killed. Without a thread to watch, `f` runs to its end.
+fn until_caller_leaves<T>(conn: &UnixStream, f: impl FnOnce(&AtomicBool) -> T) -> T {
+    let left = AtomicBool::new(false);
+    std::thread::scope(|sc| {
+        let watch = std::thread::Builder::new().spawn_scoped(sc, || {
+            let _ = (&mut &*conn).read(&mut [0u8; 1]);
+            left.store(true, Ordering::Relaxed);
+        });
+        let r = f(&left);
+        if watch.is_ok() {
+            // Wakes the watcher's read (the answer is still written).
+            let _ = conn.shutdown(std::net::Shutdown::Read);
+        }
+        r
+    })
+}
+
+/// Runs one request; its JSON answer. `left`: the caller went away.
+fn serve(store: &Store, req: Request, mountpoint: &Path, left: &AtomicBool) -> serde_json::Value {
     let r = match req {
         Request::Gc => store.gc().map(|r| {
             // What gc freed goes back to the kernel now, not when the
@@ -240,9 +263,9 @@ fn serve(store: &Store, req: Request, mountpoint: &Path) -> serde_json::Value {
         Request::SnapshotForget { keep, dry_run } => {
             store.snapshot_forget(keep, dry_run).map(to_json)
         }
-        Request::SnapshotRestore { name, dest } => {
-            store.snapshot_restore(&name, &dest).map(to_json)
-        }
+        Request::SnapshotRestore { name, dest } => store
+            .snapshot_restore_until(&name, &dest, left)
+            .map(to_json),
     };
     match r {
         Ok(Ok(v)) => v,

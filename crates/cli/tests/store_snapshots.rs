@@ -566,6 +566,57 @@ fn a_mounted_store_restores_a_snapshot_through_its_mount() {
     fsck_clean(&s.store);
 }
 
+/// A restore run by the mount stops when its caller is killed: the
+/// destination stops growing long before the snapshot is all there, and
+/// the mount goes on serving (a second restore then brings it all back).
+#[test]
+fn a_restore_by_the_mount_stops_when_its_caller_dies() {
+    require_fuse();
+    let s = scratch(&[]);
+    let m = Mount::new(&s);
+    ok(sh(&format!(
+        "for i in $(seq 100); do head -c 4M /dev/urandom > {}/f$i; done",
+        s.mnt.display()
+    )));
+    let want = checksum_tree(&s.mnt);
+    ok(snapshot(&["create", s.mnt.to_str().unwrap(), "s"]));
+    let dest = s.mnt.with_extension("restored");
+    let mut caller = Command::new(BIN)
+        .args(["store", "snapshot", "restore", s.mnt.to_str().unwrap(), "s"])
+        .arg(&dest)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let files = || std::fs::read_dir(&dest).map_or(0, |d| d.count());
+    let t = std::time::Instant::now();
+    while files() == 0 && t.elapsed() < std::time::Duration::from_secs(30) {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    caller.kill().unwrap();
+    caller.wait().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let (a, _) = (
+        files(),
+        std::thread::sleep(std::time::Duration::from_secs(1)),
+    );
+    assert_eq!(files(), a, "the restore stopped");
+    assert!(
+        (1..50).contains(&a),
+        "{a} of 100 files restored before it stopped"
+    );
+    let again = s.mnt.with_extension("again");
+    ok(snapshot(&[
+        "restore",
+        s.mnt.to_str().unwrap(),
+        "s",
+        again.to_str().unwrap(),
+    ]));
+    assert_eq!(checksum_tree(&again), want);
+    m.unmount();
+    fsck_clean(&s.store);
+}
+
 /// A snapshot mounted alone tells the kernel, at its first open, that
 /// its files and directories need no `OPEN` (and so no `RELEASE`), and,
 /// when it holds no extended attribute, that it has none: over both

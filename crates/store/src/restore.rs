@@ -5,14 +5,17 @@
 //!
 //! Rules: the destination must not exist (nothing is merged or
 //! overwritten); an entry that cannot be written is reported and left
-//! out, the rest restored; directory times are set after their contents.
+//! out, the rest restored; directory times are set after their contents;
+//! a restore whose caller went away stops (`snapshot_restore_until`).
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::File;
+use std::io::ErrorKind;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use rustix::fs::{Mode, Timespec, Timestamps};
 use serde::{Deserialize, Serialize};
@@ -44,11 +47,24 @@ struct Restorer<'a> {
     rep: RestoreReport,
     /// Directories to give their times once filled (deepest last).
     dirs: Vec<(PathBuf, Attr)>,
+    /// Set when whoever asked for the restore went away: it stops.
+    stop: &'a AtomicBool,
 }
 
 impl Store {
     /// Writes snapshot `name`'s tree as the new directory `dest`.
     pub fn snapshot_restore(&self, name: &str, dest: &Path) -> Result<RestoreReport> {
+        self.snapshot_restore_until(name, dest, &AtomicBool::new(false))
+    }
+
+    /// [`Store::snapshot_restore`], stopped (an `Interrupted` error,
+    /// what was written left in place) once `stop` is set.
+    pub fn snapshot_restore_until(
+        &self,
+        name: &str,
+        dest: &Path,
+        stop: &AtomicBool,
+    ) -> Result<RestoreReport> {
         let root = self.snapshot_root(name)?;
         if dest.symlink_metadata().is_ok() {
             return Err(StoreError::DestExists { path: dest.into() });
@@ -60,9 +76,13 @@ impl Store {
             linked: HashMap::new(),
             rep: RestoreReport::default(),
             dirs: vec![(dest.to_path_buf(), attr)],
+            stop,
         };
         r.rep.directories += 1;
         r.fill_dir(root, dest)?;
+        if r.stopped() {
+            return Err(interrupted(dest));
+        }
         for (path, a) in r.dirs.iter().rev() {
             if let Err(e) = finish(path, a) {
                 r.rep.errors.push(format!("{}: {e}", path.display()));
@@ -72,18 +92,29 @@ impl Store {
     }
 }
 
+/// The error of a restore stopped at `path`.
+fn interrupted(path: &Path) -> StoreError {
+    let why = "the restore was stopped: its caller went away";
+    StoreError::io(path)(std::io::Error::new(ErrorKind::Interrupted, why))
+}
+
 impl Restorer<'_> {
-    /// Restores the entries of store directory `dir` into `path` (made).
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+
+    /// Restores the entries of store directory `dir` into `path` (made);
+    /// once stopped, returns without a word (the restore says why).
     fn fill_dir(&mut self, dir: u64, path: &Path) -> Result<()> {
         let mut offset = 0;
-        loop {
+        while !self.stopped() {
             let entries = self.store.readdir_plus(dir, offset, 256)?;
             let Some(last) = entries.last() else {
                 return Ok(());
             };
             offset = last.0.next;
             for (e, a) in entries {
-                if e.name == b"." || e.name == b".." {
+                if e.name == b"." || e.name == b".." || self.stopped() {
                     continue;
                 }
                 let to = path.join(OsStr::from_bytes(&e.name));
@@ -92,6 +123,7 @@ impl Restorer<'_> {
                 }
             }
         }
+        Ok(())
     }
 
     /// Restores one entry as `to`.
@@ -146,6 +178,9 @@ impl Restorer<'_> {
         let f = File::create_new(to).map_err(StoreError::io(to))?;
         let mut off = 0u64;
         while off < a.size {
+            if self.stopped() {
+                return Err(interrupted(to));
+            }
             let data = self.store.read(a.ino, off, PIECE)?;
             if data.is_empty() {
                 break;

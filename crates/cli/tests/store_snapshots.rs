@@ -26,6 +26,11 @@ fn sh(script: &str) -> Output {
     Command::new("sh").args(["-c", script]).output().unwrap()
 }
 
+/// `cp -a` of what is in directory `from` into directory `to`.
+fn copy_into(from: &Path, to: &Path) {
+    ok(sh(&format!("cp -a {}/. {}/", from.display(), to.display())));
+}
+
 fn snap_dir(mnt: &Path, name: &str) -> PathBuf {
     mnt.join(".onecopy/snapshots").join(name)
 }
@@ -48,11 +53,7 @@ fn a_snapshot_keeps_the_tree_as_it_was_and_frees_its_bytes_when_deleted() {
     )));
     let want = checksum_tree(&src);
     let m = Mount::new(&s);
-    ok(sh(&format!(
-        "cp -a {}/. {}/",
-        src.display(),
-        s.mnt.display()
-    )));
+    copy_into(&src, &s.mnt);
     let mnt = s.mnt.to_str().unwrap();
     ok(snapshot(&["create", mnt, "before"]));
     let snap = snap_dir(&s.mnt, "before");
@@ -458,11 +459,7 @@ fn a_snapshot_is_restored_and_mounted_alone_as_it_was() {
     )));
     let want = inventory(&src);
     let m = Mount::new(&s);
-    ok(sh(&format!(
-        "cp -a {}/. {}/",
-        src.display(),
-        s.mnt.display()
-    )));
+    copy_into(&src, &s.mnt);
     ok(snapshot(&["create", s.mnt.to_str().unwrap(), "s"]));
     ok(sh(&format!("rm -r {}/d", s.mnt.display())));
     m.unmount();
@@ -507,11 +504,7 @@ fn a_mounted_store_restores_a_snapshot_through_its_mount() {
     )));
     let want = inventory(&src);
     let m = Mount::new(&s);
-    ok(sh(&format!(
-        "cp -a {}/. {}/",
-        src.display(),
-        s.mnt.display()
-    )));
+    copy_into(&src, &s.mnt);
     ok(snapshot(&["create", s.mnt.to_str().unwrap(), "s"]));
     ok(sh(&format!(
         "rm -r {}/d && echo new > {0}/new",
@@ -596,10 +589,8 @@ fn a_restore_by_the_mount_stops_when_its_caller_dies() {
     caller.kill().unwrap();
     caller.wait().unwrap();
     std::thread::sleep(std::time::Duration::from_millis(500));
-    let (a, _) = (
-        files(),
-        std::thread::sleep(std::time::Duration::from_secs(1)),
-    );
+    let a = files();
+    std::thread::sleep(std::time::Duration::from_secs(1));
     assert_eq!(files(), a, "the restore stopped");
     assert!(
         (1..50).contains(&a),
@@ -635,11 +626,7 @@ fn a_snapshot_mounted_alone_needs_no_open(_: &str, transport: &[&str]) {
     )));
     let bare = inventory(&src);
     let m = Mount::with_args(&s, transport);
-    ok(sh(&format!(
-        "cp -a {}/. {}/",
-        src.display(),
-        s.mnt.display()
-    )));
+    copy_into(&src, &s.mnt);
     ok(snapshot(&["create", s.mnt.to_str().unwrap(), "bare"]));
     for root in [&src, &s.mnt] {
         ok(sh(&format!(

@@ -439,9 +439,9 @@ impl Core {
         }
     }
 
-    /// ENOSYS in a snapshot's mount that holds no extended attribute
-    /// (see [`Bare`]).
-    fn has_xattrs(&self) -> Ret<()> {
+    /// Ok, or ENOSYS in a snapshot's mount that holds no extended
+    /// attribute (see [`Bare`]).
+    fn serves_xattrs(&self) -> Ret<()> {
         match self.bare.no_xattrs {
             true => Err(libc::ENOSYS),
             false => Ok(()),
@@ -450,13 +450,13 @@ impl Core {
 
     pub fn getxattr(&self, ino: u64, name: &[u8], size: u32) -> Ret<Xattr> {
         self.live()?;
-        self.has_xattrs()?;
+        self.serves_xattrs()?;
         xattr(size, self.store.getxattr(self.ino(ino), name))
     }
 
     pub fn listxattr(&self, ino: u64, size: u32) -> Ret<Xattr> {
         self.live()?;
-        self.has_xattrs()?;
+        self.serves_xattrs()?;
         let r = self.store.listxattr(self.ino(ino)).map(|names| {
             names
                 .into_iter()

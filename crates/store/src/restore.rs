@@ -107,14 +107,17 @@ impl Restorer<'_> {
     /// once stopped, returns without a word (the restore says why).
     fn fill_dir(&mut self, dir: u64, path: &Path) -> Result<()> {
         let mut offset = 0;
-        while !self.stopped() {
+        loop {
             let entries = self.store.readdir_plus(dir, offset, 256)?;
             let Some(last) = entries.last() else {
                 return Ok(());
             };
             offset = last.0.next;
             for (e, a) in entries {
-                if e.name == b"." || e.name == b".." || self.stopped() {
+                if self.stopped() {
+                    return Ok(());
+                }
+                if e.name == b"." || e.name == b".." {
                     continue;
                 }
                 let to = path.join(OsStr::from_bytes(&e.name));
@@ -123,7 +126,6 @@ impl Restorer<'_> {
                 }
             }
         }
-        Ok(())
     }
 
     /// Restores one entry as `to`.

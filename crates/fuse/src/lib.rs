@@ -149,7 +149,7 @@ pub fn serve_store_on(
     let stop = Arc::new(Stop::default());
     let committer = {
         let (store, stop) = (store.clone(), stop.clone());
-        std::thread::spawn(move || {
+        named("onecopy-commit", move || {
             // The same error every second (a poisoned store fails every
             // commit until remounted) is reported once.
             let mut last = String::new();
@@ -163,30 +163,31 @@ pub fn serve_store_on(
                     Ok(()) => last.clear(),
                 }
             }
-        })
+        })?
     };
     let releaser = {
         let (store, stop) = (store.clone(), stop.clone());
-        std::thread::spawn(move || {
+        named("onecopy-release", move || {
             while !stop.is_set() {
                 if store.wait_for_releases(Duration::from_millis(10)) {
                     store.settle_releases();
                 }
             }
-        })
+        })?
     };
     // Decodes the next files of a walk reading the mount (see the
     // store's `ahead.rs`).
     let reader = {
         let (store, stop) = (store.clone(), stop.clone());
-        std::thread::spawn(move || {
+        named("onecopy-ahead", move || {
             while !stop.is_set() {
                 store.read_ahead(Duration::from_millis(50));
             }
-        })
+        })?
     };
     let pusher = (store.is_remote() || store.is_follower())
-        .then(|| spawn_pusher(store.clone(), stop.clone()));
+        .then(|| spawn_pusher(store.clone(), stop.clone()))
+        .transpose()?;
     let r = session.run();
     stop.set();
     let _ = committer.join();
@@ -202,6 +203,15 @@ pub fn serve_store_on(
         .close_remote()
         .map_err(|e| std::io::Error::other(e.to_string()))?;
     r
+}
+
+/// A background thread of the mount, named so that `top -H`, `ps -L`
+/// and profiles tell them apart.
+fn named(
+    name: &str,
+    f: impl FnOnce() + Send + 'static,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new().name(name.into()).spawn(f)
 }
 
 /// The mount's end, told to its background threads: a thread waiting
@@ -267,8 +277,11 @@ impl Session {
 /// bucket's latest state), every [`Store::push_every`], on a thread of
 /// their own (a push may wait a minute for uploads; commits go on
 /// meanwhile).
-fn spawn_pusher(store: Arc<Store>, stop: Arc<Stop>) -> std::thread::JoinHandle<()> {
-    std::thread::spawn(move || {
+fn spawn_pusher(
+    store: Arc<Store>,
+    stop: Arc<Stop>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    named("onecopy-push", move || {
         let mut last = String::new();
         let mut due = std::time::Instant::now() + store.push_every();
         // Woken every 200 ms: `push_every` may change meanwhile.

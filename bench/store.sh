@@ -192,7 +192,10 @@ echo "## a real tree into the mount (cp -a, rsync -a) vs restic backup"
 # into a fresh repository on the same disk; cache dropped before each,
 # configurations rotated over ROUNDS rounds (default 1). Stored bytes:
 # the store's directory after unmount (with its metadata reserve, a
-# fixed 4-64 MiB file: space.rs), restic's repository.
+# fixed 4-64 MiB file: space.rs), restic's repository. The floor of any
+# FUSE filesystem: the same cp -a and rsync -a into the null filesystem
+# over io_uring (null-cp, null-rsync), which keeps names and attributes
+# only.
 real=${REAL_TREE:-}
 if [[ -z $real ]]; then
     real=/usr; [[ -d $HOME/.pyenv/versions ]] && real=$HOME/.pyenv/versions
@@ -202,21 +205,24 @@ echo "$real: $files files, $(du -sm --apparent-size "$real" | cut -f1) MiB"
 export RESTIC_PASSWORD=x
 : > "$work/real-times"
 for r in $(seq 1 "${ROUNDS:-1}"); do
-    for c in restic cp-dev cp-uring rsync-uring; do
-        pid= cpu=0
+    for c in restic null-cp null-rsync cp-dev cp-uring rsync-uring; do
+        pid= cpu=0 dst=$work/mnt/t
         case $c in
             restic) restic init -q -r "$work/restic" ;;
+            null-*) $NU "$work/null" 2 32 & sleep 1; dst=$work/null/t ;;
             *-dev) STORE_MOUNT_OPTS=transport=dev mount_store; pid=$(store_pid) ;;
             *-uring) STORE_MOUNT_OPTS=transport=uring mount_store; pid=$(store_pid) ;;
         esac
         drop; t0=$(date +%s.%N)
         case $c in
             restic) restic -q -r "$work/restic" backup "$real" >/dev/null ;;
-            cp-*) cp -a "$real" "$work/mnt/t"; sync -f "$work/mnt" ;;
-            rsync-*) rsync -a "$real/" "$work/mnt/t"; sync -f "$work/mnt" ;;
+            *cp*) cp -a "$real" "$dst"; sync -f "$(dirname "$dst")" ;;
+            *rsync*) rsync -a "$real/" "$dst"; sync -f "$(dirname "$dst")" ;;
         esac
         t1=$(date +%s.%N)
-        if [[ -n $pid ]]; then
+        if [[ $c == null-* ]]; then
+            fusermount3 -u "$work/null"; wait || true; mib=- res=0
+        elif [[ -n $pid ]]; then
             cpu=$(cpu_s "$pid"); umount_store
             mib=$(du -sm "$work/s" | cut -f1); res=$(du -sm "$work/s/reserve" 2>/dev/null | cut -f1)
             rm -rf "$work/s"
@@ -231,14 +237,15 @@ import sys, statistics
 t, cpu, mib, res = {}, {}, {}, {}
 for line in open(sys.argv[1]):
     k, a, b, c, m, r = line.split()
-    t.setdefault(k, []).append(float(b) - float(a)); cpu[k] = float(c); mib[k] = int(m); res[k] = int(r)
+    t.setdefault(k, []).append(float(b) - float(a)); cpu[k] = float(c); mib[k] = m; res[k] = r
 r, files = statistics.median(t["restic"]), int(sys.argv[2])
 print("| | rounds (s) | median | x restic | stored MiB (of which the store's fixed reserve) | mount CPU per file |")
 print("|---|---|---:|---:|---:|---:|")
 for k in t:
     m = statistics.median(t[k])
-    c = f"{cpu[k] / files * 1e6:.0f} us" if k != "restic" else "-"
-    print(f"| {k} | {' / '.join(f'{x:.1f}' for x in t[k])} | {m:.1f} | {m / r:.2f} | {mib[k]} ({res[k]}) | {c} |")
+    c = f"{cpu[k] / files * 1e6:.0f} us" if k != "restic" and not k.startswith("null") else "-"
+    stored = "-" if k.startswith("null") else f"{mib[k]} ({res[k]})"
+    print(f"| {k} | {' / '.join(f'{x:.1f}' for x in t[k])} | {m:.1f} | {m / r:.2f} | {stored} | {c} |")
 PY
 fi
 

@@ -21,10 +21,12 @@
 
 mod error;
 mod local;
+mod pool;
 mod s3;
 
 pub use error::{ObjectError, Result};
 pub use local::LocalObjects;
+pub use pool::Pool;
 pub use s3::{S3Config, S3Objects};
 
 use bytes::Bytes;

@@ -12,7 +12,7 @@ use object_store::{
     RetryConfig, UpdateVersion,
 };
 
-use crate::{check_key, Listed, ObjectError, Objects, Result, Tag};
+use crate::{check_key, Listed, ObjectError, Objects, Pool, Result, Tag};
 
 /// Where a bucket is and how to reach it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,7 +116,7 @@ impl S3Objects {
             store,
             prefix: config.prefix.clone(),
             rt,
-            pool: Default::default(),
+            pool: Pool::keeping(FETCHES_KEPT),
         })
     }
 
@@ -302,64 +302,9 @@ fn parse_profile(text: &str, profile: &str) -> Option<(String, String, Option<St
 /// in an aligned copy first (a property callers may use, never rely on).
 const FETCH_ALIGN: usize = 4096;
 
-/// Buffers of whole fetched objects kept for the next fetches: a new
-/// 32 MiB buffer comes from `mmap` (it is past glibc's threshold), and the
-/// kernel zeroes and maps each of its pages on first touch, which cost a
-/// cold read from the bucket a twelfth of the machine's samples in its
-/// fetch thread (bench/notes/remote.md, stop 59). At most [`POOLED`] are
-/// kept, so an idle mount holds no more than that.
-#[derive(Default)]
-pub(crate) struct Pool {
-    free: std::sync::Mutex<Vec<Vec<u8>>>,
-}
-
-/// Buffers a [`Pool`] keeps at most: the fetches in flight (the cache asks
-/// for two containers ahead) and one being let go.
-const POOLED: usize = 3;
-
-impl Pool {
-    /// An empty buffer that holds at least `cap` bytes: a kept one if one
-    /// is large enough, else a new one (and one kept goes, so that the
-    /// sizes kept follow the objects').
-    fn take(&self, cap: usize) -> Vec<u8> {
-        let mut free = self.free.lock().unwrap();
-        match free.iter().position(|b| b.capacity() >= cap) {
-            Some(i) => free.swap_remove(i),
-            None => {
-                free.pop();
-                Vec::with_capacity(cap)
-            }
-        }
-    }
-
-    fn give(&self, mut buf: Vec<u8>) {
-        buf.clear();
-        let mut free = self.free.lock().unwrap();
-        if free.len() < POOLED {
-            free.push(buf);
-        }
-    }
-}
-
-/// A pooled buffer's bytes handed out as [`Bytes`]: back to the pool when
-/// the last reference goes.
-struct Pooled {
-    buf: Vec<u8>,
-    start: usize,
-    pool: std::sync::Arc<Pool>,
-}
-
-impl AsRef<[u8]> for Pooled {
-    fn as_ref(&self) -> &[u8] {
-        &self.buf[self.start..]
-    }
-}
-
-impl Drop for Pooled {
-    fn drop(&mut self) {
-        self.pool.give(std::mem::take(&mut self.buf));
-    }
-}
+/// Fetch buffers kept for the next fetches (see [`Pool`]): the fetches in
+/// flight (the cache asks for two containers ahead) and one being let go.
+const FETCHES_KEPT: usize = 3;
 
 /// A body collected into one buffer whose first byte lies on a
 /// [`FETCH_ALIGN`] boundary (the room before it is never part of the
@@ -395,12 +340,8 @@ impl Aligned {
     /// the pool either way).
     fn finish(self, len: usize) -> Option<Bytes> {
         let whole = self.buf.len() - self.start == len;
-        let owned = Pooled {
-            buf: self.buf,
-            start: self.start,
-            pool: self.pool,
-        };
-        whole.then(|| Bytes::from_owner(owned))
+        let bytes = Pool::bytes(&self.pool, self.buf, self.start);
+        whole.then_some(bytes)
     }
 }
 
@@ -410,7 +351,7 @@ mod tests {
 
     #[test]
     fn a_collected_body_starts_aligned_and_is_exactly_its_length() {
-        let pool = std::sync::Arc::new(Pool::default());
+        let pool = Pool::keeping(FETCHES_KEPT);
         for len in [0, 1, 4095, 4096, 100_000] {
             let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
             let mut a = Aligned::new(len, &pool);
@@ -429,10 +370,10 @@ mod tests {
     }
 
     /// A fetched body's buffer serves the next fetch once every reference
-    /// to the body is gone, not before; the pool keeps at most POOLED.
+    /// to the body is gone, not before; the pool keeps at most FETCHES_KEPT.
     #[test]
     fn a_fetch_buffer_is_reused_once_let_go() {
-        let pool = std::sync::Arc::new(Pool::default());
+        let pool = Pool::keeping(FETCHES_KEPT);
         let fetch = |len: usize| {
             let mut a = Aligned::new(len, &pool);
             assert!(a.push(&vec![7; len], len));
@@ -446,10 +387,10 @@ mod tests {
         let at = kept.as_ptr();
         drop(kept);
         assert_eq!(fetch(100_000).as_ptr(), at, "a buffer let go");
-        let many: Vec<Bytes> = (0..POOLED + 2).map(|_| fetch(10)).collect();
+        let many: Vec<Bytes> = (0..FETCHES_KEPT + 2).map(|_| fetch(10)).collect();
         drop(many);
         drop(second);
-        assert_eq!(pool.free.lock().unwrap().len(), POOLED);
+        assert_eq!(pool.kept(), FETCHES_KEPT);
     }
 
     #[test]

@@ -497,6 +497,31 @@ fn sync_dir(dir: &Path) -> Result<()> {
         .map_err(StoreError::io(dir))
 }
 
+impl LocalDir {
+    /// Appends `len` bytes of container `id` at `offset` to `buf`, read
+    /// into its spare room (not zeroed first; a caller that reuses `buf`
+    /// saves the fresh pages too). A read into a roomier buffer may take
+    /// more; what lies past `len` is cut off.
+    pub fn read_append(&self, id: u64, offset: u64, len: usize, buf: &mut Vec<u8>) -> Result<()> {
+        let f = self.file(id)?;
+        let start = buf.len();
+        buf.reserve(len);
+        while buf.len() < start + len {
+            let at = offset + (buf.len() - start) as u64;
+            match rustix::io::pread(&*f, rustix::buffer::spare_capacity(&mut *buf), at) {
+                Ok(0) => {
+                    return Err(damaged(id, offset, "container shorter than the record"));
+                }
+                Ok(_) => {}
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(StoreError::io(self.path(id))(e.into())),
+            }
+        }
+        buf.truncate(start + len);
+        Ok(())
+    }
+}
+
 impl ContainerStore for LocalDir {
     fn create(&self, id: u64) -> Result<()> {
         let path = self.path(id);
@@ -529,19 +554,8 @@ impl ContainerStore for LocalDir {
     /// Reads into a buffer that is not zeroed first (reads of up to 8 MiB
     /// are the read path's main cost besides the copies).
     fn read(&self, id: u64, offset: u64, len: usize) -> Result<Vec<u8>> {
-        let f = self.file(id)?;
         let mut buf = Vec::with_capacity(len);
-        while buf.len() < len {
-            let at = offset + buf.len() as u64;
-            match rustix::io::pread(&*f, rustix::buffer::spare_capacity(&mut buf), at) {
-                Ok(0) => {
-                    return Err(damaged(id, offset, "container shorter than the record"));
-                }
-                Ok(_) => {}
-                Err(rustix::io::Errno::INTR) => {}
-                Err(e) => return Err(StoreError::io(self.path(id))(e.into())),
-            }
-        }
+        self.read_append(id, offset, len, &mut buf)?;
         Ok(buf)
     }
 
@@ -892,6 +906,14 @@ mod tests {
         assert_eq!(store.read(5, CONTAINER_HEADER, 5).unwrap(), b"hello");
         assert_eq!(store.len(5).unwrap(), Some(CONTAINER_HEADER + 5));
         assert!(store.read(5, CONTAINER_HEADER, 6).is_err());
+        // Into a roomier buffer that holds bytes already: exactly the
+        // bytes asked for are appended, however much the read took.
+        let mut buf = Vec::with_capacity(4096);
+        buf.extend_from_slice(b">>");
+        store
+            .read_append(5, CONTAINER_HEADER + 1, 3, &mut buf)
+            .unwrap();
+        assert_eq!(buf, b">>ell");
         assert_eq!(store.list().unwrap(), vec![5]);
         store.delete(5).unwrap();
         assert_eq!(store.list().unwrap(), Vec::<u64>::new());

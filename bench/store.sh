@@ -59,6 +59,9 @@ mount_store() {
     $O store init "$work/s" ${STORE_INIT_ARGS:-} "$@" >/dev/null
     $O mount "$work/s" "$work/mnt" ${STORE_MOUNT_OPTS:+-o "$STORE_MOUNT_OPTS"}
 }
+# The null filesystem over io_uring on $work/null, in the background
+# ($! is its pid), the same way in every section.
+null_uring() { $NU "$work/null" 2 32 & }
 umount_store() { fusermount3 -u "$work/mnt"; while pgrep -f "mount $work/s" >/dev/null; do sleep 0.2; done; }
 # The store's mount process; a process's CPU seconds (utime + stime).
 store_pid() { pgrep -f "mount $work/s "; }
@@ -72,7 +75,7 @@ echo "## fio sequential 1 MiB, $SIZE, incompressible (MB/s)"
 fio_seq "$work/native" write "$work/n1.json"; drop
 fio --name=s --filename="$work/native/f" --size="$SIZE" --rw=read --bs=1M --ioengine=psync --output-format=json > "$work/nr.json"
 for t in dev uring; do
-    case $t in dev) $N "$work/null" & ;; uring) $NU "$work/null" 2 32 & ;; esac
+    case $t in dev) $N "$work/null" & ;; uring) null_uring ;; esac
     sleep 1
     fio_seq "$work/null" write "$work/null1-$t.json"
     drop; fio --name=s --filename="$work/null/f" --size="$SIZE" --rw=read --bs=1M --ioengine=psync --output-format=json > "$work/nullr-$t.json"
@@ -123,7 +126,7 @@ copies() { # TREE
             case $c in
                 native) dst=$work/native/t ;;
                 null) $N "$work/null" 1 & pid=$!; sleep 1; dst=$work/null/t ;;
-                null-uring) $NU "$work/null" 2 32 & pid=$!; sleep 1; dst=$work/null/t ;;
+                null-uring) null_uring; pid=$!; sleep 1; dst=$work/null/t ;;
                 store) STORE_MOUNT_OPTS=transport=dev mount_store; pid=$(store_pid); dst=$work/mnt/t ;;
                 store-uring) STORE_MOUNT_OPTS=transport=uring mount_store; pid=$(store_pid); dst=$work/mnt/t ;;
             esac
@@ -209,7 +212,7 @@ for r in $(seq 1 "${ROUNDS:-1}"); do
         pid= cpu=0 dst=$work/mnt/t
         case $c in
             restic) restic init -q -r "$work/restic" ;;
-            null-*) $NU "$work/null" 2 32 & sleep 1; dst=$work/null/t ;;
+            null-*) null_uring; sleep 1; dst=$work/null/t ;;
             *-dev) STORE_MOUNT_OPTS=transport=dev mount_store; pid=$(store_pid) ;;
             *-uring) STORE_MOUNT_OPTS=transport=uring mount_store; pid=$(store_pid) ;;
         esac

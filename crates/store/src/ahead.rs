@@ -13,6 +13,7 @@
 //! program's own read meets and reports them); it decodes at most
 //! [`AHEAD_BYTES`] per window, well inside the cache's bound.
 
+use std::collections::HashMap;
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -20,7 +21,7 @@ use rusqlite::params;
 
 use crate::data::{adjacent_run, planned, Planned};
 use crate::error::Result;
-use crate::snap::split_view;
+use crate::snap::{split_view, view_ino};
 use crate::store::Store;
 use crate::view::view_extents_sql;
 
@@ -35,12 +36,27 @@ const FILE_BYTES: u64 = 256 << 10;
 /// Bytes decoded ahead per window at most.
 pub(crate) const AHEAD_BYTES: u64 = 8 << 20;
 
+/// Plans kept at most: those of the window being read and the next.
+const PLANS_KEPT: usize = 4 * WINDOW as usize;
+
 /// Where the walk is, shared by the reading threads and the one that
 /// reads ahead.
 #[derive(Default)]
 pub(crate) struct Ahead {
     st: Mutex<State>,
     cv: Condvar,
+    plans: Mutex<Plans>,
+}
+
+/// The plans of snapshot files' first [`FILE_BYTES`] that a window
+/// located, so that their `READ`s need no statement. Invariant: a plan
+/// equals what [`crate::view`]'s plan statement returns while the read
+/// cache's generation is `gen`: a snapshot's extents never change, and
+/// a chunk moves or goes only with a new generation.
+#[derive(Default)]
+struct Plans {
+    gen: u64,
+    by_ino: HashMap<u64, Vec<Planned>>,
 }
 
 #[derive(Default)]
@@ -85,6 +101,35 @@ impl Ahead {
             .wait_timeout_while(s, timeout, |s| s.want.is_none())
             .unwrap_or_else(|e| e.into_inner());
         s.want.take()
+    }
+
+    /// Keeps the plans of a window located at generation `gen` (by
+    /// snapshot inode number, each in offset order), dropping older ones
+    /// when over [`PLANS_KEPT`] or of another generation.
+    fn keep_plans(&self, gen: u64, plans: HashMap<u64, Vec<Planned>>) {
+        let mut p = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+        if p.gen != gen || p.by_ino.len() + plans.len() > PLANS_KEPT {
+            p.by_ino.clear();
+            p.gen = gen;
+        }
+        p.by_ino.extend(plans);
+    }
+
+    /// The kept plan of snapshot inode `ino`'s extents that start in
+    /// `from..end`, if one was located at generation `gen` and covers
+    /// them (`end` within [`FILE_BYTES`]).
+    pub(crate) fn plan(&self, ino: u64, gen: u64, from: u64, end: u64) -> Option<Vec<Planned>> {
+        let p = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+        if p.gen != gen || end > FILE_BYTES {
+            return None;
+        }
+        let rows = p.by_ino.get(&ino)?;
+        Some(
+            rows.iter()
+                .filter(|r| r.0 >= from && r.0 < end)
+                .copied()
+                .collect(),
+        )
     }
 }
 
@@ -142,8 +187,12 @@ impl Store {
                 let sql =
                     crate::view::once!(view_extents_sql("ino > ?1 AND ino <= ?3 AND off < ?4"));
                 let mut st = g.db.prepare_cached(sql)?;
-                let rows = st.query_map(params![a, epoch, u, FILE_BYTES], planned)?;
-                rows.collect::<rusqlite::Result<_>>()?
+                let rows = st.query_map(params![a, epoch, u, FILE_BYTES], |r| {
+                    Ok((r.get::<_, u64>(6)?, planned(r)?))
+                })?;
+                let rows = rows.collect::<rusqlite::Result<Vec<_>>>()?;
+                self.ahead.keep_plans(gen, by_inode(id, &rows));
+                rows.into_iter().map(|(_, p)| p).collect()
             }
             _ => Vec::new(),
         };
@@ -165,9 +214,23 @@ impl Store {
     }
 }
 
+/// A window's rows (snapshot `id`'s inode numbers) as plans by
+/// snapshot inode number, each in offset order.
+fn by_inode(id: u64, rows: &[(u64, Planned)]) -> HashMap<u64, Vec<Planned>> {
+    let mut plans: HashMap<u64, Vec<Planned>> = HashMap::new();
+    for &(ino, p) in rows {
+        plans.entry(view_ino(id, ino)).or_default().push(p);
+    }
+    for rows in plans.values_mut() {
+        rows.sort_by_key(|p| p.0);
+    }
+    plans
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::meta::ChunkLoc;
 
     #[test]
     fn a_walk_wants_the_next_window_when_half_of_it_is_read() {
@@ -191,5 +254,57 @@ mod tests {
         a.started(5);
         a.started(5);
         assert_eq!(a.wanted(Duration::ZERO), None, "backwards is no walk");
+    }
+
+    #[test]
+    fn a_kept_plan_serves_only_its_generation_and_first_bytes() {
+        let a = Ahead::default();
+        let loc = |offset| ChunkLoc {
+            container: 1,
+            offset,
+            stored_len: 10,
+            raw_len: 4096,
+        };
+        let rows = [
+            (7, (4096, 4096, loc(20))),
+            (7, (0, 4096, loc(0))),
+            (8, (0, 9, loc(40))),
+        ];
+        a.keep_plans(3, by_inode(2, &rows));
+        let f = view_ino(2, 7);
+        assert_eq!(
+            a.plan(f, 3, 0, 8192),
+            Some(vec![(0, 4096, loc(0)), (4096, 4096, loc(20))])
+        );
+        assert_eq!(a.plan(f, 3, 4096, 5000), Some(vec![(4096, 4096, loc(20))]));
+        assert_eq!(
+            a.plan(f, 3, 8192, FILE_BYTES),
+            Some(vec![]),
+            "past its extents"
+        );
+        assert_eq!(a.plan(f, 4, 0, 8192), None, "another generation");
+        assert_eq!(
+            a.plan(f, 3, 0, FILE_BYTES + 1),
+            None,
+            "past the first bytes"
+        );
+        assert_eq!(a.plan(view_ino(2, 9), 3, 0, 10), None, "not located");
+        a.keep_plans(4, HashMap::new());
+        assert_eq!(
+            a.plan(view_ino(2, 8), 4, 0, 10),
+            None,
+            "dropped with its generation"
+        );
+        let many: Vec<_> = (0..PLANS_KEPT as u64 + 1)
+            .map(|i| (i, (0, 1, loc(0))))
+            .collect();
+        a.keep_plans(4, by_inode(2, &many[..1]));
+        a.keep_plans(4, by_inode(2, &many[1..]));
+        assert_eq!(
+            a.plan(view_ino(2, 0), 4, 0, 1),
+            None,
+            "dropped when over the bound"
+        );
+        assert!(a.plan(view_ino(2, 1), 4, 0, 1).is_some());
     }
 }

@@ -16,8 +16,9 @@
 //! Debug builds check every hit against the row.
 //!
 //! Snapshots' rows are kept here too, by view inode number (`snap.rs`:
-//! above 2^48, never a live row's), with the kept snapshots' epochs and
-//! their files' extended attribute names: a snapshot never changes, so
+//! above 2^48, never a live row's), with the kept snapshots' epochs,
+//! whether each holds any extended attribute, and their files' extended
+//! attribute names: a snapshot never changes, so
 //! these entries go only when the `snapshots` table changes (a snapshot
 //! made or deleted), on a rollback, and with a new connection. Reading
 //! a file out of a snapshot asked SQLite for its snapshot, its row and
@@ -45,6 +46,8 @@ struct Rows {
     epochs: HashMap<u64, u64>,
     /// Extended attribute names by view inode number, in name order.
     xattr_names: HashMap<u64, Vec<Vec<u8>>>,
+    /// Whether a kept snapshot holds any extended attribute, by id.
+    xattrs_any: HashMap<u64, bool>,
 }
 
 impl Rows {
@@ -52,6 +55,7 @@ impl Rows {
         self.attrs.clear();
         self.epochs.clear();
         self.xattr_names.clear();
+        self.xattrs_any.clear();
     }
 
     /// Forgets everything of snapshots (their table changed).
@@ -59,6 +63,7 @@ impl Rows {
         self.attrs.retain(|&ino, _| !is_read_only(ino));
         self.epochs.clear();
         self.xattr_names.clear();
+        self.xattrs_any.clear();
     }
 }
 
@@ -124,6 +129,16 @@ impl AttrCache {
             m.xattr_names.clear();
         }
         m.xattr_names.insert(ino, names.to_vec());
+    }
+
+    /// Whether kept snapshot `id` holds any extended attribute, if known.
+    pub(crate) fn xattrs_any(&self, id: u64) -> Option<bool> {
+        self.map().xattrs_any.get(&id).copied()
+    }
+
+    /// Keeps whether snapshot `id` holds any extended attribute, just read.
+    pub(crate) fn put_xattrs_any(&self, id: u64, any: bool) {
+        self.map().xattrs_any.insert(id, any);
     }
 
     pub(crate) fn clear(&self) {

@@ -2160,6 +2160,12 @@ fn a_walk_is_read_ahead_and_reads_stay_the_same() {
                 .all(|l| s.cache.get(s.cache.generation(), l).is_some())
         };
         assert!((2..40).all(cached), "{view:?}: the files ahead are decoded");
+        let kept = |i: usize| s.ahead.plan(ino(i), s.cache.generation(), 0, 1).is_some();
+        assert_eq!(
+            (2..40).all(kept),
+            view.is_some(),
+            "{view:?}: a snapshot's plans are kept"
+        );
         for (i, d) in data.iter().enumerate() {
             assert_eq!(&read_all(&s, ino(i)), d, "{view:?}: file {i}");
         }
@@ -2221,6 +2227,12 @@ fn a_snapshot_knows_whether_it_holds_xattrs() {
         (false, true, false)
     );
     assert!(s.view_has_xattrs(1).unwrap(), "the live tree: not known");
+    // A file's names, once it is known whether its snapshot holds any.
+    let names = |id| s.listxattr(view_ino(id, f)).unwrap();
+    assert!(names(bare.id).is_empty() && names(after.id).is_empty());
+    assert_eq!(names(with.id), [b"user.k".to_vec()]);
+    assert!(s.getxattr(view_ino(after.id, f), b"user.k").is_err());
+    assert_eq!(s.getxattr(view_ino(with.id, f), b"user.k").unwrap(), b"v");
     s.snapshot_delete("bare").unwrap();
     assert!(s.view_has_xattrs(view_ino(bare.id, 1)).is_err());
 }

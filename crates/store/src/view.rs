@@ -112,6 +112,9 @@ fn view_xattr_names(g: &Inner, s: At, ino: u64) -> Result<Vec<Vec<u8>>> {
     if let Some(names) = g.attrs.xattr_names(key) {
         return Ok(names);
     }
+    if !view_any_xattrs(g, s)? {
+        return Ok(Vec::new());
+    }
     let sql = once!(format!(
         "{} ORDER BY 1",
         visible("xattrs", "name", "ino = ?1", 2)
@@ -121,6 +124,24 @@ fn view_xattr_names(g: &Inner, s: At, ino: u64) -> Result<Vec<Vec<u8>>> {
     let names: Vec<Vec<u8>> = rows.collect::<rusqlite::Result<_>>()?;
     g.attrs.put_xattr_names(key, &names);
     Ok(names)
+}
+
+/// Whether snapshot `s` holds any extended attribute (kept in
+/// `g.attrs`): most trees hold none, and then a file's names need no
+/// statement.
+fn view_any_xattrs(g: &Inner, s: At) -> Result<bool> {
+    if let Some(any) = g.attrs.xattrs_any(s.id) {
+        return Ok(any);
+    }
+    let sql = once!(format!(
+        "SELECT EXISTS ({})",
+        visible("xattrs", "1", "1", 1)
+    ));
+    let any =
+        g.db.prepare_cached(sql)?
+            .query_row([s.epoch], |r| r.get(0))?;
+    g.attrs.put_xattrs_any(s.id, any);
+    Ok(any)
 }
 
 fn view_parent(db: &Connection, s: At, dir: u64) -> Result<u64> {
@@ -226,14 +247,7 @@ impl Store {
         let Node::View(s, _) = self.node(&g, ino)? else {
             return Ok(true);
         };
-        let sql = once!(format!(
-            "SELECT EXISTS ({})",
-            visible("xattrs", "1", "1", 1)
-        ));
-        let any =
-            g.db.prepare_cached(sql)?
-                .query_row([s.epoch], |r| r.get(0))?;
-        Ok(any)
+        view_any_xattrs(&g, s)
     }
 
     /// [`Store::getattr`] of a read-only inode.
@@ -359,6 +373,7 @@ impl Store {
 
     /// Reads a file of a snapshot (as [`Store::read`]).
     pub(crate) fn view_read(&self, ino: u64, off: u64, len: usize) -> Result<Vec<u8>> {
+        let full = ino;
         let (start, end, plan, gen) = {
             let g = self.lock();
             let Node::View(s, ino) = self.node(&g, ino)? else {
@@ -373,8 +388,19 @@ impl Store {
                 return Ok(Vec::new());
             }
             let from = off.saturating_sub(self.cfg.chunking.max_chunk() as u64);
-            let plan = view_plan(&g.db, s, ino, from, end)?;
-            (off, end, plan, self.cache.generation())
+            let gen = self.cache.generation();
+            let plan = match self.ahead.plan(full, gen, from, end) {
+                Some(kept) => {
+                    debug_assert_eq!(
+                        view_plan(&g.db, s, ino, from, end).ok(),
+                        Some(kept.clone()),
+                        "kept view plan"
+                    );
+                    kept
+                }
+                None => view_plan(&g.db, s, ino, from, end)?,
+            };
+            (off, end, plan, gen)
         };
         let plan: Vec<_> = plan.into_iter().filter(|p| p.0 + p.1 > start).collect();
         let mut buf = vec![0u8; (end - start) as usize];
@@ -449,11 +475,11 @@ fn view_plan(
 }
 
 /// The extents a snapshot (epoch `?2`) sees with `cond`, with their
-/// chunks' locations, as rows [`crate::data::planned`] reads.
+/// chunks' locations, as rows [`crate::data::planned`] reads, then the inode.
 pub(crate) fn view_extents_sql(cond: &str) -> String {
     format!(
-        "SELECT e.off, e.len, c.container, c.offset, c.stored_len, c.raw_len FROM ({}) e
+        "SELECT e.off, e.len, c.container, c.offset, c.stored_len, c.raw_len, e.ino FROM ({}) e
          JOIN chunks c ON c.id = e.chunk",
-        visible("extents", "off, len, chunk", cond, 2)
+        visible("extents", "ino, off, len, chunk", cond, 2)
     )
 }

@@ -7,7 +7,8 @@
 # /proc/PID/stat before and after. The wall is under the tracer: not a
 # speed figure (bench/store.sh gives those). TREE=DIR copies that tree
 # instead (FILES is then its file count); LATENCY=1 also records
-# `fuse:fuse_request_end` and gives each opcode's mean and summed latency
+# `fuse:fuse_request_end` and gives each opcode's mean, median, 90th
+# percentile and summed latency
 # (bench/fuse_requests.py); INIT_ARGS are passed to `store init` (e.g.
 # "--chunking cdc:16K/64K/256K"). Only the mount's own connection counts.
 # Usage (as root): bench/store-requests.sh   FILES=100000 PROGS='cp rsync tar' MOUNT_OPTS= ONECOPY=path TREE= LATENCY= INIT_ARGS=

@@ -36,9 +36,6 @@ const FILE_BYTES: u64 = 256 << 10;
 /// Bytes decoded ahead per window at most.
 pub(crate) const AHEAD_BYTES: u64 = 8 << 20;
 
-/// Plans kept at most: those of the window being read and the next.
-const PLANS_KEPT: usize = 4 * WINDOW as usize;
-
 /// Where the walk is, shared by the reading threads and the one that
 /// reads ahead.
 #[derive(Default)]
@@ -48,15 +45,17 @@ pub(crate) struct Ahead {
     plans: Mutex<Plans>,
 }
 
-/// The plans of snapshot files' first [`FILE_BYTES`] that a window
-/// located, so that their `READ`s need no statement. Invariant: a plan
-/// equals what [`crate::view`]'s plan statement returns while the read
-/// cache's generation is `gen`: a snapshot's extents never change, and
-/// a chunk moves or goes only with a new generation.
+/// The plans of snapshot files' first [`FILE_BYTES`] that the last two
+/// windows located (the one being read and the next), so that their
+/// `READ`s need no statement. Invariant: a plan equals what
+/// [`crate::view`]'s plan statement returns while the read cache's
+/// generation is `gen`: a snapshot's extents never change, and a chunk
+/// moves or goes only with a new generation.
 #[derive(Default)]
 struct Plans {
     gen: u64,
-    by_ino: HashMap<u64, Vec<Planned>>,
+    last: HashMap<u64, Vec<Planned>>,
+    before: HashMap<u64, Vec<Planned>>,
 }
 
 #[derive(Default)]
@@ -104,15 +103,13 @@ impl Ahead {
     }
 
     /// Keeps the plans of a window located at generation `gen` (by
-    /// snapshot inode number, each in offset order), dropping older ones
-    /// when over [`PLANS_KEPT`] or of another generation.
+    /// snapshot inode number, each in offset order) and the window's
+    /// before it, if of the same generation; older ones go.
     fn keep_plans(&self, gen: u64, plans: HashMap<u64, Vec<Planned>>) {
         let mut p = self.plans.lock().unwrap_or_else(|e| e.into_inner());
-        if p.gen != gen || p.by_ino.len() + plans.len() > PLANS_KEPT {
-            p.by_ino.clear();
-            p.gen = gen;
-        }
-        p.by_ino.extend(plans);
+        let last = std::mem::replace(&mut p.last, plans);
+        p.before = if p.gen == gen { last } else { HashMap::new() };
+        p.gen = gen;
     }
 
     /// The kept plan of snapshot inode `ino`'s extents that start in
@@ -123,7 +120,7 @@ impl Ahead {
         if p.gen != gen || end > FILE_BYTES {
             return None;
         }
-        let rows = p.by_ino.get(&ino)?;
+        let rows = p.last.get(&ino).or_else(|| p.before.get(&ino))?;
         Some(
             rows.iter()
                 .filter(|r| r.0 >= from && r.0 < end)
@@ -295,16 +292,20 @@ mod tests {
             None,
             "dropped with its generation"
         );
-        let many: Vec<_> = (0..PLANS_KEPT as u64 + 1)
-            .map(|i| (i, (0, 1, loc(0))))
-            .collect();
-        a.keep_plans(4, by_inode(2, &many[..1]));
-        a.keep_plans(4, by_inode(2, &many[1..]));
-        assert_eq!(
-            a.plan(view_ino(2, 0), 4, 0, 1),
-            None,
-            "dropped when over the bound"
+        let window = |i: u64| by_inode(2, &[(i, (0, 1, loc(0)))]);
+        a.keep_plans(4, window(10));
+        a.keep_plans(4, window(11));
+        assert!(
+            a.plan(view_ino(2, 10), 4, 0, 1).is_some(),
+            "the window before"
         );
-        assert!(a.plan(view_ino(2, 1), 4, 0, 1).is_some());
+        a.keep_plans(4, window(12));
+        assert_eq!(
+            a.plan(view_ino(2, 10), 4, 0, 1),
+            None,
+            "dropped two windows on"
+        );
+        assert!(a.plan(view_ino(2, 11), 4, 0, 1).is_some());
+        assert!(a.plan(view_ino(2, 12), 4, 0, 1).is_some());
     }
 }

@@ -1,6 +1,8 @@
 //! A null filesystem on fractal-fuse (FUSE over io_uring), made to match
 //! onecopy's fuser `NullFs` (crates/fuse/src/null.rs): names and
-//! attributes in memory, written data discarded, reads return zeros,
+//! attributes in memory, written data discarded, reads return zeros
+//! (files report the blocks of their size, so `cp` copies them whole,
+//! not as holes),
 //! xattrs accepted and forgotten (`getxattr` answers ENODATA), `FLUSH`
 //! left at ENOSYS, writeback cache, 1 s TTLs. It exists to measure the
 //! transport (bench/notes/store-transport.md, "fractal-fuse ... measured"), nothing else.
@@ -192,6 +194,7 @@ impl Filesystem for NullFs {
         a.uid = s.uid.unwrap_or(a.uid);
         a.gid = s.gid.unwrap_or(a.gid);
         a.size = s.size.unwrap_or(a.size);
+        a.blocks = a.size.div_ceil(512);
         a.atime = s.atime.map_or(a.atime, at);
         a.mtime = s.mtime.map_or(a.mtime, at);
         a.ctime = s.ctime.unwrap_or_else(now);
@@ -269,6 +272,7 @@ impl Filesystem for NullFs {
             && let Some(n) = self.tree().nodes.get_mut(&inode.0)
         {
             n.attr.size = 0;
+            n.attr.blocks = 0;
         }
         Ok(ReplyOpen { fh: FileHandleId(0), flags: 0, backing_id: 0 })
     }
@@ -295,6 +299,7 @@ impl Filesystem for NullFs {
     ) -> FsResult<usize> {
         if let Some(n) = self.tree().nodes.get_mut(&inode.0) {
             n.attr.size = n.attr.size.max(offset + data.len() as u64);
+            n.attr.blocks = n.attr.size.div_ceil(512);
         }
         Ok(data.len())
     }

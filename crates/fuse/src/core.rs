@@ -322,6 +322,13 @@ impl Core {
         r.map_err(errno)
     }
 
+    /// [`Core::read`] into the transport's reply buffer.
+    pub fn read_into(&self, ino: u64, offset: u64, buf: &mut [u8]) -> Ret<usize> {
+        self.live()?;
+        let r = self.store.read_into(self.ino(ino), offset, buf);
+        r.map_err(errno)
+    }
+
     /// Whether a write now would wait for the store's uploads (a request
     /// thread should not: see `dev.rs`'s `Deferred`).
     pub fn write_would_wait(&self) -> bool {

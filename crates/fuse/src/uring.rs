@@ -294,10 +294,7 @@ impl Filesystem for UringFs {
         offset: u64,
         buf: &mut [u8],
     ) -> FsResult<usize> {
-        let d = self.0.read(inode.0, offset, buf.len() as u32)?;
-        let n = d.len().min(buf.len());
-        buf[..n].copy_from_slice(&d[..n]);
-        Ok(n)
+        self.0.read_into(inode.0, offset, buf)
     }
 
     async fn write(

@@ -2168,6 +2168,9 @@ fn a_walk_is_read_ahead_and_reads_stay_the_same() {
         );
         for (i, d) in data.iter().enumerate() {
             assert_eq!(&read_all(&s, ino(i)), d, "{view:?}: file {i}");
+            let mut buf = vec![0xa5; d.len() + 7];
+            let n = s.read_into(ino(i), 1, &mut buf).unwrap();
+            assert_eq!(&buf[..n], &d[1..], "{view:?}: file {i} into a buffer");
         }
     }
 }

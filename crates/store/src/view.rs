@@ -11,6 +11,7 @@
 
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
+use crate::data::ReadBuf;
 use crate::error::{Result, StoreError};
 use crate::ns::{self, name_cookie, Attr, DirEntry, Kind};
 use crate::snap::{self, split_view, view_ino};
@@ -372,7 +373,13 @@ impl Store {
     }
 
     /// Reads a file of a snapshot (as [`Store::read`]).
-    pub(crate) fn view_read(&self, ino: u64, off: u64, len: usize) -> Result<Vec<u8>> {
+    pub(crate) fn view_read(
+        &self,
+        ino: u64,
+        off: u64,
+        len: usize,
+        out: &mut impl ReadBuf,
+    ) -> Result<usize> {
         let full = ino;
         let (start, end, plan, gen) = {
             let g = self.lock();
@@ -385,7 +392,7 @@ impl Store {
             }
             let end = off.saturating_add(len as u64).min(a.size);
             if off >= end {
-                return Ok(Vec::new());
+                return Ok(0);
             }
             let from = off.saturating_sub(self.cfg.chunking.max_chunk() as u64);
             let gen = self.cache.generation();
@@ -403,9 +410,9 @@ impl Store {
             (off, end, plan, gen)
         };
         let plan: Vec<_> = plan.into_iter().filter(|p| p.0 + p.1 > start).collect();
-        let mut buf = vec![0u8; (end - start) as usize];
-        self.fill(&mut buf, start, &plan, gen)?;
-        Ok(buf)
+        let buf = out.zeroed((end - start) as usize);
+        self.fill(buf, start, &plan, gen)?;
+        Ok(buf.len())
     }
 }
 

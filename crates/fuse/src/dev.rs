@@ -158,6 +158,40 @@ fn data(reply: ReplyData, r: Ret<Vec<u8>>) {
     }
 }
 
+/// Fills a listing reply from batches of up to `n` entries read after a
+/// cookie, until `add` says the reply is full (it returns that and the
+/// entry's cookie) or the directory ends. The kernel asks for up to 128
+/// KiB at once here; one batch of 128 left the rest of a large directory
+/// to plain `READDIR`s, after which each entry cost a `LOOKUP`. An error
+/// after some entries ends the reply with them (the kernel's next
+/// request meets it again).
+fn fill_listing<T>(
+    mut after: u64,
+    n: usize,
+    batch: impl Fn(u64) -> Ret<Vec<T>>,
+    mut add: impl FnMut(T) -> (bool, u64),
+) -> Ret<()> {
+    let mut added = false;
+    loop {
+        let entries = match batch(after) {
+            Ok(e) => e,
+            Err(_) if added => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let more = entries.len() == n;
+        for e in entries {
+            let (full, next) = add(e);
+            if full {
+                return Ok(());
+            }
+            (after, added) = (next, true);
+        }
+        if !more {
+            return Ok(());
+        }
+    }
+}
+
 fn written(reply: ReplyWrite, r: Ret<u64>) {
     match r {
         Ok(n) => reply.written(n.min(u32::MAX as u64) as u32),
@@ -456,17 +490,14 @@ impl Filesystem for StoreFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        match self.0.readdir(ino.0, offset, 256) {
-            Ok(entries) => {
-                for e in entries {
-                    let name = OsStr::from_bytes(&e.name);
-                    let (ino, kind) = (INodeNo(e.ino), file_type(e.kind));
-                    if reply.add(ino, e.next as u64, kind, name) {
-                        break;
-                    }
-                }
-                reply.ok()
-            }
+        let batch = |after| self.0.readdir(ino.0, after, 256);
+        let r = fill_listing(offset, 256, batch, |e| {
+            let name = OsStr::from_bytes(&e.name);
+            let (ino, kind) = (INodeNo(e.ino), file_type(e.kind));
+            (reply.add(ino, e.next as u64, kind, name), e.next as u64)
+        });
+        match r {
+            Ok(()) => reply.ok(),
             Err(e) => reply.error(Errno::from_i32(e)),
         }
     }
@@ -479,18 +510,15 @@ impl Filesystem for StoreFs {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        match self.0.readdirplus(ino.0, offset, 128) {
-            Ok(entries) => {
-                for (e, a) in entries {
-                    let name = OsStr::from_bytes(&e.name);
-                    let (next, attr) = (e.next as u64, fattr(&a));
-                    let ino = INodeNo(e.ino);
-                    if reply.add(ino, next, name, &TTL, &attr, Generation(0)) {
-                        break;
-                    }
-                }
-                reply.ok()
-            }
+        let batch = |after| self.0.readdirplus(ino.0, after, 128);
+        let r = fill_listing(offset, 128, batch, |(e, a)| {
+            let name = OsStr::from_bytes(&e.name);
+            let (next, attr) = (e.next as u64, fattr(&a));
+            let full = reply.add(INodeNo(e.ino), next, name, &TTL, &attr, Generation(0));
+            (full, next)
+        });
+        match r {
+            Ok(()) => reply.ok(),
             Err(e) => reply.error(Errno::from_i32(e)),
         }
     }
@@ -583,4 +611,73 @@ impl Filesystem for StoreFs {
 /// calls are implemented), so no lock owner needs the call either.
 pub(crate) fn flush_reply(reply: ReplyEmpty) {
     reply.error(Errno::ENOSYS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fill_listing;
+
+    /// A directory of `len` entries with cookies 1..=len, read in batches
+    /// of `n` after a cookie, into a reply of `room` entries: what the
+    /// reply holds and how many batches were read.
+    fn listed(
+        len: u64,
+        n: usize,
+        room: usize,
+        from: u64,
+        fail_at: Option<u64>,
+    ) -> (Vec<u64>, usize, i32) {
+        let batches = std::cell::Cell::new(0);
+        let batch = |after: u64| {
+            batches.set(batches.get() + 1);
+            if fail_at.is_some_and(|f| after >= f) {
+                return Err(libc::EIO);
+            }
+            Ok((after + 1..=len).take(n).collect::<Vec<_>>())
+        };
+        let mut got = Vec::new();
+        let r = fill_listing(from, n, batch, |c| {
+            let full = got.len() == room;
+            if !full {
+                got.push(c);
+            }
+            (full, c)
+        });
+        (got, batches.get(), r.err().unwrap_or(0))
+    }
+
+    #[test]
+    fn a_listing_fills_its_reply_across_batches() {
+        let all = |a: u64, b: u64| (a..=b).collect::<Vec<_>>();
+        assert_eq!(
+            listed(300, 128, 1000, 0, None),
+            (all(1, 300), 3, 0),
+            "to the end"
+        );
+        assert_eq!(
+            listed(256, 128, 1000, 0, None),
+            (all(1, 256), 3, 0),
+            "an empty last batch"
+        );
+        assert_eq!(
+            listed(300, 128, 200, 0, None),
+            (all(1, 200), 2, 0),
+            "until full"
+        );
+        assert_eq!(
+            listed(300, 128, 200, 250, None),
+            (all(251, 300), 1, 0),
+            "after a cookie"
+        );
+        assert_eq!(
+            listed(300, 128, 1000, 0, Some(128)),
+            (all(1, 128), 2, 0),
+            "an error after entries ends the reply"
+        );
+        assert_eq!(
+            listed(300, 128, 1000, 0, Some(0)),
+            (vec![], 1, libc::EIO),
+            "an error first is the reply"
+        );
+    }
 }

@@ -90,6 +90,20 @@ fn fattr(a: &Attr) -> FileAttr {
     }
 }
 
+/// The smallest `fuse_dirent` (24 bytes and a one-byte name, 8-aligned)
+/// and `fuse_direntplus` (a `fuse_entry_out` of 128 bytes more).
+const DIRENT_MIN: usize = 32;
+const DIRENTPLUS_MIN: usize = 160;
+
+/// How many entries of at least `min` bytes a listing of `size` bytes
+/// can hold: the most worth reading for it. This kernel asks for up to
+/// 128 KiB at once; a listing cut at a fixed 128 entries left the rest
+/// of a large directory to plain `READDIR`s, after which each of its
+/// entries cost a `LOOKUP`. At most 1,024, for the store's lock.
+fn fitting(size: u32, min: usize) -> usize {
+    (size as usize / min).clamp(1, 1024)
+}
+
 fn entry(r: Ret<Attr>) -> FsResult<ReplyEntry> {
     r.map(|a| ReplyEntry {
         ttl: TTL,
@@ -365,9 +379,9 @@ impl Filesystem for UringFs {
         inode: InodeId,
         _fh: FileHandleId,
         offset: u64,
-        _size: u32,
+        size: u32,
     ) -> FsResult<Vec<DirectoryEntry>> {
-        let entries = self.0.readdir(inode.0, offset, 256)?;
+        let entries = self.0.readdir(inode.0, offset, fitting(size, DIRENT_MIN))?;
         let entries = entries.into_iter().map(|e| DirectoryEntry {
             ino: e.ino,
             offset: e.next as u64,
@@ -383,9 +397,10 @@ impl Filesystem for UringFs {
         inode: InodeId,
         _fh: FileHandleId,
         offset: u64,
-        _size: u32,
+        size: u32,
     ) -> FsResult<Vec<DirectoryEntryPlus>> {
-        let entries = self.0.readdirplus(inode.0, offset, 128)?;
+        let max = fitting(size, DIRENTPLUS_MIN);
+        let entries = self.0.readdirplus(inode.0, offset, max)?;
         let entries = entries.into_iter().map(|(e, a)| DirectoryEntryPlus {
             ino: e.ino,
             offset: e.next as u64,

@@ -649,35 +649,32 @@ mod tests {
     #[test]
     fn a_listing_fills_its_reply_across_batches() {
         let all = |a: u64, b: u64| (a..=b).collect::<Vec<_>>();
-        assert_eq!(
-            listed(300, 128, 1000, 0, None),
-            (all(1, 300), 3, 0),
-            "to the end"
-        );
-        assert_eq!(
-            listed(256, 128, 1000, 0, None),
-            (all(1, 256), 3, 0),
-            "an empty last batch"
-        );
-        assert_eq!(
-            listed(300, 128, 200, 0, None),
-            (all(1, 200), 2, 0),
-            "until full"
-        );
-        assert_eq!(
-            listed(300, 128, 200, 250, None),
-            (all(251, 300), 1, 0),
-            "after a cookie"
-        );
-        assert_eq!(
-            listed(300, 128, 1000, 0, Some(128)),
-            (all(1, 128), 2, 0),
-            "an error after entries ends the reply"
-        );
-        assert_eq!(
-            listed(300, 128, 1000, 0, Some(0)),
-            (vec![], 1, libc::EIO),
-            "an error first is the reply"
-        );
+        let cases = [
+            ("to the end", (300, 1000, 0, None), (all(1, 300), 3, 0)),
+            (
+                "an empty last batch",
+                (256, 1000, 0, None),
+                (all(1, 256), 3, 0),
+            ),
+            ("until full", (300, 200, 0, None), (all(1, 200), 2, 0)),
+            (
+                "after a cookie",
+                (300, 200, 250, None),
+                (all(251, 300), 1, 0),
+            ),
+            (
+                "an error after entries",
+                (300, 1000, 0, Some(128)),
+                (all(1, 128), 2, 0),
+            ),
+            (
+                "an error first",
+                (300, 1000, 0, Some(0)),
+                (vec![], 1, libc::EIO),
+            ),
+        ];
+        for (what, (len, room, from, fail_at), want) in cases {
+            assert_eq!(listed(len, 128, room, from, fail_at), want, "{what}");
+        }
     }
 }

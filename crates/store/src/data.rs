@@ -747,7 +747,9 @@ impl Store {
     /// Reads up to `len` bytes at `off` (short at the end of the file).
     pub fn read(&self, ino: u64, off: u64, len: usize) -> Result<Vec<u8>> {
         let mut out = Vec::new();
-        self.read_to(ino, off, len, &mut out)?;
+        // A retried read may end shorter than the attempt before it.
+        let n = self.read_to(ino, off, len, &mut out)?;
+        out.truncate(n);
         Ok(out)
     }
 

@@ -159,7 +159,7 @@ fn data(reply: ReplyData, r: Ret<Vec<u8>>) {
 }
 
 /// Fills a listing reply from batches of up to `n` entries read after a
-/// cookie, until `add` says the reply is full (it returns that and the
+/// cookie (`batch(after, n)`), until `add` says the reply is full (it returns that and the
 /// entry's cookie) or the directory ends. The kernel asks for up to 128
 /// KiB at once here; one batch of 128 left the rest of a large directory
 /// to plain `READDIR`s, after which each entry cost a `LOOKUP`. An error
@@ -168,12 +168,12 @@ fn data(reply: ReplyData, r: Ret<Vec<u8>>) {
 fn fill_listing<T>(
     mut after: u64,
     n: usize,
-    batch: impl Fn(u64) -> Ret<Vec<T>>,
+    batch: impl Fn(u64, usize) -> Ret<Vec<T>>,
     mut add: impl FnMut(T) -> (bool, u64),
 ) -> Ret<()> {
     let mut added = false;
     loop {
-        let entries = match batch(after) {
+        let entries = match batch(after, n) {
             Ok(e) => e,
             Err(_) if added => return Ok(()),
             Err(e) => return Err(e),
@@ -490,7 +490,7 @@ impl Filesystem for StoreFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let batch = |after| self.0.readdir(ino.0, after, 256);
+        let batch = |after, n| self.0.readdir(ino.0, after, n);
         let r = fill_listing(offset, 256, batch, |e| {
             let name = OsStr::from_bytes(&e.name);
             let (ino, kind) = (INodeNo(e.ino), file_type(e.kind));
@@ -510,7 +510,7 @@ impl Filesystem for StoreFs {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let batch = |after| self.0.readdirplus(ino.0, after, 128);
+        let batch = |after, n| self.0.readdirplus(ino.0, after, n);
         let r = fill_listing(offset, 128, batch, |(e, a)| {
             let name = OsStr::from_bytes(&e.name);
             let (next, attr) = (e.next as u64, fattr(&a));
@@ -628,7 +628,7 @@ mod tests {
         fail_at: Option<u64>,
     ) -> (Vec<u64>, usize, i32) {
         let batches = std::cell::Cell::new(0);
-        let batch = |after: u64| {
+        let batch = |after: u64, n: usize| {
             batches.set(batches.get() + 1);
             if fail_at.is_some_and(|f| after >= f) {
                 return Err(libc::EIO);

@@ -761,7 +761,7 @@ impl Store {
     /// in the buffer before can reach the reader.
     pub fn read_into(&self, ino: u64, off: u64, buf: &mut [u8]) -> Result<usize> {
         let len = buf.len();
-        self.read_to(ino, off, len, &mut Taken::new(buf))
+        self.read_to(ino, off, len, &mut Taken(buf))
     }
 
     fn read_to(&self, ino: u64, off: u64, len: usize, out: &mut impl ReadBuf) -> Result<usize> {
@@ -1140,13 +1140,7 @@ impl ReadBuf for Vec<u8> {
 
 /// A caller's buffer: the bytes handed out are zeroed first, so a hole
 /// or a retried read never shows what the buffer held before.
-pub(crate) struct Taken<'a>(&'a mut [u8]);
-
-impl<'a> Taken<'a> {
-    pub(crate) fn new(buf: &'a mut [u8]) -> Self {
-        Taken(buf)
-    }
-}
+struct Taken<'a>(&'a mut [u8]);
 
 impl ReadBuf for Taken<'_> {
     fn zeroed(&mut self, n: usize) -> &mut [u8] {

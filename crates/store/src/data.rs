@@ -36,6 +36,14 @@ pub(crate) struct DirtyFile {
     pub flushing: bool,
 }
 
+impl DirtyFile {
+    /// The pages, shared, for a flush outside the lock (marked `flushing`).
+    fn snapshot(&mut self) -> Vec<Page> {
+        self.flushing = true;
+        self.pages.iter().map(|(&i, pg)| (i, pg.clone())).collect()
+    }
+}
+
 /// The first `len` bytes of a buffered page, zeros past its length.
 fn page_prefix(page: &[u8], len: usize) -> Cow<'_, [u8]> {
     if page.len() >= len {
@@ -75,6 +83,9 @@ const CDC_PAGE: u64 = 64 << 10;
 /// A buffer of one page at most this long is stored with the lock held
 /// throughout ([`Store::flush_file`]).
 pub(crate) const SMALL_FLUSH: usize = 16 << 10;
+/// Released files with at most this many buffered pages are flushed
+/// together ([`Store::settle_releases`]).
+const BATCH_PAGES: usize = 4;
 
 /// The file with the most buffered pages (none being flushed), when all
 /// buffers together reach [`DIRTY_TOTAL_LIMIT`]. One file alone is
@@ -124,6 +135,8 @@ pub(crate) fn adjacent_run(plan: &[Planned], i: usize, more: impl Fn(&Planned) -
 }
 /// A buffered page: file offset and bytes.
 type Page = (u64, Arc<Vec<u8>>);
+/// A file's buffer taken for a flush: file, size when taken, pages.
+type Snapshot = (u64, u64, Vec<Page>);
 
 /// Whether `b` is all zero bytes (a hole). Word-wise: a byte loop is
 /// several times slower in a debug build.
@@ -236,16 +249,22 @@ impl Store {
             return Ok(());
         }
         let r = self.flush_file(ino);
-        let mut g = self.lock();
+        self.closed(&mut self.lock(), ino)?;
+        r
+    }
+
+    /// A handle of `ino` is gone, its buffer flushed: a node with no name
+    /// and no open handle left is deleted.
+    fn closed(&self, g: &mut Inner, ino: u64) -> Result<()> {
         let n = g.open_count.entry(ino).or_default();
         *n = n.saturating_sub(1);
         if *n == 0 {
             g.open_count.remove(&ino);
             if g.attr(ino).is_ok() {
-                self.unlinked(&mut g, ino)?;
+                self.unlinked(g, ino)?;
             }
         }
-        r
+        Ok(())
     }
 
     /// A file handle is closed, and its release ([`Store::release_file`])
@@ -280,14 +299,86 @@ impl Store {
         !q.is_empty()
     }
 
-    /// Releases the files [`Store::release_later`] queued, in order.
+    /// Releases the files [`Store::release_later`] queued.
     /// Failures keep the file's buffer (stored by a later flush, reported
     /// by its `fsync`), as in [`Store::release_file`].
+    ///
+    /// With fixed chunking the small files among them are flushed together
+    /// ([`Store::flush_small_files`]): the lock is taken three times for
+    /// the lot, and their hashing and compression run outside it, where a
+    /// file at a time held it while its page was compressed, or took it
+    /// four times, against the requests of the program writing the next
+    /// files.
     pub fn settle_releases(&self) {
         let q = std::mem::take(&mut *self.released.lock().unwrap_or_else(|e| e.into_inner()));
-        for ino in q {
-            let _ = self.release_file(ino);
+        for ino in self.flush_small_files(&q) {
+            let _ = self.flush_file(ino);
         }
+        let mut g = self.lock();
+        for ino in q {
+            let _ = self.closed(&mut g, ino);
+        }
+    }
+
+    /// Flushes the buffers of at most [`BATCH_PAGES`] pages of `inos`
+    /// together (fixed chunking only); returns the files left to
+    /// [`Store::flush_file`] (larger buffers, hashed and compressed on
+    /// every core, or any error reading a file's row). A failure keeps the
+    /// file's buffer, as in [`Store::flush_file`].
+    fn flush_small_files(&self, inos: &[u64]) -> Vec<u64> {
+        if matches!(self.cfg.chunking, Chunking::Cdc { .. }) {
+            return inos.to_vec();
+        }
+        let (files, rest) = self.take_small_buffers(inos);
+        let cuts: Vec<Vec<Cut>> = files
+            .iter()
+            .map(|(_, size, pages)| self.cut_pages(*size, pages, false))
+            .collect();
+        let snaps: Vec<(&[Page], &[Cut])> = files
+            .iter()
+            .zip(&cuts)
+            .map(|((_, _, pages), cuts)| (&pages[..], &cuts[..]))
+            .collect();
+        let mut encoded = Self::unknown(&mut self.lock(), &snaps)
+            .map(|unknown| self.encode_unknown(&snaps, &unknown, false));
+        let mut g = self.lock();
+        for ((ino, _, pages), cuts) in files.iter().zip(&cuts) {
+            let stored = encoded.as_mut().is_ok_and(|encoded| {
+                g.flushing = Some(*ino);
+                let r = self.apply_snapshot(&mut g, *ino, pages, cuts, encoded);
+                g.flushing = None;
+                r.is_ok()
+            });
+            if !stored {
+                Self::flush_failed(&mut g, *ino);
+            }
+        }
+        rest
+    }
+
+    /// The buffers of `inos` [`Store::flush_small_files`] takes (each
+    /// marked `flushing`), and the files it leaves.
+    fn take_small_buffers(&self, inos: &[u64]) -> (Vec<Snapshot>, Vec<u64>) {
+        let (mut files, mut rest) = (Vec::new(), Vec::new());
+        let mut g = self.lock();
+        for &ino in inos {
+            let size = match g.attr(ino) {
+                Ok(a) => a.size,
+                Err(StoreError::NotFound) => continue,
+                Err(_) => {
+                    rest.push(ino);
+                    continue;
+                }
+            };
+            match g.dirty.get_mut(&ino) {
+                Some(d) if d.pages.len() <= BATCH_PAGES && !d.flushing => {
+                    files.push((ino, size, d.snapshot()));
+                }
+                Some(_) => rest.push(ino),
+                None => {}
+            }
+        }
+        (files, rest)
     }
 
     /// Writes the file's buffer to chunks (no commit). With fixed
@@ -307,8 +398,7 @@ impl Store {
         let Some(d) = g.dirty.get_mut(&ino) else {
             return Ok(());
         };
-        d.flushing = true;
-        let pages: Vec<Page> = d.pages.iter().map(|(&i, pg)| (i, pg.clone())).collect();
+        let pages = d.snapshot();
         // A small file's one page: hashing and compressing a few KiB
         // under the lock costs less than taking it twice more (against
         // the requests of the program writing the next file).
@@ -353,56 +443,13 @@ impl Store {
         size: u64,
         pages: &[(u64, Arc<Vec<u8>>)],
     ) -> Result<()> {
-        let p = self.page_size();
-        let cuts = par_map(pages, |(idx, page)| {
-            let ps = idx * p;
-            if ps >= size {
-                return Cut::Past;
-            }
-            let len = p.min(size - ps) as usize;
-            let data = page_prefix(page, len);
-            if is_zero(&data) {
-                Cut::Zero(len)
-            } else {
-                Cut::Data(len, self.fingerprint(&data))
-            }
-        });
-        let unknown: Vec<usize> = {
-            // Distinct fingerprints of the snapshot, looked up in one batch.
-            let mut seen = HashSet::new();
-            let (mut at, mut hashes) = (Vec::new(), Vec::new());
-            for (i, cut) in cuts.iter().enumerate() {
-                if let Cut::Data(_, h) = cut {
-                    if seen.insert(*h) {
-                        at.push(i);
-                        hashes.push(*h);
-                    }
-                }
-            }
-            let found = match held.as_deref_mut() {
-                Some(g) => g.index.lookup_many(&g.db, &hashes)?,
-                None => {
-                    let mut g = self.lock();
-                    let Inner { db, index, .. } = &mut *g;
-                    index.lookup_many(db, &hashes)?
-                }
-            };
-            at.into_iter()
-                .zip(found)
-                .filter(|(_, f)| f.is_none())
-                .map(|(i, _)| i)
-                .collect()
+        let cuts = self.cut_pages(size, pages, true);
+        let snap = [(pages, &cuts[..])];
+        let unknown = match held.as_deref_mut() {
+            Some(g) => Self::unknown(g, &snap)?,
+            None => Self::unknown(&mut self.lock(), &snap)?,
         };
-        let compress = self.cfg.packing();
-        let mut encoded: HashMap<Hash, Encoded> = par_map(&unknown, |&i| match cuts[i] {
-            Cut::Data(len, h) => {
-                let data = page_prefix(&pages[i].1, len);
-                (h, self.encode_chunk(&h, &data, compress))
-            }
-            _ => unreachable!("only data pages are encoded"),
-        })
-        .into_iter()
-        .collect();
+        let mut encoded = self.encode_unknown(&snap, &unknown, true);
         let mut own;
         let g = match held {
             Some(g) => g,
@@ -415,6 +462,81 @@ impl Store {
         let r = self.apply_snapshot(g, ino, pages, &cuts, &mut encoded);
         g.flushing = None;
         r
+    }
+
+    /// What each snapshot page holds (file size `size` when taken): BLAKE3
+    /// of every data page, outside the lock (on every core when
+    /// `parallel`).
+    fn cut_pages(&self, size: u64, pages: &[Page], parallel: bool) -> Vec<Cut> {
+        let p = self.page_size();
+        let cut = |(idx, page): &Page| {
+            let ps = idx * p;
+            if ps >= size {
+                return Cut::Past;
+            }
+            let len = p.min(size - ps) as usize;
+            let data = page_prefix(page, len);
+            if is_zero(&data) {
+                Cut::Zero(len)
+            } else {
+                Cut::Data(len, self.fingerprint(&data))
+            }
+        };
+        match parallel {
+            true => par_map(pages, cut),
+            false => pages.iter().map(cut).collect(),
+        }
+    }
+
+    /// The distinct fingerprints of snapshots (pages and their cuts) that
+    /// the index does not know, looked up in one batch.
+    fn unknown(g: &mut Inner, snaps: &[(&[Page], &[Cut])]) -> Result<HashSet<Hash>> {
+        let mut seen = HashSet::new();
+        let hashes: Vec<Hash> = snaps
+            .iter()
+            .flat_map(|(_, cuts)| cuts.iter())
+            .filter_map(|c| match c {
+                Cut::Data(_, h) if seen.insert(*h) => Some(*h),
+                _ => None,
+            })
+            .collect();
+        let Inner { db, index, .. } = g;
+        let found = index.lookup_many(db, &hashes)?;
+        Ok(hashes
+            .into_iter()
+            .zip(found)
+            .filter(|(_, f)| f.is_none())
+            .map(|(h, _)| h)
+            .collect())
+    }
+
+    /// Each `unknown` chunk of the snapshots encoded once, outside the
+    /// lock (on every core when `parallel`).
+    fn encode_unknown(
+        &self,
+        snaps: &[(&[Page], &[Cut])],
+        unknown: &HashSet<Hash>,
+        parallel: bool,
+    ) -> HashMap<Hash, Encoded> {
+        let mut todo = HashSet::new();
+        let new: Vec<(Hash, &[u8], usize)> = snaps
+            .iter()
+            .flat_map(|(pages, cuts)| pages.iter().zip(cuts.iter()))
+            .filter_map(|((_, page), cut)| match *cut {
+                Cut::Data(len, h) if unknown.contains(&h) && todo.insert(h) => {
+                    Some((h, &page[..], len))
+                }
+                _ => None,
+            })
+            .collect();
+        let compress = self.cfg.packing();
+        let encode = |&(h, page, len): &(Hash, &[u8], usize)| {
+            (h, self.encode_chunk(&h, &page_prefix(page, len), compress))
+        };
+        match parallel {
+            true => par_map(&new, encode).into_iter().collect(),
+            false => new.iter().map(encode).collect(),
+        }
     }
 
     /// The locked end of [`Store::flush_snapshot`].

@@ -2102,6 +2102,82 @@ fn later_releases_are_settled_by_settle_releases_or_flush_all() {
     assert!(s.fsck(false).unwrap().problems.is_empty());
 }
 
+/// Released small files are flushed together (`settle_releases`): each
+/// reads back, a page two of them hold is stored once, a zero page is a
+/// hole, a file with more pages than a batch takes is flushed alone, a
+/// file released twice and a nameless one are settled as one at a time
+/// would be. A file whose append fails keeps its buffer (and its `fsync`
+/// says so) while the others of its batch are stored; once appends work
+/// again it is stored too.
+#[test]
+fn released_small_files_are_stored_together() {
+    let (d, s) = new_store("fixed:4K", "auto");
+    drop(s);
+    let cs = CountingDir::new(d.path());
+    let s = Store::open_with(d.path(), cs.clone()).unwrap();
+    let open = |name: &str, data: &[u8]| {
+        let ino = s.mknod(1, name.as_bytes(), node(Kind::File)).unwrap().ino;
+        s.open_file(ino).unwrap();
+        s.write(ino, 0, data).unwrap();
+        ino
+    };
+    let text = b"small files, stored together. ".repeat(60);
+    let files = [
+        ("a", pseudo(1000, 1)),
+        ("b", pseudo(1000, 1)),
+        ("c", vec![0u8; 4096]),
+        ("d", pseudo(12 << 10, 2)),
+        ("e", pseudo(40 << 10, 3)),
+        ("f", text.clone()),
+        ("g", pseudo(3000, 4)),
+    ];
+    let inos: Vec<u64> = files.iter().map(|(n, data)| open(n, data)).collect();
+    let (f, g) = (inos[5], inos[6]);
+    s.open_file(f).unwrap();
+    s.unlink(1, b"g").unwrap();
+    for &ino in &inos {
+        s.release_later(ino);
+    }
+    s.settle_releases();
+    assert!(s.lock().dirty.is_empty(), "every buffer stored");
+    for ((name, data), &ino) in files.iter().zip(&inos).take(6) {
+        assert_eq!(&read_all(&s, ino), data, "{name}");
+    }
+    assert!(s.getattr(g).is_err(), "nameless and closed: deleted");
+    s.release_later(f);
+    s.settle_releases();
+    assert_eq!(read_all(&s, f), text, "released twice");
+    s.commit(true).unwrap();
+    // a = b (1 chunk), c a hole, d 3 chunks, e 10, f 1; g's chunk is
+    // unreferenced once it is gone.
+    let st = s.stats().unwrap();
+    assert_eq!(st.chunks - st.unreferenced_chunks, 15);
+    assert_eq!(
+        st.referenced_bytes,
+        2000 + (12 << 10) + (40 << 10) + text.len() as u64
+    );
+
+    let (h, i) = (open("h", &pseudo(2000, 5)), open("i", &pseudo(2000, 6)));
+    cs.appends_left.store(1, Relaxed);
+    s.release_later(h);
+    s.release_later(i);
+    s.settle_releases();
+    let kept: Vec<u64> = s.lock().dirty.keys().copied().collect();
+    assert_eq!(kept.len(), 1, "one file of the batch kept its buffer");
+    assert!(s.fsync(kept[0]).is_err(), "its fsync reports the failure");
+    assert_eq!(read_all(&s, h), pseudo(2000, 5));
+    assert_eq!(read_all(&s, i), pseudo(2000, 6));
+    cs.appends_left.store(-1, Relaxed);
+    s.fsync(kept[0]).unwrap();
+    assert!(s.lock().dirty.is_empty());
+    assert!(s.fsck(false).unwrap().problems.is_empty());
+    drop(s);
+    let s = Store::open(d.path()).unwrap();
+    assert_eq!(read_all(&s, h), pseudo(2000, 5));
+    assert_eq!(read_all(&s, i), pseudo(2000, 6));
+    assert_eq!(read_all(&s, inos[3]), files[3].1);
+}
+
 /// The store's lock: refused while another holder keeps it, taken once a
 /// holder that lets go within the lock's patience has let go.
 #[test]

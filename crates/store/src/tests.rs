@@ -509,6 +509,18 @@ impl CountingDir {
     }
 }
 
+/// A new store opened over a [`CountingDir`].
+fn counting_store(
+    chunking: &str,
+    compress: &str,
+) -> (tempfile::TempDir, std::sync::Arc<CountingDir>, Store) {
+    let (d, s) = new_store(chunking, compress);
+    drop(s);
+    let cs = CountingDir::new(d.path());
+    let s = Store::open_with(d.path(), cs.clone()).unwrap();
+    (d, cs, s)
+}
+
 impl ContainerStore for CountingDir {
     fn create(&self, id: u64) -> Result<()> {
         self.dir.create(id)?;
@@ -625,10 +637,7 @@ fn kill_setid_clears_the_bits_it_names() {
 /// for ever).
 #[test]
 fn a_failed_container_create_loses_neither_syncs_nor_the_writer() {
-    let (d, s) = new_store("fixed:4K", "none");
-    drop(s);
-    let cs = CountingDir::new(d.path());
-    let s = Store::open_with(d.path(), cs.clone()).unwrap();
+    let (d, cs, s) = counting_store("fixed:4K", "none");
     let first = s.lock().writer.id;
     let a_data = pseudo(900 << 10, 1);
     let a = file(&s, "a", &a_data);
@@ -677,10 +686,7 @@ fn a_failed_container_create_loses_neither_syncs_nor_the_writer() {
 #[test]
 fn a_flush_that_cannot_store_keeps_the_pages() {
     for chunking in ["fixed:4K", "cdc:2K/8K/32K"] {
-        let (d, s) = new_store(chunking, "none");
-        drop(s);
-        let cs = CountingDir::new(d.path());
-        let s = Store::open_with(d.path(), cs.clone()).unwrap();
+        let (d, cs, s) = counting_store(chunking, "none");
         let mut want = pseudo(200 << 10, 1);
         let f = file(&s, "f", &want);
         s.fsync(f).unwrap();
@@ -2111,10 +2117,7 @@ fn later_releases_are_settled_by_settle_releases_or_flush_all() {
 /// again it is stored too.
 #[test]
 fn released_small_files_are_stored_together() {
-    let (d, s) = new_store("fixed:4K", "auto");
-    drop(s);
-    let cs = CountingDir::new(d.path());
-    let s = Store::open_with(d.path(), cs.clone()).unwrap();
+    let (d, cs, s) = counting_store("fixed:4K", "auto");
     let open = |name: &str, data: &[u8]| {
         let ino = s.mknod(1, name.as_bytes(), node(Kind::File)).unwrap().ino;
         s.open_file(ino).unwrap();

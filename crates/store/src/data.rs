@@ -308,15 +308,19 @@ impl Store {
     /// the lot, and their hashing and compression run outside it, where a
     /// file at a time held it while its page was compressed, or took it
     /// four times, against the requests of the program writing the next
-    /// files.
+    /// files. A queue that grew while the thread was busy is settled
+    /// [`RELEASE_BATCH`] files at a time, so that no hold of the lock
+    /// covers all of it.
     pub fn settle_releases(&self) {
         let q = std::mem::take(&mut *self.released.lock().unwrap_or_else(|e| e.into_inner()));
-        for ino in self.flush_small_files(&q) {
-            let _ = self.flush_file(ino);
-        }
-        let mut g = self.lock();
-        for ino in q {
-            let _ = self.closed(&mut g, ino);
+        for part in q.chunks(RELEASE_BATCH) {
+            for ino in self.flush_small_files(part) {
+                let _ = self.flush_file(ino);
+            }
+            let mut g = self.lock();
+            for &ino in part {
+                let _ = self.closed(&mut g, ino);
+            }
         }
     }
 

@@ -2150,15 +2150,24 @@ fn released_small_files_are_stored_together() {
     s.release_later(f);
     s.settle_releases();
     assert_eq!(read_all(&s, f), text, "released twice");
+    // A queue longer than a batch.
+    let many: Vec<u64> = (0..150)
+        .map(|i| open(&format!("m{i}"), &pseudo(100, 100 + i)))
+        .collect();
+    many.iter().for_each(|&ino| s.release_later(ino));
+    s.settle_releases();
+    assert!(s.lock().dirty.is_empty());
+    assert!(s.lock().open_count.is_empty(), "every handle counted off");
+    for (i, &ino) in many.iter().enumerate() {
+        assert_eq!(read_all(&s, ino), pseudo(100, 100 + i as u64));
+    }
     s.commit(true).unwrap();
     // a = b (1 chunk), c a hole, d 3 chunks, e 10, f 1; g's chunk is
     // unreferenced once it is gone.
     let st = s.stats().unwrap();
-    assert_eq!(st.chunks - st.unreferenced_chunks, 15);
-    assert_eq!(
-        st.referenced_bytes,
-        2000 + (12 << 10) + (40 << 10) + text.len() as u64
-    );
+    assert_eq!(st.chunks - st.unreferenced_chunks, 15 + 150);
+    let small = 2000 + (12 << 10) + (40 << 10) + text.len() as u64;
+    assert_eq!(st.referenced_bytes, small + 150 * 100);
 
     let (h, i) = (open("h", &pseudo(2000, 5)), open("i", &pseudo(2000, 6)));
     cs.appends_left.store(1, Relaxed);

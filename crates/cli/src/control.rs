@@ -279,16 +279,34 @@ fn to_json<T: serde::Serialize>(v: T) -> serde_json::Result<serde_json::Value> {
 }
 
 /// Has the kernel send what programs wrote to the mount (its writeback
-/// cache) to the store: `syncfs` on the mount point. Runs on a thread of
-/// the control channel, never one serving FUSE requests, which the sync
-/// waits for.
+/// cache) to the store: `syncfs` on the mount point, by a child process
+/// (coreutils' `sync -f`). Never by a thread of the mount: opening the
+/// mount point and the sync wait, uninterruptibly, for the mount's own
+/// answers, and such a thread left waiting when the mount is killed
+/// (`kill -9`) keeps the process from ever exiting, so the kernel never
+/// aborts the mount and every program using it hangs. A child is not
+/// part of the mount: the kill ends the mount, the kernel aborts its
+/// requests, and the child's sync fails.
 fn sync_mount(mountpoint: &Path) -> Result<(), StoreError> {
     let io = |source| StoreError::Io {
         path: mountpoint.into(),
         source,
     };
-    let f = std::fs::File::open(mountpoint).map_err(io)?;
-    rustix::fs::syncfs(&f).map_err(|e| io(e.into()))
+    let sync = ["/usr/bin/sync", "/bin/sync"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .unwrap_or("sync");
+    let status = std::process::Command::new(sync)
+        .arg("--file-system")
+        .arg(mountpoint)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .status()
+        .map_err(io)?;
+    match status.success() {
+        true => Ok(()),
+        false => Err(io(std::io::Error::other(format!("{sync}: {status}")))),
+    }
 }
 
 /// Asks the mount of the store in `dir` to run `req` and waits for its

@@ -304,13 +304,13 @@ impl Store {
     /// by its `fsync`), as in [`Store::release_file`].
     ///
     /// With fixed chunking the small files among them are flushed together
-    /// ([`Store::flush_small_files`]): the lock is taken three times for
-    /// the lot, and their hashing and compression run outside it, where a
-    /// file at a time held it while its page was compressed, or took it
-    /// four times, against the requests of the program writing the next
-    /// files. A queue that grew while the thread was busy is settled
-    /// [`RELEASE_BATCH`] files at a time, so that no hold of the lock
-    /// covers all of it.
+    /// ([`Store::flush_small_files`]): the lock is taken four times for
+    /// the lot (buffers, lookup, store, handles), and their hashing and
+    /// compression run outside it, where a file at a time held it while
+    /// its page was compressed, or took it four times, against the
+    /// requests of the program writing the next files. A queue that grew
+    /// while the thread was busy is settled [`RELEASE_BATCH`] files at a
+    /// time, so that no hold of the lock covers all of it.
     pub fn settle_releases(&self) {
         let q = std::mem::take(&mut *self.released.lock().unwrap_or_else(|e| e.into_inner()));
         for part in q.chunks(RELEASE_BATCH) {

@@ -23,7 +23,7 @@ use crate::container::{Encoded, Hash};
 use crate::data::{copy_overlap, is_zero, Planned, SMALL_FLUSH};
 use crate::error::{Result, StoreError};
 use crate::meta::ChunkId;
-use crate::store::{Inner, Store};
+use crate::store::{lock_free_here, Inner, Store};
 
 /// The byte range a CDC flush re-cuts, `[a, b)`: a run of buffered
 /// pages widened to the extents it cuts into, and those extents (from
@@ -167,6 +167,10 @@ impl Store {
             .filter_map(|(d, f)| f.is_none().then_some(d))
             .collect();
         let packing = self.cfg.packing();
+        debug_assert!(
+            lock_free_here(),
+            "CDC chunks compressed under the store's lock"
+        );
         Ok(par_map(&unknown, |&(o, l, h)| {
             (h, self.encode_chunk(&h, &buf[o..o + l], packing))
         })

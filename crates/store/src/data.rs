@@ -15,7 +15,7 @@ use crate::container::{self, Encoded, Hash};
 use crate::error::{Result, StoreError};
 use crate::meta::{ChunkId, ChunkLoc};
 use crate::ns::Kind;
-use crate::store::{time_now, Atime, Inner, Store};
+use crate::store::{lock_free_here, time_now, Atime, Inner, Store};
 
 /// Buffered writes of one file: whole pages, newer than the stored chunks.
 ///
@@ -343,8 +343,14 @@ impl Store {
             .zip(&cuts)
             .map(|((_, _, pages), cuts)| (&pages[..], &cuts[..]))
             .collect();
-        let mut encoded = Self::unknown(&mut self.lock(), &snaps)
-            .map(|unknown| self.encode_unknown(&snaps, &unknown, false));
+        // Its own statement: a guard made inside the next one would live
+        // to that statement's end, through the compression.
+        let unknown = Self::unknown(&mut self.lock(), &snaps);
+        debug_assert!(
+            lock_free_here(),
+            "a batch compressed under the store's lock"
+        );
+        let mut encoded = unknown.map(|unknown| self.encode_unknown(&snaps, &unknown, false));
         let mut g = self.lock();
         for ((ino, _, pages), cuts) in files.iter().zip(&cuts) {
             let stored = encoded.as_mut().is_ok_and(|encoded| {
@@ -453,6 +459,10 @@ impl Store {
             Some(g) => Self::unknown(g, &snap)?,
             None => Self::unknown(&mut self.lock(), &snap)?,
         };
+        debug_assert!(
+            held.is_some() || lock_free_here(),
+            "compressed under the lock"
+        );
         let mut encoded = self.encode_unknown(&snap, &unknown, true);
         let mut own;
         let g = match held {

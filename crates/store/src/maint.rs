@@ -376,7 +376,7 @@ impl Store {
     /// is durably reset, so a crash during the rebuild replays it all).
     fn check_index(
         &self,
-        g: &mut std::sync::MutexGuard<'_, Inner>,
+        g: &mut crate::store::Locked<'_>,
         repair: bool,
         rep: &mut FsckReport,
     ) -> Result<()> {

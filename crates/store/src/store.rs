@@ -479,8 +479,8 @@ impl Store {
         &self.dir
     }
 
-    pub(crate) fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    pub(crate) fn lock(&self) -> Locked<'_> {
+        Locked::new(self.inner.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// Commits all metadata changes. Containers written since the last
@@ -1155,4 +1155,52 @@ fn save_counters(db: &Connection, c: &WriteCounters) -> Result<()> {
         st.execute(params![k, v.to_string()])?;
     }
     Ok(())
+}
+
+/// The store's lock held (the guard [`Store::lock`] returns). Debug
+/// builds count the guards each thread holds, so that work meant to run
+/// with the lock free (hashing, compression) can assert it
+/// ([`lock_free_here`]).
+pub(crate) struct Locked<'a>(MutexGuard<'a, Inner>);
+
+#[cfg(debug_assertions)]
+thread_local! {
+    static HELD: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+impl<'a> Locked<'a> {
+    fn new(g: MutexGuard<'a, Inner>) -> Self {
+        #[cfg(debug_assertions)]
+        HELD.with(|h| h.set(h.get() + 1));
+        Locked(g)
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        #[cfg(debug_assertions)]
+        HELD.with(|h| h.set(h.get() - 1));
+    }
+}
+
+impl std::ops::Deref for Locked<'_> {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut Inner {
+        &mut self.0
+    }
+}
+
+/// Whether this thread holds no store lock (always true in release
+/// builds, which do not count).
+pub(crate) fn lock_free_here() -> bool {
+    #[cfg(debug_assertions)]
+    return HELD.with(|h| h.get() == 0);
+    #[cfg(not(debug_assertions))]
+    true
 }

@@ -374,14 +374,9 @@ impl Store {
     /// fsck of the fingerprint index against the chunk rows; with
     /// `repair`, any difference rebuilds the index from the rows (after W
     /// is durably reset, so a crash during the rebuild replays it all).
-    fn check_index(
-        &self,
-        g: &mut crate::store::Locked<'_>,
-        repair: bool,
-        rep: &mut FsckReport,
-    ) -> Result<()> {
+    fn check_index(&self, g: &mut Inner, repair: bool, rep: &mut FsckReport) -> Result<()> {
         let found = {
-            let Inner { db, index, .. } = &mut **g;
+            let Inner { db, index, .. } = &mut *g;
             index.check(db)?
         };
         if found.is_empty() {
@@ -391,7 +386,7 @@ impl Store {
         if repair {
             set_meta(&g.db, "index_synced", 0)?;
             self.commit_locked(g, true)?;
-            let Inner { db, index, .. } = &mut **g;
+            let Inner { db, index, .. } = g;
             index.rebuild(db)?;
             rep.repaired += found.len() as u64;
         }

@@ -153,8 +153,8 @@ impl Store {
                 .read(loc.container, loc.offset, len as usize)?;
             for &(_, _, lk) in &plan[i..j] {
                 let at = (lk.offset - loc.offset) as usize;
-                let raw = self.decode_loc(&span[at..at + lk.stored_len as usize], lk)?;
-                self.cache.insert(gen, &lk, std::sync::Arc::new(raw));
+                let piece = self.decode_piece(&span[at..at + lk.stored_len as usize], lk)?;
+                self.cache.insert(gen, &lk, &piece);
             }
             i = j;
         }
@@ -170,7 +170,7 @@ impl Store {
         let rows: Vec<Planned> = match (split_view(after), split_view(upto)) {
             (None, None) => {
                 let mut st = g.db.prepare_cached(
-                    "SELECT e.off, e.len, c.container, c.offset, c.stored_len, c.raw_len
+                    "SELECT e.off, e.len, c.container, c.offset, c.stored_len, c.raw_len, c.inner, c.pack_raw
                      FROM extents e JOIN chunks c ON c.id = e.chunk
                      WHERE e.ino > ?1 AND e.ino <= ?2 AND e.off < ?3",
                 )?;
@@ -185,7 +185,7 @@ impl Store {
                     crate::view::once!(view_extents_sql("ino > ?1 AND ino <= ?3 AND off < ?4"));
                 let mut st = g.db.prepare_cached(sql)?;
                 let rows = st.query_map(params![a, epoch, u, FILE_BYTES], |r| {
-                    Ok((r.get::<_, u64>(6)?, planned(r)?))
+                    Ok((r.get::<_, u64>(8)?, planned(r)?))
                 })?;
                 let rows = rows.collect::<rusqlite::Result<Vec<_>>>()?;
                 self.ahead.keep_plans(gen, by_inode(id, &rows));
@@ -261,6 +261,7 @@ mod tests {
             offset,
             stored_len: 10,
             raw_len: 4096,
+            inner: None,
         };
         let rows = [
             (7, (4096, 4096, loc(20))),

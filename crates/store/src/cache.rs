@@ -6,7 +6,48 @@ use std::sync::{Arc, Mutex};
 
 use crate::meta::ChunkLoc;
 
-/// Decoded bytes of recently read chunks, keyed by (container, offset).
+/// A chunk's bytes inside the decoded bytes of its record: all of them
+/// for a chunk alone in its record, a stretch of a pack's
+/// ([`ChunkLoc::inner`]). Made only by [`Piece::of`], which checks that
+/// the record's bytes fit the location.
+#[derive(Clone)]
+pub(crate) struct Piece {
+    record: Arc<Vec<u8>>,
+    at: usize,
+    len: usize,
+}
+
+impl Piece {
+    /// The chunk at `loc` in `record`, its record's decoded bytes: `None`
+    /// unless they fit (a chunk alone is the whole record; a packed one
+    /// lies inside a pack of the length its row says).
+    pub fn of(record: Arc<Vec<u8>>, loc: &ChunkLoc) -> Option<Piece> {
+        let len = loc.raw_len as usize;
+        let at = match loc.inner {
+            None if record.len() == len => 0,
+            Some(p) if p.of as usize == record.len() && (p.at as usize) + len <= record.len() => {
+                p.at as usize
+            }
+            _ => return None,
+        };
+        Some(Piece { record, at, len })
+    }
+
+    /// The decoded bytes of the whole record.
+    pub fn record(&self) -> &[u8] {
+        &self.record
+    }
+}
+
+impl std::ops::Deref for Piece {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.record[self.at..self.at + self.len]
+    }
+}
+
+/// Decoded records recently read, keyed by (container, offset): a pack's
+/// whole, so that each of its chunks is served by one decode.
 ///
 /// Invariant: a record at a (container, offset) never changes while the
 /// store is open — containers are append-only and write-once, and a new
@@ -16,7 +57,8 @@ use crate::meta::ChunkLoc;
 /// follower taking the writer's newer metadata (a restarted writer may
 /// reuse the id of a container gc deleted), a rolled-back commit — the
 /// cache is cleared, and inserts located before the clear are refused
-/// (`generation`). Evicts in
+/// (`generation`). An entry serves only locations it fits ([`Piece::of`],
+/// and a pack only chunks located in a pack). Evicts in
 /// insertion order (reads are mostly sequential) once `limit` bytes are
 /// held.
 pub(crate) struct ChunkCache {
@@ -24,9 +66,12 @@ pub(crate) struct ChunkCache {
     inner: Mutex<CacheInner>,
 }
 
+/// A decoded record, and whether it is a pack.
+type Decoded = (Arc<Vec<u8>>, bool);
+
 #[derive(Default)]
 struct CacheInner {
-    map: HashMap<(u64, u64), Arc<Vec<u8>>>,
+    map: HashMap<(u64, u64), Decoded>,
     order: VecDeque<(u64, u64)>,
     bytes: usize,
     /// Times cleared.
@@ -63,23 +108,28 @@ impl ChunkCache {
         self.lock().generation
     }
 
-    /// The decoded bytes at `loc`, for a plan made at `generation`: none
-    /// if the cache was cleared since (the entry may be for a container
-    /// that reuses the id the plan meant).
-    pub fn get(&self, generation: u64, loc: &ChunkLoc) -> Option<Arc<Vec<u8>>> {
+    /// The chunk at `loc`, for a plan made at `generation`: none if the
+    /// cache was cleared since (the entry may be for a container that
+    /// reuses the id the plan meant).
+    pub fn get(&self, generation: u64, loc: &ChunkLoc) -> Option<Piece> {
         let c = self.lock();
         if c.generation != generation {
             return None;
         }
-        c.map.get(&(loc.container, loc.offset)).cloned()
+        let (record, pack) = c.map.get(&(loc.container, loc.offset))?;
+        if *pack != loc.inner.is_some() {
+            return None;
+        }
+        Piece::of(record.clone(), loc)
     }
 
-    /// Keeps the decoded bytes of the record at `loc`, located by a plan
+    /// Keeps the decoded record of `piece`, at `loc`, located by a plan
     /// made at `generation`: if the cache was cleared since, the record
     /// may be a rolled-back one whose container id is freed, and it is
     /// not kept (a reader between the plan and the clear would otherwise
     /// leave an entry a reused id could meet).
-    pub fn insert(&self, generation: u64, loc: &ChunkLoc, raw: Arc<Vec<u8>>) {
+    pub fn insert(&self, generation: u64, loc: &ChunkLoc, piece: &Piece) {
+        let raw = piece.record.clone();
         if raw.len() > self.limit / 4 {
             return;
         }
@@ -89,7 +139,7 @@ impl ChunkCache {
         }
         let key = (loc.container, loc.offset);
         let len = raw.len();
-        if c.map.insert(key, raw).is_some() {
+        if c.map.insert(key, (raw, loc.inner.is_some())).is_some() {
             return;
         }
         c.order.push_back(key);
@@ -98,7 +148,7 @@ impl ChunkCache {
             let Some(old) = c.order.pop_front() else {
                 break;
             };
-            if let Some(v) = c.map.remove(&old) {
+            if let Some((v, _)) = c.map.remove(&old) {
                 c.bytes -= v.len();
             }
         }
@@ -177,6 +227,7 @@ pub(crate) fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync)
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::meta::PackAt;
 
     #[test]
     fn par_map_keeps_order() {
@@ -220,18 +271,51 @@ mod tests {
             offset: o,
             stored_len: 0,
             raw_len: 100,
+            inner: None,
         };
+        let piece = |l: &ChunkLoc, b: u8| Piece::of(Arc::new(vec![b; 100]), l).unwrap();
         for o in 0..5 {
-            c.insert(0, &loc(o), Arc::new(vec![o as u8; 100]));
+            c.insert(0, &loc(o), &piece(&loc(o), o as u8));
         }
         assert!(c.get(0, &loc(0)).is_none(), "oldest entry evicted");
         assert_eq!(c.get(0, &loc(4)).unwrap()[0], 4);
         assert_eq!(c.get(0, &loc(1)).unwrap().len(), 100);
         c.clear();
-        c.insert(0, &loc(7), Arc::new(vec![7; 100]));
+        c.insert(0, &loc(7), &piece(&loc(7), 7));
         assert!(c.get(1, &loc(7)).is_none(), "located before the clear");
-        c.insert(1, &loc(7), Arc::new(vec![7; 100]));
+        c.insert(1, &loc(7), &piece(&loc(7), 7));
         assert!(c.get(1, &loc(7)).is_some());
         assert!(c.get(0, &loc(7)).is_none(), "a plan from before the clear");
+    }
+
+    #[test]
+    fn a_cached_pack_serves_each_of_its_chunks_and_nothing_else() {
+        let c = ChunkCache::new(1 << 20);
+        let at = |inner: Option<u32>, raw_len| ChunkLoc {
+            container: 3,
+            offset: 16,
+            stored_len: 90,
+            raw_len,
+            inner: inner.map(|at| PackAt { at, of: 30 }),
+        };
+        let pack: Vec<u8> = (0..30u8).collect();
+        let first = Piece::of(Arc::new(pack), &at(Some(0), 10)).unwrap();
+        c.insert(0, &at(Some(0), 10), &first);
+        assert_eq!(
+            &c.get(0, &at(Some(0), 10)).unwrap()[..],
+            &(0..10).collect::<Vec<u8>>()[..]
+        );
+        assert_eq!(
+            &c.get(0, &at(Some(10), 20)).unwrap()[..],
+            &(10..30).collect::<Vec<u8>>()[..]
+        );
+        assert!(c.get(0, &at(Some(20), 11)).is_none(), "past the pack's end");
+        assert!(
+            c.get(0, &at(None, 30)).is_none(),
+            "a chunk alone is not a pack"
+        );
+        assert!(Piece::of(Arc::new(vec![0; 30]), &at(None, 29)).is_none());
+        let other_length = Piece::of(Arc::new(vec![0; 31]), &at(Some(0), 10));
+        assert!(other_length.is_none(), "a pack of another length");
     }
 }

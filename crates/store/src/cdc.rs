@@ -23,6 +23,7 @@ use crate::container::{Encoded, Hash};
 use crate::data::{copy_overlap, is_zero, Planned, SMALL_FLUSH};
 use crate::error::{Result, StoreError};
 use crate::meta::ChunkId;
+use crate::pack::Prepared;
 use crate::store::{lock_free_here, Inner, Store};
 
 /// The byte range a CDC flush re-cuts, `[a, b)`: a run of buffered
@@ -258,7 +259,12 @@ impl Store {
         for &(o, l, h) in cuts {
             let chunk = match h {
                 None => None,
-                Some(h) => match self.put_hashed(g, &h, &buf[o..o + l], encoded.remove(&h)) {
+                Some(h) => match self.put_hashed(
+                    g,
+                    &h,
+                    &buf[o..o + l],
+                    encoded.remove(&h).map(Prepared::Alone),
+                ) {
                     Ok(id) => Some(id),
                     Err(e) => {
                         self.release_made(g, &made)?;

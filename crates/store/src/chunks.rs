@@ -20,27 +20,40 @@ use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::container::Hash;
 use crate::error::{Result, StoreError};
-use crate::meta::{ChunkId, ChunkLoc};
+use crate::meta::{ChunkId, ChunkLoc, PackAt};
 
 /// The chunk rows of one connection (inside its open transaction).
 pub(crate) struct Chunks<'a>(pub &'a Connection);
 
-/// A `ChunkLoc` from four columns starting at `at` (container, offset,
-/// stored_len, raw_len).
+/// A `ChunkLoc` from six columns starting at `at` (container, offset,
+/// stored_len, raw_len, inner, pack_raw).
 pub(crate) fn loc_of(r: &rusqlite::Row, at: usize) -> rusqlite::Result<ChunkLoc> {
+    let inner: Option<u32> = r.get(at + 4)?;
+    let of: Option<u32> = r.get(at + 5)?;
     Ok(ChunkLoc {
         container: r.get(at)?,
         offset: r.get(at + 1)?,
         stored_len: r.get(at + 2)?,
         raw_len: r.get(at + 3)?,
+        inner: inner.map(|at| PackAt {
+            at,
+            of: of.unwrap_or(0),
+        }),
     })
 }
+
+/// A chunk's stored bytes (on `c`, a `chunks` row): its record's, or
+/// for a chunk in a pack the pack's in proportion to its raw length (what
+/// the chunk costs; gc frees it by making the pack again without it).
+pub(crate) const STORED_SHARE: &str = "CASE WHEN c.inner IS NULL THEN c.stored_len
+    ELSE c.stored_len * c.raw_len / c.pack_raw END";
 
 impl Chunks<'_> {
     /// The chunk row `id`'s full BLAKE3 and location, if the row exists.
     pub fn row(&self, id: ChunkId) -> Result<Option<(Hash, ChunkLoc)>> {
         let mut st = self.0.prepare_cached(
-            "SELECT hash, container, offset, stored_len, raw_len FROM chunks WHERE id = ?1",
+            "SELECT hash, container, offset, stored_len, raw_len, inner, pack_raw FROM chunks
+             WHERE id = ?1",
         )?;
         let row = st
             .query_row([id], |r| Ok((r.get::<_, Vec<u8>>(0)?, loc_of(r, 1)?)))
@@ -73,15 +86,17 @@ impl Chunks<'_> {
     /// Records a new chunk with one reference.
     pub fn insert(&self, hash: &Hash, loc: ChunkLoc) -> Result<ChunkId> {
         let mut st = self.0.prepare_cached(
-            "INSERT INTO chunks (hash, container, offset, stored_len, raw_len)
-             VALUES (?1, ?2, ?3, ?4, ?5)",
+            "INSERT INTO chunks (hash, container, offset, stored_len, raw_len, inner, pack_raw)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
         )?;
         st.execute(params![
             &hash[..],
             loc.container,
             loc.offset,
             loc.stored_len,
-            loc.raw_len
+            loc.raw_len,
+            loc.inner.map(|p| p.at),
+            loc.inner.map(|p| p.of)
         ])?;
         let id = self.0.last_insert_rowid();
         self.0
@@ -121,13 +136,22 @@ impl Chunks<'_> {
     }
 
     /// Chunk `id`'s bytes now live at `loc` (same length once decoded:
-    /// gc's copy, or a healthy copy of a damaged record), with `add_refs`
-    /// more references.
+    /// gc's copy or repack, or a healthy copy of a damaged record), with
+    /// `add_refs` more references.
     pub fn relocate(&self, id: ChunkId, loc: ChunkLoc, add_refs: u64) -> Result<()> {
         let mut st = self.0.prepare_cached(
-            "UPDATE chunks SET container = ?2, offset = ?3, stored_len = ?4 WHERE id = ?1",
+            "UPDATE chunks SET container = ?2, offset = ?3, stored_len = ?4, inner = ?5,
+             pack_raw = ?6 WHERE id = ?1",
         )?;
-        st.execute(params![id, loc.container, loc.offset, loc.stored_len])?;
+        let (at, of) = (loc.inner.map(|p| p.at), loc.inner.map(|p| p.of));
+        st.execute(params![
+            id,
+            loc.container,
+            loc.offset,
+            loc.stored_len,
+            at,
+            of
+        ])?;
         if add_refs > 0 {
             self.incref(id, add_refs)?;
         }
@@ -169,8 +193,8 @@ impl Chunks<'_> {
     /// offset order: what compaction moves and scrub reads.
     pub fn in_container(&self, id: u64) -> Result<Vec<(ChunkId, Vec<u8>, ChunkLoc)>> {
         let mut st = self.0.prepare_cached(
-            "SELECT id, hash, container, offset, stored_len, raw_len FROM chunks
-             WHERE container = ?1 ORDER BY offset",
+            "SELECT id, hash, container, offset, stored_len, raw_len, inner, pack_raw FROM chunks
+             WHERE container = ?1 ORDER BY offset, inner",
         )?;
         let rows = st.query_map([id], |r| Ok((r.get(0)?, r.get(1)?, loc_of(r, 2)?)))?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
@@ -217,6 +241,7 @@ mod tests {
             offset,
             stored_len: 100,
             raw_len: 200,
+            inner: None,
         }
     }
 

@@ -45,7 +45,33 @@ pub fn encode(
     packing: impl Into<Packing>,
     keys: Option<&Keys>,
 ) -> Encoded {
-    let packing = packing.into();
+    encode_flagged(hash, raw, packing.into(), keys, 0)
+}
+
+/// Codec-byte flag of a pack: the decoded payload is several chunks one
+/// after another, each located by its row (`chunks.inner`, its
+/// length); the header's id is the fingerprint of the whole. A pack
+/// holds at least two chunks.
+pub const PACK: u8 = 0x40;
+
+/// [`encode`] for a pack: `raw` is its chunks one after another, `id`
+/// the fingerprint of `raw`.
+pub fn encode_pack(id: &Hash, raw: &[u8], packing: Packing, keys: Option<&Keys>) -> Encoded {
+    encode_flagged(id, raw, packing, keys, PACK)
+}
+
+/// Whether a checked record is a pack.
+pub fn is_pack(rec: &[u8]) -> bool {
+    rec.len() > 40 && rec[40] & PACK != 0
+}
+
+fn encode_flagged(
+    hash: &Hash,
+    raw: &[u8],
+    packing: Packing,
+    keys: Option<&Keys>,
+    flags: u8,
+) -> Encoded {
     let packed = match packing.compress {
         Compress::Zstd => zstd_compress(raw, packing.zstd_level)
             .ok()
@@ -59,7 +85,7 @@ pub fn encode(
         _ => (Codec::Raw, raw),
     };
     Encoded {
-        bytes: frame(hash, raw.len() as u32, codec as u8, payload, keys),
+        bytes: frame(hash, raw.len() as u32, codec as u8 | flags, payload, keys),
         raw_len: raw.len() as u32,
     }
 }
@@ -231,8 +257,8 @@ fn damaged(container: u64, offset: u64, why: &str) -> StoreError {
     }
 }
 
-/// Checks and decodes one record (header and payload). Any mismatch is an
-/// error: a damaged record never decodes to wrong bytes.
+/// Checks and decodes one record (header and payload; a pack's whole).
+/// Any mismatch is an error: a damaged record never decodes to wrong bytes.
 pub fn decode(
     rec: &[u8],
     container: u64,
@@ -243,7 +269,7 @@ pub fn decode(
     let (codec, payload) = unseal(rec, codec, payload, keys, (container, offset))?;
     let payload = &payload[..];
     let bad = |why| damaged(container, offset, why);
-    let raw = match codec {
+    let raw = match codec & !PACK {
         0 => payload.to_vec(),
         1 => with_unzstd(|d| d.decompress(payload, raw_len)).map_err(|_| bad("zstd"))?,
         2 => lz4_flex::block::decompress(payload, raw_len).map_err(|_| bad("lz4"))?,
@@ -292,7 +318,7 @@ pub fn decode_into(
 ) -> Result<()> {
     let (raw_len, codec, payload) = check(rec, container, offset)?;
     let bad = |why| damaged(container, offset, why);
-    if raw_len != out.len() {
+    if raw_len != out.len() || codec & PACK != 0 {
         return Err(bad("length differs from the index"));
     }
     if let (SEALED, Some(k)) = (codec, keys) {

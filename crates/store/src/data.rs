@@ -11,10 +11,11 @@ use rusqlite::{params, OptionalExtension};
 
 use crate::cache::par_map;
 use crate::config::Chunking;
-use crate::container::{self, Encoded, Hash};
+use crate::container::{self, Hash};
 use crate::error::{Result, StoreError};
 use crate::meta::{ChunkId, ChunkLoc};
 use crate::ns::Kind;
+use crate::pack::Encodings;
 use crate::store::{lock_free_here, time_now, Atime, Inner, Store};
 
 /// Buffered writes of one file: whole pages, newer than the stored chunks.
@@ -165,6 +166,7 @@ fn direct_places(recs: &[Planned], at: u64, end_at: u64, sealed: bool) -> Vec<Op
         .map(|&(o, l, lk)| {
             let raw = lk.raw_len as u64;
             let place = (l == raw
+                && lk.inner.is_none()
                 && o >= at
                 && o + raw <= end_at
                 && lk.stored_len as u64 == container::RECORD_HEADER as u64 + raw
@@ -525,13 +527,14 @@ impl Store {
     }
 
     /// Each `unknown` chunk of the snapshots encoded once, outside the
-    /// lock (on every core when `parallel`).
+    /// lock: on every core when `parallel`, else in this thread with the
+    /// small chunks packed ([`crate::pack`]).
     fn encode_unknown(
         &self,
         snaps: &[(&[Page], &[Cut])],
         unknown: &HashSet<Hash>,
         parallel: bool,
-    ) -> HashMap<Hash, Encoded> {
+    ) -> Encodings {
         let mut todo = HashSet::new();
         let new: Vec<(Hash, &[u8], usize)> = snaps
             .iter()
@@ -544,13 +547,21 @@ impl Store {
             })
             .collect();
         let compress = self.cfg.packing();
-        let encode = |&(h, page, len): &(Hash, &[u8], usize)| {
-            (h, self.encode_chunk(&h, &page_prefix(page, len), compress))
-        };
-        match parallel {
-            true => par_map(&new, encode).into_iter().collect(),
-            false => new.iter().map(encode).collect(),
+        if parallel {
+            let encode = |&(h, page, len): &(Hash, &[u8], usize)| {
+                (h, self.encode_chunk(&h, &page_prefix(page, len), compress))
+            };
+            return Encodings::alone(par_map(&new, encode).into_iter().collect());
         }
+        let bytes: Vec<Cow<'_, [u8]>> =
+            new.iter().map(|&(_, p, len)| page_prefix(p, len)).collect();
+        let chunks: Vec<(Hash, &[u8])> =
+            new.iter().zip(&bytes).map(|(n, b)| (n.0, &b[..])).collect();
+        Encodings::build(
+            &chunks,
+            |h, data| self.encode_chunk(h, data, compress),
+            |raw| self.encode_pack(raw, compress),
+        )
     }
 
     /// The locked end of [`Store::flush_snapshot`].
@@ -560,7 +571,7 @@ impl Store {
         ino: u64,
         pages: &[(u64, Arc<Vec<u8>>)],
         cuts: &[Cut],
-        encoded: &mut HashMap<Hash, Encoded>,
+        encoded: &mut Encodings,
     ) -> Result<()> {
         let (size, mapped) = match g.attr(ino) {
             Ok(a) => (a.size, a.data > 0),
@@ -588,7 +599,7 @@ impl Store {
             let put = match *cut {
                 Cut::Zero(l) if l == len => Ok(None),
                 Cut::Data(l, h) if l == len => {
-                    self.put_hashed(g, &h, data, encoded.remove(&h)).map(Some)
+                    self.put_hashed(g, &h, data, encoded.take(&h)).map(Some)
                 }
                 // The size moved under an unchanged page: cut it again here.
                 _ if is_zero(data) => Ok(None),
@@ -962,7 +973,7 @@ impl Store {
     pub(crate) fn plan(&self, g: &Inner, ino: u64, start: u64, end: u64) -> Result<Vec<Planned>> {
         let from = start.saturating_sub(self.cfg.chunking.max_chunk() as u64);
         let mut st = g.db.prepare_cached(
-            "SELECT e.off, e.len, c.container, c.offset, c.stored_len, c.raw_len
+            "SELECT e.off, e.len, c.container, c.offset, c.stored_len, c.raw_len, c.inner, c.pack_raw
              FROM extents e JOIN chunks c ON c.id = e.chunk
              WHERE e.ino = ?1 AND e.off >= ?2 AND e.off < ?3 ORDER BY e.off",
         )?;
@@ -1047,14 +1058,14 @@ impl Store {
             let rec = &aside[a..a + lk.stored_len as usize];
             a += lk.stored_len as usize;
             let raw = lk.raw_len as u64;
-            if l == raw && o >= at && o + raw <= end_at {
+            if l == raw && lk.inner.is_none() && o >= at && o + raw <= end_at {
                 let d = (o - at) as usize;
                 let out = &mut buf[d..d + raw as usize];
                 container::decode_into(rec, lk.container, lk.offset, out, self.keys.as_deref())?;
             } else {
-                let data = Arc::new(self.decode_loc(rec, lk)?);
+                let data = self.decode_piece(rec, lk)?;
                 copy_overlap(buf, at, &data[..(l as usize).min(data.len())], o);
-                self.cache.insert(gen, &lk, data);
+                self.cache.insert(gen, &lk, &data);
             }
         }
         Ok(())

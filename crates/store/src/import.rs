@@ -40,6 +40,7 @@ use crate::container::{Encoded, Hash};
 use crate::data::is_zero;
 use crate::error::StoreError;
 use crate::ns::{Kind, NewNode, CAPS};
+use crate::pack::Prepared;
 use crate::store::{time_now, Inner, Store};
 
 /// Bytes of a file read, cut and stored at a time (per worker).
@@ -906,7 +907,7 @@ impl Store {
                 g.counters.zero_bytes += data.len() as u64;
                 continue;
             };
-            let id = self.put_hashed(&mut g, h, data, encoded.remove(&i))?;
+            let id = self.put_hashed(&mut g, h, data, encoded.remove(&i).map(Prepared::Alone))?;
             g.db.prepare_cached(
                 "INSERT INTO extents (ino, off, len, chunk, born) VALUES (?1, ?2, ?3, ?4, ?5)",
             )?

@@ -30,6 +30,7 @@ pub mod meta;
 mod migrate;
 pub mod mirror;
 mod ns;
+mod pack;
 pub mod pages;
 pub mod remote;
 mod restore;

@@ -5,12 +5,26 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
+use crate::cache::Piece;
 use crate::chunks::Chunks;
 use crate::container::{self, Hash, CONTAINER_HEADER};
 use crate::error::{Result, StoreError};
 use crate::index::{set_meta, IndexFigures};
 use crate::meta::ChunkLoc;
-use crate::store::{Inner, Store};
+use crate::pack::Pack;
+use crate::store::{piece_at, Inner, Store};
+
+/// A record gc writes, and the chunks in it (row id, place in a pack,
+/// length).
+type Move = (container::Encoded, Vec<(u64, Option<u32>, u32)>);
+
+fn damaged_at(loc: ChunkLoc, why: &str) -> StoreError {
+    StoreError::Damaged {
+        container: loc.container,
+        offset: loc.offset,
+        why: why.into(),
+    }
+}
 
 /// Unreferenced chunk rows `prune` reads at a time.
 const PRUNE_BATCH: u64 = 4096;
@@ -117,11 +131,14 @@ fn compute_stats(
         "(SELECT id, refs FROM chunks)"
     };
     let live = |col: &str| {
-        format!("SELECT SUM(c.{col}) FROM chunks c JOIN {counts} r ON r.id = c.id WHERE r.refs > 0")
+        format!("SELECT SUM({col}) FROM chunks c JOIN {counts} r ON r.id = c.id WHERE r.refs > 0")
     };
     let referenced = q("SELECT SUM(len) FROM extents")?;
-    let unique = q(&live("raw_len"))?;
-    let stored = q(&live("stored_len"))?;
+    let unique = q(&live("c.raw_len"))?;
+    let stored = match version >= 7 {
+        true => q(&live(crate::chunks::STORED_SHARE))?,
+        false => q(&live("c.stored_len"))?,
+    };
     let chunks = q("SELECT COUNT(*) FROM chunks")?;
     let unindexed = if version >= 2 {
         q("SELECT COUNT(*) FROM chunks WHERE indexed = 0")?
@@ -268,10 +285,11 @@ impl Store {
         };
         let sealed: Vec<(u64, u64, u64)> = {
             let g = self.lock();
-            let mut st = g.db.prepare(
-                "SELECT k.id, k.length, COALESCE(SUM(c.stored_len), 0) FROM containers k
+            let mut st = g.db.prepare(&format!(
+                "SELECT k.id, k.length, COALESCE(SUM({}), 0) FROM containers k
                  LEFT JOIN chunks c ON c.container = k.id WHERE k.sealed = 1 GROUP BY k.id",
-            )?;
+                crate::chunks::STORED_SHARE
+            ))?;
             let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
             rows.collect::<rusqlite::Result<_>>()?
         };
@@ -301,21 +319,28 @@ impl Store {
     /// Copies the live chunks of container `id` to the open container,
     /// commits the new locations durably, then deletes the old file.
     /// Records are copied as stored (no recompression) once checked
-    /// ([`Store::checked_record`]), so the copies held take at most the
-    /// container's stored bytes, whatever its chunks decompress to.
+    /// ([`Store::checked_move`]), so the copies held take at most the
+    /// container's stored bytes, whatever its chunks decompress to; a
+    /// pack some of whose chunks are gone is made again of the others.
     fn compact(&self, id: u64) -> Result<()> {
         let live = self.chunks_in(id)?;
         // Reading (and checking) the live chunks needs no lock: only gc
         // moves chunks, one gc runs at a time, and the container is sealed.
-        let mut copies = Vec::with_capacity(live.len());
-        for (chunk, hash, loc) in live {
-            copies.push((chunk, self.checked_record(loc, &hash)?));
+        let mut moves = Vec::new();
+        for rows in live.chunk_by(|a, b| a.2.offset == b.2.offset) {
+            moves.push(self.checked_move(rows)?);
         }
         {
             let mut g = self.lock();
-            for (chunk, rec) in copies {
-                let new = self.append_encoded(&mut g, rec)?;
-                Chunks(&g.db).relocate(chunk, new, 0)?;
+            for (rec, members) in moves {
+                let new = self.append_encoded(&mut g, &rec)?;
+                for (chunk, inner, raw_len) in members {
+                    let loc = match inner {
+                        Some(at) => Pack::member(new, at, raw_len),
+                        None => ChunkLoc { raw_len, ..new },
+                    };
+                    Chunks(&g.db).relocate(chunk, loc, 0)?;
+                }
             }
             g.db.execute("DELETE FROM containers WHERE id = ?1", [id])?;
         }
@@ -329,28 +354,76 @@ impl Store {
         Chunks(&self.lock().db).in_container(id)
     }
 
-    /// The stored record at `loc`, checked before gc copies it: framing,
-    /// CRC, decoding, length, and the BLAKE3 of its bytes against the
-    /// chunk's row (`hash`) and the record's header. One chunk is decoded
-    /// at a time and dropped; a damaged record is an error (gc stops, as
-    /// before, and `scrub` / `fsck` say where).
-    fn checked_record(&self, loc: ChunkLoc, hash: &[u8]) -> Result<container::Encoded> {
+    /// The record gc writes for the live `rows` of one stored record,
+    /// checked first (framing, CRC, decoding, lengths, the BLAKE3 of each
+    /// chunk against its row and of the record against its header), and
+    /// where each chunk is in it (row id, place in a pack, length). The
+    /// stored record itself unless it is a pack that lost chunks: then a
+    /// new pack of the others (or the one left, alone). One record is
+    /// decoded at a time and dropped; a damaged record is an error (gc
+    /// stops, as before, and `scrub` / `fsck` say where).
+    fn checked_move(&self, rows: &[(u64, Vec<u8>, ChunkLoc)]) -> Result<Move> {
+        let first = rows[0].2;
         let rec = self
             .containers
-            .read(loc.container, loc.offset, loc.stored_len as usize)?;
-        let raw = self.decode_loc(&rec, loc)?;
-        let sum = self.fingerprint(&raw);
-        if sum[..] != *hash || rec[..32] != *hash {
-            return Err(StoreError::Damaged {
-                container: loc.container,
-                offset: loc.offset,
-                why: "bytes differ from the chunk's BLAKE3".into(),
-            });
+            .read(first.container, first.offset, first.stored_len as usize)?;
+        let record = self.decode_record(&rec, first)?;
+        let mut pieces = Vec::with_capacity(rows.len());
+        for (_, hash, loc) in rows {
+            let piece = piece_at(record.clone(), *loc)?;
+            if self.fingerprint(&piece)[..] != hash[..] {
+                return Err(damaged_at(first, "bytes differ from the chunk's BLAKE3"));
+            }
+            pieces.push(piece);
         }
-        Ok(container::Encoded {
-            bytes: rec,
-            raw_len: loc.raw_len,
-        })
+        let whole = self.fingerprint(pieces[0].record());
+        let id: &[u8] = if first.inner.is_some() {
+            &whole
+        } else {
+            &rows[0].1
+        };
+        if rec[..32] != *id {
+            return Err(damaged_at(first, "bytes differ from the record's BLAKE3"));
+        }
+        let kept: usize = pieces.iter().map(|p| p.len()).sum();
+        if first.inner.is_none() || kept == pieces[0].record().len() {
+            let members = rows
+                .iter()
+                .map(|(c, _, l)| (*c, l.inner.map(|p| p.at), l.raw_len))
+                .collect();
+            let raw_len = pieces[0].record().len() as u32;
+            return Ok((
+                container::Encoded {
+                    bytes: rec,
+                    raw_len,
+                },
+                members,
+            ));
+        }
+        Ok(self.repack(rows, &pieces))
+    }
+
+    /// A record of the chunks `pieces` (of `rows`) that a pack kept: a
+    /// new pack of them in their order, or the one left alone.
+    fn repack(&self, rows: &[(u64, Vec<u8>, ChunkLoc)], pieces: &[Piece]) -> Move {
+        let packing = self.cfg.packing();
+        if let ([(chunk, hash, loc)], [piece]) = (rows, pieces) {
+            let hash: Hash = hash[..].try_into().expect("checked against the chunk");
+            return (
+                self.encode_chunk(&hash, piece, packing),
+                vec![(*chunk, None, loc.raw_len)],
+            );
+        }
+        let raw: Vec<u8> = pieces.iter().flat_map(|p| p.iter().copied()).collect();
+        let mut inner = 0u32;
+        let members = rows
+            .iter()
+            .map(|(c, _, l)| {
+                inner += l.raw_len;
+                (*c, Some(inner - l.raw_len), l.raw_len)
+            })
+            .collect();
+        (self.encode_pack(&raw, packing), members)
     }
 
     /// Deletes container files the database does not know (left by a crash
@@ -469,9 +542,29 @@ impl Store {
 
     /// [`Store::scrub_container`]'s pass over the rows of container `id`.
     fn scrub_rows(&self, id: u64, rep: &mut ScrubReport) -> Result<()> {
-        for (id, hash, loc) in self.chunks_in(id)? {
+        let rows = self.chunks_in(id)?;
+        for rows in rows.chunk_by(|a, b| a.2.offset == b.2.offset) {
+            self.scrub_record(rows, rep);
+        }
+        Ok(())
+    }
+
+    /// [`Store::scrub_rows`] for the rows of one record, read and
+    /// decoded once (a pack's chunks share it).
+    fn scrub_record(&self, rows: &[(u64, Vec<u8>, ChunkLoc)], rep: &mut ScrubReport) {
+        let first = rows[0].2;
+        let record = self
+            .containers
+            .read(first.container, first.offset, first.stored_len as usize)
+            .and_then(|rec| self.decode_record(&rec, first));
+        for (id, hash, loc) in rows {
+            let (id, loc) = (*id, *loc);
             rep.chunks_checked += 1;
-            match self.read_loc(loc) {
+            let piece = match &record {
+                Ok(r) => piece_at(r.clone(), loc).map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            match piece {
                 Ok(raw) if self.fingerprint(&raw)[..] == hash[..] => {
                     rep.bytes_checked += raw.len() as u64
                 }
@@ -486,7 +579,6 @@ impl Store {
                 }
             }
         }
-        Ok(())
     }
 
     /// Every container the metadata names exists and is at least as long

@@ -20,7 +20,9 @@ use crate::error::{Result, StoreError};
 /// Version 5: snapshots ([`crate::migrate::V5_SNAPSHOTS`]).
 /// Version 6: reference counts in `chunk_refs`
 /// ([`crate::migrate::V6_CHUNK_REFS`]).
-pub const META_VERSION: u64 = 6;
+/// Version 7: `chunks.inner` and `pack_raw`, a chunk's place inside a
+/// pack record ([`crate::migrate::V7_PACKS`]).
+pub const META_VERSION: u64 = 7;
 
 const SCHEMA: &str = "
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -96,6 +98,7 @@ pub fn open_db(path: &std::path::Path, create: bool) -> Result<Connection> {
         conn.execute_batch(crate::migrate::V4_DATA_TRIGGERS)?;
         conn.execute_batch(crate::migrate::V5_SNAPSHOTS)?;
         conn.execute_batch(crate::migrate::V6_CHUNK_REFS)?;
+        conn.execute_batch(crate::migrate::V7_PACKS)?;
         conn.execute(
             "INSERT INTO meta VALUES ('magic', 'onecopy-store'), ('format', ?1)",
             [META_VERSION.to_string()],
@@ -122,6 +125,10 @@ pub fn open_db(path: &std::path::Path, create: bool) -> Result<Connection> {
         if v == 5 {
             crate::migrate::v5_to_v6(&conn)?;
             v = 6;
+        }
+        if v == 6 {
+            crate::migrate::v6_to_v7(&conn)?;
+            v = 7;
         }
         if v != META_VERSION {
             return Err(StoreError::Version {
@@ -162,18 +169,46 @@ pub(crate) const RELEASE_MIN_PAGES: u64 = 256;
 pub struct ChunkLoc {
     pub container: u64,
     pub offset: u64,
-    /// Record length: header plus stored payload.
+    /// Record length: header plus stored payload (of the whole pack for
+    /// a chunk packed with others).
     pub stored_len: u32,
+    /// The chunk's length (not the pack's).
     pub raw_len: u32,
+    /// `Some`: the record is a pack (`container::PACK`) and the chunk is
+    /// its decoded bytes `at..at + raw_len`; `None`: the record holds
+    /// this chunk alone.
+    pub inner: Option<PackAt>,
+}
+
+/// Where a chunk is in a pack: at `at` of the pack's `of` decoded bytes
+/// (`chunks.inner`, `chunks.pack_raw`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PackAt {
+    pub at: u32,
+    pub of: u32,
 }
 
 /// Opaque chunk number that file maps refer to.
 pub type ChunkId = u64;
 
+/// Turns a current database back into what format-6 code wrote (no
+/// `chunks.inner`: every chunk alone in its record).
+#[cfg(test)]
+pub(crate) fn downgrade_to_v6(conn: &Connection) {
+    conn.execute_batch(
+        "ALTER TABLE chunks DROP COLUMN inner;
+         ALTER TABLE chunks DROP COLUMN pack_raw;
+         UPDATE meta SET value = '6' WHERE key = 'format';
+         PRAGMA user_version = 6;",
+    )
+    .unwrap();
+}
+
 /// Turns a current database back into what format-5 code wrote:
 /// reference counts in `chunks.refs`, history triggers that count there.
 #[cfg(test)]
 pub(crate) fn downgrade_to_v5(conn: &Connection) {
+    downgrade_to_v6(conn);
     let triggers: Vec<(String, String)> = {
         let mut st = conn
             .prepare("SELECT name, sql FROM sqlite_master WHERE type = 'trigger' AND instr(sql, 'chunk_refs') > 0")

@@ -63,6 +63,27 @@ INSERT INTO chunk_refs (id, refs) SELECT id, refs FROM chunks;
 ALTER TABLE chunks DROP COLUMN refs;
 ";
 
+/// Format 7: a chunk may share a record (a pack) with others, at
+/// `inner` in its decoded bytes of `pack_raw`; both NULL for a chunk
+/// alone in its record.
+pub(crate) const V7_PACKS: &str = "
+ALTER TABLE chunks ADD COLUMN inner INTEGER;
+ALTER TABLE chunks ADD COLUMN pack_raw INTEGER;
+";
+
+/// Format 6 to 7, in one transaction: [`V7_PACKS`] (columns added
+/// with no default: no row is rewritten).
+pub(crate) fn v6_to_v7(conn: &Connection) -> Result<()> {
+    in_transaction(
+        conn,
+        &format!(
+            "{V7_PACKS}
+             UPDATE meta SET value = '7' WHERE key = 'format';
+             PRAGMA user_version = 7;"
+        ),
+    )
+}
+
 /// The statement format-5 history triggers run to give a chunk the
 /// reference of an extent moved to history, and its format-6 spelling.
 const V5_HIST_INCREF: &str = "UPDATE chunks SET refs = refs + 1 WHERE id = OLD.chunk;";

@@ -389,13 +389,15 @@ fn exclusive_bytes(db: &Connection, e: u64) -> Result<u64> {
 }
 
 /// Stored bytes of the chunks all of whose references are history rows
-/// matching `cond` (on `h`, with `args`).
+/// matching `cond` (on `h`, with `args`); a chunk in a pack counts its
+/// share ([`crate::chunks::STORED_SHARE`]).
 fn only_held_by(db: &Connection, cond: &str, args: impl rusqlite::Params) -> Result<u64> {
     let sql = format!(
-        "SELECT COALESCE(SUM(c.stored_len), 0) FROM chunks c JOIN (SELECT chunk, COUNT(*) n
+        "SELECT COALESCE(SUM({}), 0) FROM chunks c JOIN (SELECT chunk, COUNT(*) n
              FROM extents_hist h WHERE {cond} GROUP BY chunk) u ON u.chunk = c.id
              JOIN chunk_refs r ON r.id = c.id
-         WHERE r.refs = u.n"
+         WHERE r.refs = u.n",
+        crate::chunks::STORED_SHARE
     );
     Ok(db.query_row(&sql, args, |r| r.get::<_, i64>(0))?.max(0) as u64)
 }

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::attrs::AttrCache;
-use crate::cache::ChunkCache;
+use crate::cache::{ChunkCache, Piece};
 use crate::chunks::Chunks;
 use crate::config::{StoreConfig, FORMAT, FORMAT_MIN, MAGIC};
 use crate::container::{self, ContainerStore, Encoded, Hash, LocalDir, CONTAINER_HEADER};
@@ -18,6 +18,7 @@ use crate::data::DirtyFile;
 use crate::error::{Result, StoreError};
 use crate::index::StoreIndex;
 use crate::meta::{open_db, ChunkId, ChunkLoc};
+use crate::pack::{Pack, Prepared};
 use crate::space::Reserve;
 
 /// Counters of what writes did since the store was opened (kept in `meta`
@@ -778,13 +779,14 @@ impl Store {
     }
 
     /// [`Store::put_chunk`] with the hash (and, for a chunk expected to be
-    /// new, its encoded record) computed beforehand outside the lock.
+    /// new, its record or its place in a pack) computed beforehand outside
+    /// the lock.
     pub(crate) fn put_hashed(
         &self,
         g: &mut Inner,
         hash: &Hash,
         data: &[u8],
-        enc: Option<Encoded>,
+        enc: Option<Prepared<'_>>,
     ) -> Result<ChunkId> {
         let hash = *hash;
         let Inner { db, index, .. } = g;
@@ -801,19 +803,49 @@ impl Store {
             Chunks(&g.db).relocate(id, loc, 1)?;
             return Ok(id);
         }
-        let enc = enc.unwrap_or_else(|| self.encode_chunk(&hash, data, self.cfg.packing()));
-        let loc = self.append_encoded(g, enc)?;
+        let loc = match enc {
+            Some(Prepared::Alone(enc)) => self.append_encoded(g, &enc)?,
+            Some(Prepared::Packed(pack, inner)) => self.put_in_pack(g, pack, inner, data)?,
+            None => self.append_encoded(g, &self.encode_chunk(&hash, data, self.cfg.packing()))?,
+        };
         g.counters.new_bytes += data.len() as u64;
         let id = Chunks(&g.db).insert(&hash, loc)?;
         g.index.added(&hash, id);
         Ok(id)
     }
 
+    /// The location of `data`, at `inner` in `pack`: the pack is appended
+    /// by the first of its chunks stored. Each chunk uses its share of
+    /// the pack's bytes from the room promised to the file flushed.
+    fn put_in_pack(
+        &self,
+        g: &mut Inner,
+        pack: &mut Pack,
+        inner: u32,
+        data: &[u8],
+    ) -> Result<ChunkLoc> {
+        let at = match pack.at {
+            Some(at) => at,
+            None => {
+                let flushing = g.flushing.take();
+                let appended = self.append_encoded(g, &pack.enc);
+                g.flushing = flushing;
+                *pack.at.insert(appended?)
+            }
+        };
+        let loc = Pack::member(at, inner, data.len() as u32);
+        if let Some(ino) = g.flushing {
+            let share = u64::from(at.stored_len) * data.len() as u64 / u64::from(at.raw_len);
+            Self::use_room(g, ino, Some(share));
+        }
+        Ok(loc)
+    }
+
     /// `Ok(true)` when the stored chunk equals `data`, `Ok(false)` when it
     /// is damaged; a different chunk under the same BLAKE3 is an error.
     fn verify_hit(&self, id: ChunkId, loc: ChunkLoc, data: &[u8]) -> Result<bool> {
         match self.read_loc(loc) {
-            Ok(stored) if stored == data => Ok(true),
+            Ok(stored) if *stored == *data => Ok(true),
             Ok(_) => Err(StoreError::Damaged {
                 container: loc.container,
                 offset: loc.offset,
@@ -833,11 +865,12 @@ impl Store {
         data: &[u8],
     ) -> Result<ChunkLoc> {
         let enc = self.encode_chunk(hash, data, self.cfg.packing());
-        self.append_encoded(g, enc)
+        self.append_encoded(g, &enc)
     }
 
-    /// Appends an encoded record (see [`Store::append_record`]).
-    pub(crate) fn append_encoded(&self, g: &mut Inner, enc: Encoded) -> Result<ChunkLoc> {
+    /// Appends an encoded record (see [`Store::append_record`]); its
+    /// location says it holds one chunk (`inner` none).
+    pub(crate) fn append_encoded(&self, g: &mut Inner, enc: &Encoded) -> Result<ChunkLoc> {
         self.room_for_more(g, enc.bytes.len() as u64 + CONTAINER_HEADER)?;
         let w = &mut g.writer;
         let full =
@@ -855,6 +888,7 @@ impl Store {
             offset: w.len,
             stored_len: enc.bytes.len() as u32,
             raw_len: enc.raw_len,
+            inner: None,
         };
         w.len += enc.bytes.len() as u64;
         w.unsynced.insert(w.id);
@@ -891,24 +925,32 @@ impl Store {
     }
 
     /// Reads and checks one chunk.
-    pub(crate) fn read_loc(&self, loc: ChunkLoc) -> Result<Vec<u8>> {
+    pub(crate) fn read_loc(&self, loc: ChunkLoc) -> Result<Piece> {
         let rec = self
             .containers
             .read(loc.container, loc.offset, loc.stored_len as usize)?;
-        self.decode_loc(&rec, loc)
+        self.decode_piece(&rec, loc)
     }
 
-    /// Checks and decodes the record `rec` read from `loc`.
-    pub(crate) fn decode_loc(&self, rec: &[u8], loc: ChunkLoc) -> Result<Vec<u8>> {
+    /// Checks and decodes the record `rec` read from `loc`: the chunk, a
+    /// piece of the record's decoded bytes (a pack's whole, which the
+    /// cache keeps for the pack's other chunks).
+    pub(crate) fn decode_piece(&self, rec: &[u8], loc: ChunkLoc) -> Result<Piece> {
+        let raw = self.decode_record(rec, loc)?;
+        piece_at(raw, loc)
+    }
+
+    /// The decoded bytes of the whole record `rec` read from `loc`.
+    pub(crate) fn decode_record(&self, rec: &[u8], loc: ChunkLoc) -> Result<Arc<Vec<u8>>> {
         let (_, raw) = container::decode(rec, loc.container, loc.offset, self.keys.as_deref())?;
-        if raw.len() != loc.raw_len as usize {
+        if container::is_pack(rec) != loc.inner.is_some() {
             return Err(StoreError::Damaged {
                 container: loc.container,
                 offset: loc.offset,
-                why: "length differs from the index".into(),
+                why: "a pack where the index says a chunk alone, or the reverse".into(),
             });
         }
-        Ok(raw)
+        Ok(Arc::new(raw))
     }
 
     /// A chunk's id: BLAKE3 of its bytes, keyed in an encrypted store.
@@ -917,6 +959,12 @@ impl Store {
             Some(k) => k.fingerprint(data),
             None => *blake3::hash(data).as_bytes(),
         }
+    }
+
+    /// A pack's record (`raw`: its chunks one after another), sealed in an
+    /// encrypted store; its id is the fingerprint of `raw`.
+    pub(crate) fn encode_pack(&self, raw: &[u8], packing: crate::config::Packing) -> Encoded {
+        container::encode_pack(&self.fingerprint(raw), raw, packing, self.keys.as_deref())
     }
 
     /// A chunk's record, sealed in an encrypted store.
@@ -928,6 +976,17 @@ impl Store {
     ) -> Encoded {
         container::encode(hash, data, packing, self.keys.as_deref())
     }
+}
+
+/// The chunk at `loc` in its record's decoded bytes `record` (checked
+/// by [`Store::decode_record`]): a record that does not hold the chunk's
+/// bytes where the row says is damaged.
+pub(crate) fn piece_at(record: Arc<Vec<u8>>, loc: ChunkLoc) -> Result<Piece> {
+    Piece::of(record, &loc).ok_or_else(|| StoreError::Damaged {
+        container: loc.container,
+        offset: loc.offset,
+        why: "length differs from the index".into(),
+    })
 }
 
 impl Store {

@@ -256,6 +256,19 @@ fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
     }
 }
 
+/// Flips one bit of byte `at` of the first container in the store at `dir`.
+fn flip_in_first_container(dir: &std::path::Path, at: usize) {
+    let cont = std::fs::read_dir(dir.join("containers/01"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let mut bytes = std::fs::read(&cont).unwrap();
+    bytes[at] ^= 1;
+    std::fs::write(&cont, bytes).unwrap();
+}
+
 #[test]
 fn damaged_chunk_is_an_error_never_wrong_data() {
     let (d, s) = new_store("fixed:4K", "none");
@@ -263,15 +276,7 @@ fn damaged_chunk_is_an_error_never_wrong_data() {
     let a = file(&s, "a", &data);
     s.commit(true).unwrap();
     drop(s);
-    let cont = std::fs::read_dir(d.path().join("containers/01"))
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
-    let mut bytes = std::fs::read(&cont).unwrap();
-    bytes[16 + 48 + 100] ^= 1;
-    std::fs::write(&cont, bytes).unwrap();
+    flip_in_first_container(d.path(), 16 + 48 + 100);
     let s = Store::open(d.path()).unwrap();
     let err = s.read(a, 0, 4096).unwrap_err();
     assert_eq!(err.errno(), libc::EIO, "{err}");
@@ -2169,7 +2174,12 @@ fn released_small_files_are_stored_together() {
     let small = 2000 + (12 << 10) + (40 << 10) + text.len() as u64;
     assert_eq!(st.referenced_bytes, small + 150 * 100);
 
-    let (h, i) = (open("h", &pseudo(2000, 5)), open("i", &pseudo(2000, 6)));
+    // Two appends at least (h's 15 chunks fill a pack, i's two make
+    // another): the first works, the other fails.
+    let (h, i) = (
+        open("h", &pseudo(60 << 10, 5)),
+        open("i", &pseudo(8 << 10, 6)),
+    );
     cs.appends_left.store(1, Relaxed);
     s.release_later(h);
     s.release_later(i);
@@ -2177,16 +2187,16 @@ fn released_small_files_are_stored_together() {
     let kept: Vec<u64> = s.lock().dirty.keys().copied().collect();
     assert_eq!(kept.len(), 1, "one file of the batch kept its buffer");
     assert!(s.fsync(kept[0]).is_err(), "its fsync reports the failure");
-    assert_eq!(read_all(&s, h), pseudo(2000, 5));
-    assert_eq!(read_all(&s, i), pseudo(2000, 6));
+    assert_eq!(read_all(&s, h), pseudo(60 << 10, 5));
+    assert_eq!(read_all(&s, i), pseudo(8 << 10, 6));
     cs.appends_left.store(-1, Relaxed);
     s.fsync(kept[0]).unwrap();
     assert!(s.lock().dirty.is_empty());
     assert!(s.fsck(false).unwrap().problems.is_empty());
     drop(s);
     let s = Store::open(d.path()).unwrap();
-    assert_eq!(read_all(&s, h), pseudo(2000, 5));
-    assert_eq!(read_all(&s, i), pseudo(2000, 6));
+    assert_eq!(read_all(&s, h), pseudo(60 << 10, 5));
+    assert_eq!(read_all(&s, i), pseudo(8 << 10, 6));
     assert_eq!(read_all(&s, inos[3]), files[3].1);
 }
 
@@ -2227,7 +2237,7 @@ fn a_walk_is_read_ahead_and_reads_stay_the_same() {
         let g = s.lock();
         let mut st =
             g.db.prepare(
-                "SELECT c.container, c.offset, c.stored_len, c.raw_len
+                "SELECT c.container, c.offset, c.stored_len, c.raw_len, c.inner, c.pack_raw
                  FROM extents e JOIN chunks c ON c.id = e.chunk WHERE e.ino = ?1",
             )
             .unwrap();
@@ -2326,4 +2336,139 @@ fn a_snapshot_knows_whether_it_holds_xattrs() {
     assert_eq!(s.getxattr(view_ino(with.id, f), b"user.k").unwrap(), b"v");
     s.snapshot_delete("bare").unwrap();
     assert!(s.view_has_xattrs(view_ino(bare.id, 1)).is_err());
+}
+
+/// Rows of chunks in packs, and the packs they are in.
+fn packed_rows(s: &Store) -> (u64, u64) {
+    let g = s.lock();
+    g.db.query_row(
+        "SELECT COUNT(*), COUNT(DISTINCT container * 4294967296 + offset) FROM chunks
+         WHERE inner IS NOT NULL",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )
+    .unwrap()
+}
+
+/// Small files released together share packs: each reads back from a
+/// cold cache and after a reopen, fsck and scrub are clean, stats count
+/// a pack's bytes once, and gc makes a pack that lost chunks again of
+/// the others (each pack then holds only live chunks).
+#[test]
+fn small_files_released_together_share_packs_and_gc_repacks_them() {
+    let (d, s) = new_store("fixed:64K", "auto");
+    let text = |i: usize| {
+        let line = format!("file {i}: words that repeat {}\n", "abc ".repeat(i % 50));
+        line.repeat(20 + i % 40).into_bytes()
+    };
+    let mut inos = Vec::new();
+    for i in 0..400 {
+        let ino = s
+            .mknod(1, format!("f{i}").as_bytes(), node(Kind::File))
+            .unwrap()
+            .ino;
+        s.open_file(ino).unwrap();
+        s.write(ino, 0, &text(i)).unwrap();
+        s.release_later(ino);
+        inos.push(ino);
+    }
+    // A page shorter than its chunk: 100 bytes written, then 10 at
+    // 70,000 (the first chunk is the bytes and zeros after them).
+    let short = s.mknod(1, b"short", node(Kind::File)).unwrap().ino;
+    s.open_file(short).unwrap();
+    s.write(short, 0, &[7; 100]).unwrap();
+    s.write(short, 70_000, &[8; 10]).unwrap();
+    s.release_later(short);
+    s.settle_releases();
+    let mut want_short = vec![7u8; 100];
+    want_short.resize(70_000, 0);
+    want_short.extend_from_slice(&[8; 10]);
+    assert_eq!(read_all(&s, short), want_short);
+    s.unlink(1, b"short").unwrap();
+    let st = s.stats().unwrap();
+    assert!(
+        st.stored_bytes * 3 < st.unique_bytes,
+        "packs compressed: {st:?}"
+    );
+    // Fills the packs' container, so that it is sealed (gc's to compact).
+    file(&s, "big", &pseudo(2 << 20, 9));
+    s.commit(true).unwrap();
+    let (rows, packs) = packed_rows(&s);
+    assert!(
+        rows > 300 && packs > 1 && packs * 4 < rows,
+        "{rows} rows in {packs} packs"
+    );
+    s.cache.clear();
+    for (i, &ino) in inos.iter().enumerate() {
+        assert_eq!(read_all(&s, ino), text(i), "file {i}");
+    }
+    let st = s.stats().unwrap();
+    assert!(st.stored_bytes <= st.container_bytes, "{st:?}");
+    assert!(s.fsck(false).unwrap().problems.is_empty());
+    assert_eq!(
+        s.scrub().unwrap().chunks_checked,
+        400 + 32 + 2,
+        "the unlinked short file's two as well"
+    );
+
+    for i in (0..400).filter(|i| i % 4 != 0) {
+        s.unlink(1, format!("f{i}").as_bytes()).unwrap();
+    }
+    s.unlink(1, b"big").unwrap();
+    let gc = s.gc().unwrap();
+    assert!(gc.containers_compacted > 0, "{gc:?}");
+    // A chunk left alone in its pack is made a record of its own.
+    let (rows, _) = packed_rows(&s);
+    assert!(rows > 50 && rows <= 100, "{rows}");
+    assert_eq!(s.stats().unwrap().chunks, 100);
+    let whole: u64 = s
+        .lock()
+        .db
+        .query_row(
+            "SELECT COUNT(*) FROM (SELECT SUM(raw_len) r, MAX(pack_raw) p FROM chunks
+             WHERE inner IS NOT NULL GROUP BY container, offset) WHERE r != p",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(whole, 0, "a pack holding a chunk gone");
+    assert!(s.fsck(false).unwrap().problems.is_empty());
+    assert_eq!(s.scrub().unwrap().damaged.len(), 0);
+    drop(s);
+    let s = Store::open(d.path()).unwrap();
+    for i in (0..400).step_by(4) {
+        assert_eq!(read_all(&s, inos[i]), text(i), "file {i}");
+    }
+}
+
+/// A byte flipped in a pack makes every chunk of it an error (EIO),
+/// never wrong bytes; the files in other records still read.
+#[test]
+fn damage_in_a_pack_is_an_error_for_each_of_its_chunks() {
+    let (d, s) = new_store("fixed:64K", "none");
+    let inos: Vec<u64> = (0..6)
+        .map(|i| {
+            let ino = s
+                .mknod(1, format!("f{i}").as_bytes(), node(Kind::File))
+                .unwrap()
+                .ino;
+            s.open_file(ino).unwrap();
+            s.write(ino, 0, &pseudo(12_000, i)).unwrap();
+            s.release_later(ino);
+            ino
+        })
+        .collect();
+    s.settle_releases();
+    s.commit(true).unwrap();
+    // 12,000 x 5 fit one pack; the sixth is alone.
+    assert_eq!(packed_rows(&s), (5, 1));
+    drop(s);
+    flip_in_first_container(d.path(), 16 + 48 + 30_000);
+    let s = Store::open(d.path()).unwrap();
+    for &ino in &inos[..5] {
+        let err = s.read(ino, 0, 100).unwrap_err();
+        assert_eq!(err.errno(), libc::EIO, "{err}");
+    }
+    assert_eq!(read_all(&s, inos[5]), pseudo(12_000, 5));
+    assert_eq!(s.scrub().unwrap().damaged.len(), 5);
 }

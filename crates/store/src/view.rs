@@ -485,7 +485,8 @@ fn view_plan(
 /// chunks' locations, as rows [`crate::data::planned`] reads, then the inode.
 pub(crate) fn view_extents_sql(cond: &str) -> String {
     format!(
-        "SELECT e.off, e.len, c.container, c.offset, c.stored_len, c.raw_len, e.ino FROM ({}) e
+        "SELECT e.off, e.len, c.container, c.offset, c.stored_len, c.raw_len, c.inner,
+         c.pack_raw, e.ino FROM ({}) e
          JOIN chunks c ON c.id = e.chunk",
         visible("extents", "ino, off, len, chunk", cond, 2)
     )

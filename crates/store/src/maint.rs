@@ -376,13 +376,11 @@ impl Store {
             }
             pieces.push(piece);
         }
-        let whole = self.fingerprint(pieces[0].record());
-        let id: &[u8] = if first.inner.is_some() {
-            &whole
-        } else {
-            &rows[0].1
+        let id_ok = match first.inner {
+            Some(_) => rec[..32] == self.fingerprint(pieces[0].record()),
+            None => rec[..32] == rows[0].1[..],
         };
-        if rec[..32] != *id {
+        if !id_ok {
             return Err(damaged_at(first, "bytes differ from the record's BLAKE3"));
         }
         let kept: usize = pieces.iter().map(|p| p.len()).sum();

@@ -2338,6 +2338,19 @@ fn a_snapshot_knows_whether_it_holds_xattrs() {
     assert!(s.view_has_xattrs(view_ino(bare.id, 1)).is_err());
 }
 
+/// File `f{i}` with `data`, written through an open handle and released
+/// to the releasing thread's batches (where packs are made).
+fn released(s: &Store, i: usize, data: &[u8]) -> u64 {
+    let ino = s
+        .mknod(1, format!("f{i}").as_bytes(), node(Kind::File))
+        .unwrap()
+        .ino;
+    s.open_file(ino).unwrap();
+    s.write(ino, 0, data).unwrap();
+    s.release_later(ino);
+    ino
+}
+
 /// Rows of chunks in packs, and the packs they are in.
 fn packed_rows(s: &Store) -> (u64, u64) {
     let g = s.lock();
@@ -2361,17 +2374,7 @@ fn small_files_released_together_share_packs_and_gc_repacks_them() {
         let line = format!("file {i}: words that repeat {}\n", "abc ".repeat(i % 50));
         line.repeat(20 + i % 40).into_bytes()
     };
-    let mut inos = Vec::new();
-    for i in 0..400 {
-        let ino = s
-            .mknod(1, format!("f{i}").as_bytes(), node(Kind::File))
-            .unwrap()
-            .ino;
-        s.open_file(ino).unwrap();
-        s.write(ino, 0, &text(i)).unwrap();
-        s.release_later(ino);
-        inos.push(ino);
-    }
+    let inos: Vec<u64> = (0..400).map(|i| released(&s, i, &text(i))).collect();
     // A page shorter than its chunk: 100 bytes written, then 10 at
     // 70,000 (the first chunk is the bytes and zeros after them).
     let short = s.mknod(1, b"short", node(Kind::File)).unwrap().ino;
@@ -2447,16 +2450,7 @@ fn small_files_released_together_share_packs_and_gc_repacks_them() {
 fn damage_in_a_pack_is_an_error_for_each_of_its_chunks() {
     let (d, s) = new_store("fixed:64K", "none");
     let inos: Vec<u64> = (0..6)
-        .map(|i| {
-            let ino = s
-                .mknod(1, format!("f{i}").as_bytes(), node(Kind::File))
-                .unwrap()
-                .ino;
-            s.open_file(ino).unwrap();
-            s.write(ino, 0, &pseudo(12_000, i)).unwrap();
-            s.release_later(ino);
-            ino
-        })
+        .map(|i| released(&s, i, &pseudo(12_000, i as u64)))
         .collect();
     s.settle_releases();
     s.commit(true).unwrap();
@@ -2480,18 +2474,7 @@ fn packs_of_an_encrypted_remote_store_read_back_after_recovery() {
     let bucket = tempfile::tempdir().unwrap();
     let (_d, s) = remote_store_graced(bucket.path(), Some(b"pw"), None, Some(0), "auto");
     let text = |i: usize| format!("packed file {i} ").repeat(50 + i).into_bytes();
-    let inos: Vec<u64> = (0..40)
-        .map(|i| {
-            let ino = s
-                .mknod(1, format!("f{i}").as_bytes(), node(Kind::File))
-                .unwrap()
-                .ino;
-            s.open_file(ino).unwrap();
-            s.write(ino, 0, &text(i)).unwrap();
-            s.release_later(ino);
-            ino
-        })
-        .collect();
+    let inos: Vec<u64> = (0..40).map(|i| released(&s, i, &text(i))).collect();
     s.settle_releases();
     let (rows, packs) = packed_rows(&s);
     assert!(rows >= 8 && packs >= 1, "{rows} rows in {packs} packs");

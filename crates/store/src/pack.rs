@@ -15,7 +15,7 @@ use crate::container::{Encoded, Hash};
 use crate::meta::{ChunkLoc, PackAt};
 
 /// Chunks shorter than this are packed.
-pub(crate) const PACK_BELOW: usize = 16 << 10;
+pub(crate) const PACK_BELOW: usize = 32 << 10;
 /// Raw bytes of a pack at most.
 pub(crate) const PACK_MAX: usize = 64 << 10;
 
@@ -142,7 +142,7 @@ mod tests {
     #[test]
     fn small_chunks_are_packed_in_order_up_to_the_limit() {
         let sizes = [
-            1000usize, 15_000, 15_000, 15_000, 16_384, 15_000, 9_000, 5_000,
+            1000usize, 15_000, 15_000, 15_000, 32_768, 15_000, 9_000, 5_000,
         ];
         let data: Vec<Vec<u8>> = sizes
             .iter()
@@ -155,7 +155,7 @@ mod tests {
             .map(|(i, d)| ([i as u8; 32], &d[..]))
             .collect();
         let mut e = Encodings::build(&chunks, |_, d| enc(d), enc);
-        // 16,384 is not small; 9,000 would take the first pack past 64
+        // 32,768 is not small; 9,000 would take the first pack past 64
         // KiB and opens the second.
         assert_eq!(e.packs.len(), 2);
         assert_eq!(e.packs[0].enc.raw_len, 61_000);

@@ -44,7 +44,8 @@ pub(crate) fn loc_of(r: &rusqlite::Row, at: usize) -> rusqlite::Result<ChunkLoc>
 
 /// A chunk's stored bytes (on `c`, a `chunks` row): its record's, or
 /// for a chunk in a pack the pack's in proportion to its raw length (what
-/// the chunk costs; gc frees it by making the pack again without it).
+/// the chunk costs; gc frees it by making the pack again without it;
+/// `ChunkLoc::stored_share` in Rust).
 pub(crate) const STORED_SHARE: &str = "CASE WHEN c.inner IS NULL THEN c.stored_len
     ELSE c.stored_len * c.raw_len / c.pack_raw END";
 

@@ -249,7 +249,8 @@ fn check(rec: &[u8], container: u64, offset: u64) -> Result<(usize, u8, &[u8])> 
     Ok((raw_len, rec[40], payload))
 }
 
-fn damaged(container: u64, offset: u64, why: &str) -> StoreError {
+/// The error for a damaged record at `offset` of `container`.
+pub(crate) fn damaged(container: u64, offset: u64, why: &str) -> StoreError {
     StoreError::Damaged {
         container,
         offset,

@@ -18,14 +18,6 @@ use crate::store::{piece_at, Inner, Store};
 /// length).
 type Move = (container::Encoded, Vec<(u64, Option<u32>, u32)>);
 
-fn damaged_at(loc: ChunkLoc, why: &str) -> StoreError {
-    StoreError::Damaged {
-        container: loc.container,
-        offset: loc.offset,
-        why: why.into(),
-    }
-}
-
 /// Unreferenced chunk rows `prune` reads at a time.
 const PRUNE_BATCH: u64 = 4096;
 
@@ -135,9 +127,10 @@ fn compute_stats(
     };
     let referenced = q("SELECT SUM(len) FROM extents")?;
     let unique = q(&live("c.raw_len"))?;
-    let stored = match version >= 7 {
-        true => q(&live(crate::chunks::STORED_SHARE))?,
-        false => q(&live("c.stored_len"))?,
+    let stored = if version >= 7 {
+        q(&live(crate::chunks::STORED_SHARE))?
+    } else {
+        q(&live("c.stored_len"))?
     };
     let chunks = q("SELECT COUNT(*) FROM chunks")?;
     let unindexed = if version >= 2 {
@@ -372,7 +365,11 @@ impl Store {
         for (_, hash, loc) in rows {
             let piece = piece_at(record.clone(), *loc)?;
             if self.fingerprint(&piece)[..] != hash[..] {
-                return Err(damaged_at(first, "bytes differ from the chunk's BLAKE3"));
+                return Err(container::damaged(
+                    first.container,
+                    first.offset,
+                    "bytes differ from the chunk's BLAKE3",
+                ));
             }
             pieces.push(piece);
         }
@@ -381,7 +378,11 @@ impl Store {
             None => rec[..32] == rows[0].1[..],
         };
         if !id_ok {
-            return Err(damaged_at(first, "bytes differ from the record's BLAKE3"));
+            return Err(container::damaged(
+                first.container,
+                first.offset,
+                "bytes differ from the record's BLAKE3",
+            ));
         }
         let kept: usize = pieces.iter().map(|p| p.len()).sum();
         if first.inner.is_none() || kept == pieces[0].record().len() {

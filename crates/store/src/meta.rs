@@ -180,6 +180,20 @@ pub struct ChunkLoc {
     pub inner: Option<PackAt>,
 }
 
+impl ChunkLoc {
+    /// The stored bytes this chunk costs: its record's, or its share of
+    /// a pack's in proportion to its raw length (`chunks::STORED_SHARE`
+    /// in SQL).
+    pub fn stored_share(&self) -> u64 {
+        match self.inner {
+            None => u64::from(self.stored_len),
+            Some(p) => {
+                u64::from(self.stored_len) * u64::from(self.raw_len) / u64::from(p.of.max(1))
+            }
+        }
+    }
+}
+
 /// Where a chunk is in a pack: at `at` of the pack's `of` decoded bytes
 /// (`chunks.inner`, `chunks.pack_raw`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -800,6 +800,7 @@ impl Store {
             // The stored copy is damaged: write a healthy one and point the
             // index at it (its references stay).
             let loc = self.append_record(g, &hash, data)?;
+            Self::used_room(g, loc);
             Chunks(&g.db).relocate(id, loc, 1)?;
             return Ok(id);
         }
@@ -808,6 +809,7 @@ impl Store {
             Some(Prepared::Packed(pack, inner)) => self.put_in_pack(g, pack, inner, data)?,
             None => self.append_encoded(g, &self.encode_chunk(&hash, data, self.cfg.packing()))?,
         };
+        Self::used_room(g, loc);
         g.counters.new_bytes += data.len() as u64;
         let id = Chunks(&g.db).insert(&hash, loc)?;
         g.index.added(&hash, id);
@@ -815,8 +817,7 @@ impl Store {
     }
 
     /// The location of `data`, at `inner` in `pack`: the pack is appended
-    /// by the first of its chunks stored. Each chunk uses its share of
-    /// the pack's bytes from the room promised to the file flushed.
+    /// by the first of its chunks stored.
     fn put_in_pack(
         &self,
         g: &mut Inner,
@@ -826,19 +827,17 @@ impl Store {
     ) -> Result<ChunkLoc> {
         let at = match pack.at {
             Some(at) => at,
-            None => {
-                let flushing = g.flushing.take();
-                let appended = self.append_encoded(g, &pack.enc);
-                g.flushing = flushing;
-                *pack.at.insert(appended?)
-            }
+            None => *pack.at.insert(self.append_encoded(g, &pack.enc)?),
         };
-        let loc = Pack::member(at, inner, data.len() as u32);
+        Ok(Pack::member(at, inner, data.len() as u32))
+    }
+
+    /// A chunk just stored at `loc` for the file being flushed uses its
+    /// stored bytes (its share of a pack's) from the room promised to it.
+    fn used_room(g: &mut Inner, loc: ChunkLoc) {
         if let Some(ino) = g.flushing {
-            let share = u64::from(at.stored_len) * data.len() as u64 / u64::from(at.raw_len);
-            Self::use_room(g, ino, Some(share));
+            Self::use_room(g, ino, Some(loc.stored_share()));
         }
-        Ok(loc)
     }
 
     /// `Ok(true)` when the stored chunk equals `data`, `Ok(false)` when it
@@ -892,9 +891,6 @@ impl Store {
         };
         w.len += enc.bytes.len() as u64;
         w.unsynced.insert(w.id);
-        if let Some(ino) = g.flushing {
-            Self::use_room(g, ino, Some(loc.stored_len as u64));
-        }
         Ok(loc)
     }
 
@@ -944,11 +940,8 @@ impl Store {
     pub(crate) fn decode_record(&self, rec: &[u8], loc: ChunkLoc) -> Result<Arc<Vec<u8>>> {
         let (_, raw) = container::decode(rec, loc.container, loc.offset, self.keys.as_deref())?;
         if container::is_pack(rec) != loc.inner.is_some() {
-            return Err(StoreError::Damaged {
-                container: loc.container,
-                offset: loc.offset,
-                why: "a pack where the index says a chunk alone, or the reverse".into(),
-            });
+            let why = "a pack where the index says a chunk alone, or the reverse";
+            return Err(container::damaged(loc.container, loc.offset, why));
         }
         Ok(Arc::new(raw))
     }
@@ -982,10 +975,8 @@ impl Store {
 /// by [`Store::decode_record`]): a record that does not hold the chunk's
 /// bytes where the row says is damaged.
 pub(crate) fn piece_at(record: Arc<Vec<u8>>, loc: ChunkLoc) -> Result<Piece> {
-    Piece::of(record, &loc).ok_or_else(|| StoreError::Damaged {
-        container: loc.container,
-        offset: loc.offset,
-        why: "length differs from the index".into(),
+    Piece::of(record, &loc).ok_or_else(|| {
+        container::damaged(loc.container, loc.offset, "length differs from the index")
     })
 }
 

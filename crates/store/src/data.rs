@@ -38,6 +38,11 @@ pub(crate) struct DirtyFile {
 }
 
 impl DirtyFile {
+    /// Bytes buffered.
+    pub fn bytes(&self) -> u64 {
+        self.pages.values().map(|pg| pg.len() as u64).sum()
+    }
+
     /// The pages, shared, for a flush outside the lock (marked `flushing`).
     fn snapshot(&mut self) -> Vec<Page> {
         self.flushing = true;
@@ -714,6 +719,7 @@ impl Store {
         }
         let p = self.page_size();
         self.make_room(&mut g, ino)?;
+        self.room_to_buffer(&mut g, ino, data.len() as u64)?;
         for idx in off / p..=(end - 1) / p {
             let ps = idx * p;
             if let Some((_, page)) = copies.next_if(|&(i, _)| i == idx) {

@@ -63,8 +63,7 @@ impl Reserve {
     /// Releases the reserve when less than its size is free, takes it
     /// back when twice its size is; returns whether the store is low.
     pub fn adjust(&mut self) -> bool {
-        let dir = self.path.parent().expect("the reserve is in the store");
-        let Some(free) = available(dir) else {
+        let Some(free) = available(self.dir()) else {
             return false;
         };
         if self.held && free < self.size {
@@ -79,13 +78,41 @@ impl Reserve {
     /// free (promised to preallocations) and, while the reserve is
     /// released, the reserve's size too.
     pub fn has_room(&self, more: u64, held: u64) -> bool {
-        let dir = self.path.parent().expect("the reserve is in the store");
-        let keep = if self.held {
-            held
-        } else {
-            held.saturating_add(self.size)
-        };
-        available(dir).is_none_or(|free| free >= keep.saturating_add(more))
+        self.fits(more, self.keep(held))
+    }
+
+    /// [`Reserve::has_room`] for bytes whose room was promised when they
+    /// were buffered: they may use half of a released reserve, what the
+    /// metadata written since may have taken of the room they were
+    /// promised (the other half stays for commits).
+    pub fn has_room_for_promised(&self, more: u64, held: u64) -> bool {
+        let slack = if self.held { 0 } else { self.size / 2 };
+        self.fits(more, self.keep(held).saturating_sub(slack))
+    }
+
+    /// Bytes that can be written while keeping `held` bytes free and,
+    /// while the reserve is released, its size too (`u64::MAX` when the
+    /// filesystem cannot be asked).
+    pub fn room(&self, held: u64) -> u64 {
+        let keep = self.keep(held);
+        available(self.dir()).map_or(u64::MAX, |free| free.saturating_sub(keep))
+    }
+
+    /// Whether `more` bytes fit with `keep` bytes left free.
+    fn fits(&self, more: u64, keep: u64) -> bool {
+        available(self.dir()).is_none_or(|free| free >= keep.saturating_add(more))
+    }
+
+    /// `held` and, while the reserve is released, its size.
+    fn keep(&self, held: u64) -> u64 {
+        match self.held {
+            true => held,
+            false => held.saturating_add(self.size),
+        }
+    }
+
+    fn dir(&self) -> &Path {
+        self.path.parent().expect("the reserve is in the store")
     }
 
     fn take(&self) -> std::io::Result<()> {

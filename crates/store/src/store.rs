@@ -65,6 +65,10 @@ pub(crate) struct Inner {
     /// The file whose buffer is being stored: its appends may use its own
     /// preallocated room.
     pub flushing: Option<u64>,
+    /// Room for more buffered bytes (see [`Store::room_to_buffer`]): free
+    /// beside the reserve, promised and buffered bytes when last asked,
+    /// less what writes buffered since.
+    pub room_seen: u64,
     /// The open epoch (`meta.epoch`): rows inserted carry it as `born`,
     /// so that the history triggers need not stamp them (see `snap.rs`).
     pub epoch: u64,
@@ -374,6 +378,7 @@ impl Store {
                 prealloc,
                 prealloc_dirty: BTreeSet::new(),
                 flushing: None,
+                room_seen: 0,
                 epoch,
             }),
             cache: ChunkCache::new(CACHE_BYTES),
@@ -534,7 +539,7 @@ impl Store {
     pub(crate) fn commit_locked(&self, g: &mut Inner, durable: bool) -> Result<()> {
         self.check_live()?;
         let inos = inode_seq(&g.db)?;
-        self.adjust_space();
+        g.room_seen = self.room_beside(g);
         let r = self.commit_and_begin(g, durable);
         if g.db.is_autocommit() {
             if let Err(e) = &r {
@@ -569,11 +574,6 @@ impl Store {
         }
     }
 
-    /// Checks the free space before a commit (see `space.rs`).
-    fn adjust_space(&self) {
-        drop(self.adjusted_reserve());
-    }
-
     /// The reserve, released or taken back for the free space now, with
     /// `low` set to match.
     fn adjusted_reserve(&self) -> MutexGuard<'_, Reserve> {
@@ -600,12 +600,49 @@ impl Store {
             return Ok(());
         }
         let r = self.adjusted_reserve();
-        if (r.is_low() || held > 0) && !r.has_room(more, held) {
+        let fits = match g.flushing {
+            // Buffered bytes, given room when they were written.
+            Some(_) => r.has_room_for_promised(more, held),
+            None => r.has_room(more, held),
+        };
+        if (r.is_low() || held > 0) && !fits {
             return Err(StoreError::LowSpace {
                 path: self.dir.clone(),
             });
         }
         Ok(())
+    }
+
+    /// Before a write buffers `more` bytes of `ino`: they must fit in
+    /// the free space beside the reserve, the room promised to
+    /// preallocations (their own file's covers them) and the bytes
+    /// buffered already, or the write fails with ENOSPC. A file closed
+    /// without an fsync is stored later by the releasing thread, when no
+    /// program can be told of a failure: its bytes must never meet a
+    /// full disk. The filesystem is asked only when the room seen at the
+    /// last commit or look, less what writes buffered since, runs out.
+    pub(crate) fn room_to_buffer(&self, g: &mut Inner, ino: u64, more: u64) -> Result<()> {
+        let more = more.saturating_sub(g.prealloc.get(&ino).copied().unwrap_or(0));
+        if g.room_seen < more {
+            g.room_seen = self.room_beside(g);
+            if g.room_seen < more {
+                return Err(StoreError::NoSpace);
+            }
+        }
+        g.room_seen -= more;
+        Ok(())
+    }
+
+    /// Free bytes beside the reserve (while released), promised room and
+    /// buffered bytes not covered by their own file's promise; the
+    /// reserve adjusted first (see `space.rs`).
+    fn room_beside(&self, g: &Inner) -> u64 {
+        let promised = |ino: &u64| g.prealloc.get(ino).copied().unwrap_or(0);
+        let held: u64 = g.prealloc.values().sum();
+        let buffered: u64 = (g.dirty.iter())
+            .map(|(ino, d)| d.bytes().saturating_sub(promised(ino)))
+            .sum();
+        self.adjusted_reserve().room(held.saturating_add(buffered))
     }
 
     /// Promises `bytes` more room to `ino` (`fallocate`), or fails with

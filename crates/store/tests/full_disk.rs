@@ -53,7 +53,8 @@ fn write_file(s: &Store, name: &str, data: &[u8]) -> u64 {
 /// The disk fills while a large transaction is open: the commit still
 /// succeeds (the store gives its reserve back to the filesystem for it),
 /// nothing acknowledged is lost, and new data and files are refused with
-/// ENOSPC until space is back, when writes resume.
+/// ENOSPC (a write before it is buffered) until space is back, when
+/// writes resume.
 #[test]
 fn a_commit_on_a_full_disk_uses_the_reserve_and_loses_nothing() {
     assert!(
@@ -89,10 +90,17 @@ fn a_commit_on_a_full_disk_uses_the_reserve_and_loses_nothing() {
         e.expect_err("new data on a full disk").errno(),
         libc::ENOSPC
     );
+    // The write was refused before it was buffered: its room was not
+    // there to promise (a file closed without an fsync must never meet a
+    // full disk when it is stored later).
+    assert!(
+        read(&s, a, 64 << 10) == first,
+        "a refused write changes nothing"
+    );
     std::fs::remove_file(&ballast).unwrap();
-    // Space is back: the buffered write is stored, new files work.
-    s.fsync(a)
-        .expect("the kept buffer is stored once space is back");
+    // Space is back: writes are taken in and stored, new files work.
+    s.write(a, 0, &bytes(9, 64 << 10)).unwrap();
+    s.fsync(a).expect("stored once space is back");
     s.release_file(a).unwrap();
     let later = bytes(3, 2 << 20);
     let b = write_file(&s, "b", &later);

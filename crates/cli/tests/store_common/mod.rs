@@ -228,7 +228,11 @@ impl Mount {
         }
         let st = self.child.take().unwrap().wait().unwrap();
         self.check_stderr();
-        assert!(st.success(), "mount process exited with {st}");
+        assert!(
+            st.success(),
+            "mount process exited with {st}: {}",
+            self.log()
+        );
     }
 
     pub fn kill(mut self) {

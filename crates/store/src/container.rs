@@ -268,12 +268,12 @@ pub fn decode(
 ) -> Result<(Hash, Vec<u8>)> {
     let (raw_len, codec, payload) = check(rec, container, offset)?;
     let (codec, payload) = unseal(rec, codec, payload, keys, (container, offset))?;
-    let payload = &payload[..];
     let bad = |why| damaged(container, offset, why);
     let raw = match codec & !PACK {
-        0 => payload.to_vec(),
-        1 => with_unzstd(|d| d.decompress(payload, raw_len)).map_err(|_| bad("zstd"))?,
-        2 => lz4_flex::block::decompress(payload, raw_len).map_err(|_| bad("lz4"))?,
+        // A sealed record's opened bytes are kept, not copied again.
+        0 => payload.into_owned(),
+        1 => with_unzstd(|d| d.decompress(&payload, raw_len)).map_err(|_| bad("zstd"))?,
+        2 => lz4_flex::block::decompress(&payload, raw_len).map_err(|_| bad("lz4"))?,
         _ => return Err(bad("unknown codec")),
     };
     if raw.len() != raw_len {

@@ -7,6 +7,8 @@
 //! Needs root, /dev/fuse and `weed` (scripts/test.sh installs it).
 
 use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -530,5 +532,65 @@ fn a_damaged_cache_heals_from_the_bucket() {
     fsck_clean(&s.store);
     let m = Mount::new(&s);
     assert_eq!(checksum_tree(&m.mnt.join("tree")), want);
+    m.unmount();
+}
+
+/// The cache's disk is smaller than what is written (the default cache
+/// size, 4 GiB, far above it): the cache gives back copies of containers
+/// the bucket holds instead of refusing writes. 160 MiB of files written,
+/// fsync'd and closed on a 96 MiB disk all succeed and read back; after
+/// the unmount a cache rebuilt from the bucket alone on another disk
+/// holds every one of them, fsck clean.
+#[test]
+fn a_cache_disk_smaller_than_the_data_gives_back_copies() {
+    require_fuse();
+    let (weed, _objects) = weed("onecopy-remote-small-disk");
+    let lo = onecopy_testfs::LoopFs::new(onecopy_testfs::FsKind::Ext4, 96 << 20).unwrap();
+    let url = format!("s3://{}/store", weed.bucket);
+    let s = scratch_in(
+        lo.path(),
+        &[
+            "--remote",
+            &url,
+            "--endpoint",
+            &weed.endpoint,
+            "--container-size",
+            "4M",
+        ],
+    );
+    let m = Mount::new(&s);
+    let mut want = BTreeMap::new();
+    let mut rng = Rng::seeded("remote-small-disk");
+    for i in 0..40u64 {
+        let path = m.mnt.join(format!("f{i}"));
+        let data: Vec<u8> = (0..(4 << 20) / 8)
+            .flat_map(|_| rng.next().to_le_bytes())
+            .collect();
+        let written = (|| {
+            let mut f = File::create(&path)?;
+            f.write_all(&data)?;
+            f.sync_all()
+        })();
+        written.unwrap_or_else(|e| panic!("file {i} of 4 MiB on a 96 MiB cache disk: {e}"));
+        want.insert(path, data);
+    }
+    for (path, data) in &want {
+        assert!(std::fs::read(path).unwrap() == *data, "{}", path.display());
+    }
+    m.unmount();
+    let other = scratch(&[]);
+    std::fs::remove_dir_all(&other.store).unwrap();
+    recover(&other.store, &weed);
+    fsck_clean(&other.store);
+    let m = Mount::new(&other);
+    for (path, data) in &want {
+        let name = path.file_name().unwrap();
+        let got = std::fs::read(other.mnt.join(name)).unwrap();
+        assert!(
+            got == *data,
+            "{} from the bucket alone",
+            name.to_string_lossy()
+        );
+    }
     m.unmount();
 }

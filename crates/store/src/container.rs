@@ -413,6 +413,13 @@ pub trait ContainerStore: Send + Sync {
     fn drop_damaged_copy(&self, _id: u64) -> bool {
         false
     }
+    /// The disk is short of room: a backend that keeps copies of
+    /// containers held elsewhere too (a remote store's cache) deletes the
+    /// least recently used of them until `bytes` are freed; the bytes it
+    /// freed. A copy that is the only one is never deleted.
+    fn shed(&self, _bytes: u64) -> u64 {
+        0
+    }
     /// Current length of container `id` (None if it does not exist).
     fn len(&self, id: u64) -> Result<Option<u64>>;
     /// Deletes a whole container.

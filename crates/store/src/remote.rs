@@ -586,6 +586,20 @@ impl ContainerStore for Tiered {
     /// Queues the sealed containers the bucket's listing lacks or holds
     /// shorter: one listing, not a request per container (a listing may
     /// miss new objects; those are queued, and the upload finds them).
+    /// Copies the LRU lists (in the bucket), least recently used first.
+    fn shed(&self, bytes: u64) -> u64 {
+        let (gone, freed) = {
+            let mut l = self.lru.lock().unwrap();
+            let before = l.total;
+            let gone = l.over(before.saturating_sub(bytes));
+            (gone, before - l.total)
+        };
+        for id in gone {
+            let _ = self.local.delete(id);
+        }
+        freed
+    }
+
     fn resume(&self, sealed: Vec<(u64, u64)>) -> Result<()> {
         if self.read_only {
             return Ok(());

@@ -46,6 +46,11 @@ pub enum Atime {
     Strict,
 }
 
+/// Bytes a remote store's cache gives back at least when the disk is
+/// short of room (see [`ContainerStore::shed`]), so that a disk kept full
+/// by the cache is not asked again at every write.
+const SHED_AT_LEAST: u64 = 64 << 20;
+
 /// Everything behind the store's lock.
 pub(crate) struct Inner {
     pub db: Connection,
@@ -539,7 +544,7 @@ impl Store {
     pub(crate) fn commit_locked(&self, g: &mut Inner, durable: bool) -> Result<()> {
         self.check_live()?;
         let inos = inode_seq(&g.db)?;
-        g.room_seen = self.room_beside(g);
+        g.room_seen = self.room_beside(g, 0);
         let r = self.commit_and_begin(g, durable);
         if g.db.is_autocommit() {
             if let Err(e) = &r {
@@ -599,13 +604,16 @@ impl Store {
         if !self.low.load(Ordering::Relaxed) && held == 0 {
             return Ok(());
         }
-        let r = self.adjusted_reserve();
-        let fits = match g.flushing {
-            // Buffered bytes, given room when they were written.
-            Some(_) => r.has_room_for_promised(more, held),
-            None => r.has_room(more, held),
+        let short = || {
+            let r = self.adjusted_reserve();
+            let fits = match g.flushing {
+                // Buffered bytes, given room when they were written.
+                Some(_) => r.has_room_for_promised(more, held),
+                None => r.has_room(more, held),
+            };
+            (r.is_low() || held > 0) && !fits
         };
-        if (r.is_low() || held > 0) && !fits {
+        if short() && (self.containers.shed(more.max(SHED_AT_LEAST)) == 0 || short()) {
             return Err(StoreError::LowSpace {
                 path: self.dir.clone(),
             });
@@ -624,7 +632,7 @@ impl Store {
     pub(crate) fn room_to_buffer(&self, g: &mut Inner, ino: u64, more: u64) -> Result<()> {
         let more = more.saturating_sub(g.prealloc.get(&ino).copied().unwrap_or(0));
         if g.room_seen < more {
-            g.room_seen = self.room_beside(g);
+            g.room_seen = self.room_beside(g, more);
             if g.room_seen < more {
                 return Err(StoreError::NoSpace);
             }
@@ -635,14 +643,20 @@ impl Store {
 
     /// Free bytes beside the reserve (while released), promised room and
     /// buffered bytes not covered by their own file's promise; the
-    /// reserve adjusted first (see `space.rs`).
-    fn room_beside(&self, g: &Inner) -> u64 {
+    /// reserve adjusted first (see `space.rs`). Under `want`, a remote
+    /// store's cache gives back copies of containers the bucket holds.
+    fn room_beside(&self, g: &Inner, want: u64) -> u64 {
         let promised = |ino: &u64| g.prealloc.get(ino).copied().unwrap_or(0);
         let held: u64 = g.prealloc.values().sum();
         let buffered: u64 = (g.dirty.iter())
             .map(|(ino, d)| d.bytes().saturating_sub(promised(ino)))
             .sum();
-        self.adjusted_reserve().room(held.saturating_add(buffered))
+        let keep = held.saturating_add(buffered);
+        let room = self.adjusted_reserve().room(keep);
+        if room >= want || self.containers.shed((want - room).max(SHED_AT_LEAST)) == 0 {
+            return room;
+        }
+        self.adjusted_reserve().room(keep)
     }
 
     /// Promises `bytes` more room to `ino` (`fallocate`), or fails with

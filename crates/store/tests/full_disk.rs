@@ -116,6 +116,41 @@ fn a_commit_on_a_full_disk_uses_the_reserve_and_loses_nothing() {
     assert!(fsck.problems.is_empty(), "{:?}", fsck.problems);
 }
 
+/// Bytes a write buffered while there was room are kept when the disk
+/// fills before they are stored: while it stays full every `fsync`
+/// reports ENOSPC (8 MiB is more than the half of the released reserve
+/// buffered bytes may use), and once space is back the next one stores
+/// them whole.
+#[test]
+fn bytes_buffered_before_the_disk_filled_are_kept_until_stored() {
+    assert!(
+        is_root(),
+        "this test mounts a loop ext4 and must run as root"
+    );
+    let lo = LoopFs::new(FsKind::Ext4, 64 << 20).unwrap();
+    let dir = lo.path().join("store");
+    Store::init(&dir, &config()).unwrap();
+    let s = Store::open(&dir).unwrap();
+    let f = s.mknod(1, b"f", node()).unwrap().ino;
+    s.open_file(f).unwrap();
+    let data = bytes(5, 8 << 20);
+    s.write(f, 0, &data).unwrap();
+    let ballast = lo.path().join("ballast");
+    fill(&ballast);
+    for round in 0..3 {
+        let e = s.fsync(f).expect_err("fsync on a full disk");
+        assert_eq!(e.errno(), libc::ENOSPC, "round {round}: {e}");
+    }
+    std::fs::remove_file(&ballast).unwrap();
+    s.fsync(f).expect("stored once space is back");
+    s.release_file(f).unwrap();
+    drop(s);
+    let s = Store::open(&dir).unwrap();
+    assert!(read(&s, f, data.len()) == data, "whole after a reopen");
+    let fsck = s.fsck(false).unwrap();
+    assert!(fsck.problems.is_empty(), "{:?}", fsck.problems);
+}
+
 /// The disk fills again after the reserve was given back (another
 /// program took that room too): a COMMIT fails and SQLite rolls it back.
 /// The store then shuts down, like a filesystem that lost its journal:

@@ -583,9 +583,6 @@ impl ContainerStore for Tiered {
         matches!(self.local.len(id), Ok(None))
     }
 
-    /// Queues the sealed containers the bucket's listing lacks or holds
-    /// shorter: one listing, not a request per container (a listing may
-    /// miss new objects; those are queued, and the upload finds them).
     /// Copies the LRU lists (in the bucket), least recently used first.
     fn shed(&self, bytes: u64) -> u64 {
         let (gone, freed) = {
@@ -600,6 +597,9 @@ impl ContainerStore for Tiered {
         freed
     }
 
+    /// Queues the sealed containers the bucket's listing lacks or holds
+    /// shorter: one listing, not a request per container (a listing may
+    /// miss new objects; those are queued, and the upload finds them).
     fn resume(&self, sealed: Vec<(u64, u64)>) -> Result<()> {
         if self.read_only {
             return Ok(());

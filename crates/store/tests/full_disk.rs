@@ -42,6 +42,19 @@ fn fill(ballast: &Path) {
     f.sync_all().unwrap();
 }
 
+/// A new store in `DIR/store` on a loop ext4 of `size` bytes (root only).
+fn store_on_loop(size: u64) -> (LoopFs, std::path::PathBuf, Store) {
+    assert!(
+        is_root(),
+        "this test mounts a loop ext4 and must run as root"
+    );
+    let lo = LoopFs::new(FsKind::Ext4, size).unwrap();
+    let dir = lo.path().join("store");
+    Store::init(&dir, &config()).unwrap();
+    let s = Store::open(&dir).unwrap();
+    (lo, dir, s)
+}
+
 fn write_file(s: &Store, name: &str, data: &[u8]) -> u64 {
     let a = s.mknod(1, name.as_bytes(), node()).unwrap();
     s.open_file(a.ino).unwrap();
@@ -57,14 +70,7 @@ fn write_file(s: &Store, name: &str, data: &[u8]) -> u64 {
 /// writes resume.
 #[test]
 fn a_commit_on_a_full_disk_uses_the_reserve_and_loses_nothing() {
-    assert!(
-        is_root(),
-        "this test mounts a loop ext4 and must run as root"
-    );
-    let lo = LoopFs::new(FsKind::Ext4, 64 << 20).unwrap();
-    let dir = lo.path().join("store");
-    Store::init(&dir, &config()).unwrap();
-    let s = Store::open(&dir).unwrap();
+    let (lo, dir, s) = store_on_loop(64 << 20);
     let first = bytes(1, 64 << 10);
     let a = write_file(&s, "a", &first);
     s.commit(true).unwrap();
@@ -123,14 +129,7 @@ fn a_commit_on_a_full_disk_uses_the_reserve_and_loses_nothing() {
 /// them whole.
 #[test]
 fn bytes_buffered_before_the_disk_filled_are_kept_until_stored() {
-    assert!(
-        is_root(),
-        "this test mounts a loop ext4 and must run as root"
-    );
-    let lo = LoopFs::new(FsKind::Ext4, 64 << 20).unwrap();
-    let dir = lo.path().join("store");
-    Store::init(&dir, &config()).unwrap();
-    let s = Store::open(&dir).unwrap();
+    let (lo, dir, s) = store_on_loop(64 << 20);
     let f = s.mknod(1, b"f", node()).unwrap().ino;
     s.open_file(f).unwrap();
     let data = bytes(5, 8 << 20);
@@ -162,14 +161,7 @@ fn bytes_buffered_before_the_disk_filled_are_kept_until_stored() {
 /// committed into a container the database forgot.
 #[test]
 fn a_rolled_back_commit_shuts_the_store_down() {
-    assert!(
-        is_root(),
-        "this test mounts a loop ext4 and must run as root"
-    );
-    let lo = LoopFs::new(FsKind::Ext4, 64 << 20).unwrap();
-    let dir = lo.path().join("store");
-    Store::init(&dir, &config()).unwrap();
-    let s = Store::open(&dir).unwrap();
+    let (lo, dir, s) = store_on_loop(64 << 20);
     let first = bytes(1, 64 << 10);
     let a = write_file(&s, "a", &first);
     s.commit(true).unwrap();
@@ -242,14 +234,7 @@ fn read(s: &Store, ino: u64, len: usize) -> Vec<u8> {
 /// file.
 #[test]
 fn fallocate_promises_room_that_other_writes_leave_free() {
-    assert!(
-        is_root(),
-        "this test mounts a loop ext4 and must run as root"
-    );
-    let lo = LoopFs::new(FsKind::Ext4, 128 << 20).unwrap();
-    let dir = lo.path().join("store");
-    Store::init(&dir, &config()).unwrap();
-    let s = Store::open(&dir).unwrap();
+    let (lo, dir, s) = store_on_loop(128 << 20);
     let f = s.mknod(1, b"f", node()).unwrap().ino;
     let e = s
         .fallocate(f, 0, 1 << 40, 0)

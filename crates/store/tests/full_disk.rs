@@ -234,7 +234,7 @@ fn read(s: &Store, ino: u64, len: usize) -> Vec<u8> {
 /// file.
 #[test]
 fn fallocate_promises_room_that_other_writes_leave_free() {
-    let (lo, dir, s) = store_on_loop(128 << 20);
+    let (_lo, dir, s) = store_on_loop(128 << 20);
     let f = s.mknod(1, b"f", node()).unwrap().ino;
     let e = s
         .fallocate(f, 0, 1 << 40, 0)

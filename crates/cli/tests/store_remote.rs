@@ -594,3 +594,80 @@ fn a_cache_disk_smaller_than_the_data_gives_back_copies() {
     }
     m.unmount();
 }
+
+/// A cache recovered from the bucket onto a disk smaller than the store:
+/// a cold read of every file fills the disk with copies, gives back the
+/// oldest and goes on. Every file reads back whole, and each container is
+/// fetched about once (not again at every read of it once the disk is
+/// full).
+#[test]
+fn a_cold_read_on_a_cache_disk_smaller_than_the_store() {
+    require_fuse();
+    let (weed, objects) = weed("onecopy-remote-small-read");
+    let s = remote_scratch_at(&weed, &weed.endpoint, "4M");
+    let m = Mount::new(&s);
+    let mut rng = Rng::seeded("remote-small-read");
+    let mut want = BTreeMap::new();
+    for i in 0..40u64 {
+        let name = format!("f{i}");
+        let data: Vec<u8> = (0..(4 << 20) / 8)
+            .flat_map(|_| rng.next().to_le_bytes())
+            .collect();
+        std::fs::write(m.mnt.join(&name), &data).unwrap();
+        want.insert(name, data);
+    }
+    m.unmount();
+    let containers = objects.list("data").unwrap().len() as u64;
+    let proxy = FaultProxy::start(&weed.endpoint).unwrap();
+    let lo = onecopy_testfs::LoopFs::new(onecopy_testfs::FsKind::Ext4, 64 << 20).unwrap();
+    let cache = lo.path().join("cache");
+    let url = format!("s3://{}/store", weed.bucket);
+    let a = [
+        "store",
+        "init",
+        cache.to_str().unwrap(),
+        "--recover",
+        "--remote",
+        &url,
+    ];
+    ok(onecopy(
+        &[&a[..], &["--endpoint", &proxy.endpoint()]].concat(),
+    ));
+    let gets = proxy.count("GET");
+    let r = Scratch::existing(cache, s.mnt.clone());
+    let m = Mount::new(&r);
+    for (name, data) in &want {
+        let got = std::fs::read(m.mnt.join(name)).unwrap();
+        assert!(got == *data, "{name} read through a cache on a small disk");
+    }
+    let gets = proxy.count("GET") - gets;
+    // The disk full of copies still takes a write: copies give way.
+    let more = vec![7u8; 8 << 20];
+    let mut f = File::create(m.mnt.join("more")).unwrap();
+    f.write_all(&more).unwrap();
+    f.sync_all()
+        .expect("a write on a disk full of cached copies");
+    drop(f);
+    m.unmount();
+    assert!(
+        gets <= 2 * containers + 16,
+        "{gets} GETs to read {containers} containers once"
+    );
+    let parts = walk_files(&r.store).filter(|p| p.to_string_lossy().ends_with(".part"));
+    assert_eq!(parts.count(), 0, "a failed install left its part behind");
+}
+
+/// Every file under `dir`.
+fn walk_files(dir: &Path) -> impl Iterator<Item = PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            match e.file_type().unwrap().is_dir() {
+                true => todo.push(e.path()),
+                false => out.push(e.path()),
+            }
+        }
+    }
+    out.into_iter()
+}

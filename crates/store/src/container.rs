@@ -499,7 +499,12 @@ impl LocalDir {
             crate::direct::write_synced(&part, bytes)?;
             std::fs::rename(&part, &path)
         };
-        write().map_err(StoreError::io(&path))?;
+        if let Err(e) = write() {
+            // A full disk: what was written of the part would stay,
+            // unlisted, never evicted.
+            let _ = std::fs::remove_file(&part);
+            return Err(StoreError::io(&path)(e));
+        }
         // A file opened under the name before is not the container now.
         self.open.lock().unwrap().remove(&id);
         Ok(())

@@ -205,16 +205,18 @@ impl Shared {
     /// the oldest kept one go from memory (of this one at once if the
     /// write failed: the next read fetches again).
     fn install(&self, id: u64, bytes: Bytes, limit: u64) {
-        if self.local.install(id, &bytes).is_err() {
+        let len = bytes.len() as u64;
+        let installed = self.local.install(id, &bytes).is_ok() || {
+            // A disk short of room: the oldest copies give way, once.
+            let held = self.lru.lock().unwrap().total;
+            evict(&self.local, &self.lru, held.saturating_sub(2 * len), None);
+            self.local.install(id, &bytes).is_ok()
+        };
+        if !installed {
             self.fresh.lock().unwrap().remove(&id);
             return;
         }
-        evict(
-            &self.local,
-            &self.lru,
-            limit,
-            Some((id, bytes.len() as u64)),
-        );
+        evict(&self.local, &self.lru, limit, Some((id, len)));
         let mut kept = self.kept.lock().unwrap();
         kept.push_back(id);
         if kept.len() > KEPT {

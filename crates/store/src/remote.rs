@@ -59,7 +59,8 @@ const ADMIT_WAIT: Duration = Duration::from_secs(30);
 pub(crate) struct Lru {
     /// id -> (bytes, last use).
     held: std::collections::HashMap<u64, (u64, u64)>,
-    total: u64,
+    /// Bytes of the copies listed.
+    pub(crate) total: u64,
     tick: u64,
 }
 

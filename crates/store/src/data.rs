@@ -719,7 +719,7 @@ impl Store {
         }
         let p = self.page_size();
         self.make_room(&mut g, ino)?;
-        self.room_to_buffer(&mut g, ino, data.len() as u64)?;
+        self.room_to_buffer(&mut g, ino, data)?;
         for idx in off / p..=(end - 1) / p {
             let ps = idx * p;
             if let Some((_, page)) = copies.next_if(|&(i, _)| i == idx) {

@@ -629,9 +629,15 @@ impl Store {
     /// program can be told of a failure: its bytes must never meet a
     /// full disk. The filesystem is asked only when the room seen at the
     /// last commit or look, less what writes buffered since, runs out.
-    pub(crate) fn room_to_buffer(&self, g: &mut Inner, ino: u64, more: u64) -> Result<()> {
+    /// Zeros take no room (they are stored as holes: a hole punched to
+    /// free space is never refused).
+    pub(crate) fn room_to_buffer(&self, g: &mut Inner, ino: u64, data: &[u8]) -> Result<()> {
+        let more = data.len() as u64;
         let more = more.saturating_sub(g.prealloc.get(&ino).copied().unwrap_or(0));
         if g.room_seen < more {
+            if crate::data::is_zero(data) {
+                return Ok(());
+            }
             g.room_seen = self.room_beside(g, more);
             if g.room_seen < more {
                 return Err(StoreError::NoSpace);

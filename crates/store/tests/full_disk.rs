@@ -150,6 +150,28 @@ fn bytes_buffered_before_the_disk_filled_are_kept_until_stored() {
     assert!(fsck.problems.is_empty(), "{:?}", fsck.problems);
 }
 
+/// A hole punched on a full disk (to free space, or as a program zeroes
+/// a range) is never refused: zeros take no room.
+#[test]
+fn a_hole_punched_on_a_full_disk_is_not_refused() {
+    let (lo, _dir, s) = store_on_loop(64 << 20);
+    let data = bytes(11, 4 << 20);
+    let f = write_file(&s, "f", &data);
+    s.commit(true).unwrap();
+    let ballast = lo.path().join("ballast");
+    fill(&ballast);
+    s.commit(false).unwrap();
+    let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    s.open_file(f).unwrap();
+    s.fallocate(f, 0, 1 << 20, punch)
+        .expect("a hole punched on a full disk");
+    s.fsync(f).expect("the hole stored on a full disk");
+    s.release_file(f).unwrap();
+    let mut want = data;
+    want[..1 << 20].fill(0);
+    assert!(read(&s, f, want.len()) == want);
+}
+
 /// The disk fills again after the reserve was given back (another
 /// program took that room too): a COMMIT fails and SQLite rolls it back.
 /// The store then shuts down, like a filesystem that lost its journal:

@@ -560,12 +560,9 @@ fn a_cache_disk_smaller_than_the_data_gives_back_copies() {
     );
     let m = Mount::new(&s);
     let mut want = BTreeMap::new();
-    let mut rng = Rng::seeded("remote-small-disk");
     for i in 0..40u64 {
         let path = m.mnt.join(format!("f{i}"));
-        let data: Vec<u8> = (0..(4 << 20) / 8)
-            .flat_map(|_| rng.next().to_le_bytes())
-            .collect();
+        let data = onecopy_testfs::random_bytes(4 << 20, 700 + i);
         let written = (|| {
             let mut f = File::create(&path)?;
             f.write_all(&data)?;
@@ -606,13 +603,10 @@ fn a_cold_read_on_a_cache_disk_smaller_than_the_store() {
     let (weed, objects) = weed("onecopy-remote-small-read");
     let s = remote_scratch_at(&weed, &weed.endpoint, "4M");
     let m = Mount::new(&s);
-    let mut rng = Rng::seeded("remote-small-read");
     let mut want = BTreeMap::new();
     for i in 0..40u64 {
         let name = format!("f{i}");
-        let data: Vec<u8> = (0..(4 << 20) / 8)
-            .flat_map(|_| rng.next().to_le_bytes())
-            .collect();
+        let data = onecopy_testfs::random_bytes(4 << 20, 800 + i);
         std::fs::write(m.mnt.join(&name), &data).unwrap();
         want.insert(name, data);
     }

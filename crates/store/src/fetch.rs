@@ -31,7 +31,7 @@ use onecopy_objects::Objects;
 
 use crate::container::{ContainerStore, LocalDir};
 use crate::error::{Result, StoreError};
-use crate::remote::{evict, object_error, object_key, Lru, WHOLE_FETCH_MAX};
+use crate::remote::{evict, object_error, object_key, shed, Lru, WHOLE_FETCH_MAX};
 
 /// Fetched containers waiting for their local copies to be written.
 const INSTALL_QUEUE: usize = 2;
@@ -208,8 +208,7 @@ impl Shared {
         let len = bytes.len() as u64;
         let installed = self.local.install(id, &bytes).is_ok() || {
             // A disk short of room: the oldest copies give way, once.
-            let held = self.lru.lock().unwrap().total;
-            evict(&self.local, &self.lru, held.saturating_sub(2 * len), None);
+            shed(&self.local, &self.lru, 2 * len);
             self.local.install(id, &bytes).is_ok()
         };
         if !installed {

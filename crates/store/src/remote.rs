@@ -59,8 +59,7 @@ const ADMIT_WAIT: Duration = Duration::from_secs(30);
 pub(crate) struct Lru {
     /// id -> (bytes, last use).
     held: std::collections::HashMap<u64, (u64, u64)>,
-    /// Bytes of the copies listed.
-    pub(crate) total: u64,
+    total: u64,
     tick: u64,
 }
 
@@ -361,6 +360,21 @@ pub(crate) fn evict(local: &LocalDir, lru: &Mutex<Lru>, limit: u64, added: Optio
     }
 }
 
+/// Deletes the least recently used local copies the LRU lists until
+/// `bytes` are freed (all of them if they hold less); the bytes freed.
+pub(crate) fn shed(local: &LocalDir, lru: &Mutex<Lru>, bytes: u64) -> u64 {
+    let (gone, freed) = {
+        let mut l = lru.lock().unwrap();
+        let before = l.total;
+        let gone = l.over(before.saturating_sub(bytes));
+        (gone, before - l.total)
+    };
+    for id in gone {
+        let _ = local.delete(id);
+    }
+    freed
+}
+
 /// Puts container `id`'s first `len` bytes in the bucket, unless an
 /// object whose first `len` bytes are the same is there already. The
 /// create-only PUT goes first: asking the bucket before every upload
@@ -586,16 +600,7 @@ impl ContainerStore for Tiered {
 
     /// Copies the LRU lists (in the bucket), least recently used first.
     fn shed(&self, bytes: u64) -> u64 {
-        let (gone, freed) = {
-            let mut l = self.lru.lock().unwrap();
-            let before = l.total;
-            let gone = l.over(before.saturating_sub(bytes));
-            (gone, before - l.total)
-        };
-        for id in gone {
-            let _ = self.local.delete(id);
-        }
-        freed
+        shed(&self.local, &self.lru, bytes)
     }
 
     /// Queues the sealed containers the bucket's listing lacks or holds

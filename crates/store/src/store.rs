@@ -613,7 +613,7 @@ impl Store {
             };
             (r.is_low() || held > 0) && !fits
         };
-        if short() && (self.containers.shed(more.max(SHED_AT_LEAST)) == 0 || short()) {
+        if short() && (!self.shed_copies(more) || short()) {
             return Err(StoreError::LowSpace {
                 path: self.dir.clone(),
             });
@@ -632,8 +632,8 @@ impl Store {
     /// Zeros take no room (they are stored as holes: a hole punched to
     /// free space is never refused).
     pub(crate) fn room_to_buffer(&self, g: &mut Inner, ino: u64, data: &[u8]) -> Result<()> {
-        let more = data.len() as u64;
-        let more = more.saturating_sub(g.prealloc.get(&ino).copied().unwrap_or(0));
+        let own = g.prealloc.get(&ino).copied().unwrap_or(0);
+        let more = (data.len() as u64).saturating_sub(own);
         if g.room_seen < more {
             if crate::data::is_zero(data) {
                 return Ok(());
@@ -659,10 +659,17 @@ impl Store {
             .sum();
         let keep = held.saturating_add(buffered);
         let room = self.adjusted_reserve().room(keep);
-        if room >= want || self.containers.shed((want - room).max(SHED_AT_LEAST)) == 0 {
+        if room >= want || !self.shed_copies(want - room) {
             return room;
         }
         self.adjusted_reserve().room(keep)
+    }
+
+    /// The disk is `short` bytes short: a remote store's cache gives
+    /// back copies of containers the bucket holds, at least
+    /// [`SHED_AT_LEAST`]; whether it freed any.
+    fn shed_copies(&self, short: u64) -> bool {
+        self.containers.shed(short.max(SHED_AT_LEAST)) > 0
     }
 
     /// Promises `bytes` more room to `ino` (`fallocate`), or fails with

@@ -413,7 +413,7 @@ impl Store {
                 vec![(*chunk, None, loc.raw_len)],
             );
         }
-        let raw: Vec<u8> = pieces.iter().flat_map(|p| p.iter().copied()).collect();
+        let raw = pieces.iter().map(|p| &p[..]).collect::<Vec<_>>().concat();
         let mut inner = 0u32;
         let members = rows
             .iter()

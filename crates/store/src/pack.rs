@@ -105,7 +105,7 @@ impl Encodings {
         if let [(h, data)] = group[..] {
             self.alone.insert(h, alone(&h, data));
         } else if group.len() > 1 {
-            let raw: Vec<u8> = group.iter().flat_map(|(_, d)| d.iter().copied()).collect();
+            let raw = group.iter().map(|&(_, d)| d).collect::<Vec<_>>().concat();
             let mut inner = 0u32;
             for (h, d) in group.iter() {
                 self.packed.insert(*h, (self.packs.len(), inner));

@@ -17,7 +17,15 @@ use crate::meta::{ChunkLoc, PackAt};
 /// Chunks shorter than this are packed.
 pub(crate) const PACK_BELOW: usize = 32 << 10;
 /// Raw bytes of a pack at most.
-pub(crate) const PACK_MAX: usize = 64 << 10;
+pub(crate) const PACK_MAX: usize = 128 << 10;
+
+/// zstd's level for a pack in a store compressing at `level`: two lower,
+/// at least 1. A pack of 128 KiB at level 1 keeps as few bytes as one of
+/// 64 KiB at 3 and costs the releasing thread less (measured:
+/// bench/notes/store-compression.md, "Packs of 128 KiB at level 1").
+pub(crate) fn pack_level(level: i32) -> i32 {
+    (level - 2).max(1)
+}
 
 /// A pack's record, and where it went once appended (by the first of its
 /// chunks stored; the others share it).
@@ -142,7 +150,7 @@ mod tests {
     #[test]
     fn small_chunks_are_packed_in_order_up_to_the_limit() {
         let sizes = [
-            1000usize, 15_000, 15_000, 15_000, 32_768, 15_000, 9_000, 5_000,
+            1000usize, 31_000, 31_000, 31_000, 32_768, 31_000, 9_000, 5_000,
         ];
         let data: Vec<Vec<u8>> = sizes
             .iter()
@@ -155,17 +163,17 @@ mod tests {
             .map(|(i, d)| ([i as u8; 32], &d[..]))
             .collect();
         let mut e = Encodings::build(&chunks, |_, d| enc(d), enc);
-        // 32,768 is not small; 9,000 would take the first pack past 64
+        // 32,768 is not small; 9,000 would take the first pack past 128
         // KiB and opens the second.
         assert_eq!(e.packs.len(), 2);
-        assert_eq!(e.packs[0].enc.raw_len, 61_000);
+        assert_eq!(e.packs[0].enc.raw_len, 125_000);
         assert_eq!(e.packs[1].enc.raw_len, 14_000);
         let want = [
             (0, 0, 0),
             (1, 0, 1000),
-            (2, 0, 16_000),
-            (3, 0, 31_000),
-            (5, 0, 46_000),
+            (2, 0, 32_000),
+            (3, 0, 63_000),
+            (5, 0, 94_000),
         ];
         for (i, p, at) in want.into_iter().chain([(6, 1, 0), (7, 1, 9000)]) {
             assert_eq!(e.packed.get(&[i; 32]), Some(&(p, at)), "chunk {i}");
@@ -173,7 +181,7 @@ mod tests {
         assert!(matches!(e.take(&[4; 32]), Some(Prepared::Alone(_))));
         assert!(matches!(
             e.take(&[2; 32]),
-            Some(Prepared::Packed(_, 16_000))
+            Some(Prepared::Packed(_, 32_000))
         ));
         assert!(e.take(&[2; 32]).is_none(), "taken once");
     }

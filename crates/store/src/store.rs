@@ -1018,9 +1018,14 @@ impl Store {
         }
     }
 
-    /// A pack's record (`raw`: its chunks one after another), sealed in an
-    /// encrypted store; its id is the fingerprint of `raw`.
+    /// A pack's record (`raw`: its chunks one after another) at the pack's
+    /// level ([`crate::pack::pack_level`]), sealed in an encrypted store;
+    /// its id is the fingerprint of `raw`.
     pub(crate) fn encode_pack(&self, raw: &[u8], packing: crate::config::Packing) -> Encoded {
+        let packing = crate::config::Packing {
+            zstd_level: crate::pack::pack_level(packing.zstd_level),
+            ..packing
+        };
         container::encode_pack(&self.fingerprint(raw), raw, packing, self.keys.as_deref())
     }
 

@@ -2450,11 +2450,11 @@ fn small_files_released_together_share_packs_and_gc_repacks_them() {
 fn damage_in_a_pack_is_an_error_for_each_of_its_chunks() {
     let (d, s) = new_store("fixed:64K", "none");
     let inos: Vec<u64> = (0..6)
-        .map(|i| released(&s, i, &pseudo(12_000, i as u64)))
+        .map(|i| released(&s, i, &pseudo(24_000, i as u64)))
         .collect();
     s.settle_releases();
     s.commit(true).unwrap();
-    // 12,000 x 5 fit one pack; the sixth is alone.
+    // 24,000 x 5 fit one pack; the sixth is alone.
     assert_eq!(packed_rows(&s), (5, 1));
     drop(s);
     flip_in_first_container(d.path(), 16 + 48 + 30_000);
@@ -2463,7 +2463,7 @@ fn damage_in_a_pack_is_an_error_for_each_of_its_chunks() {
         let err = s.read(ino, 0, 100).unwrap_err();
         assert_eq!(err.errno(), libc::EIO, "{err}");
     }
-    assert_eq!(read_all(&s, inos[5]), pseudo(12_000, 5));
+    assert_eq!(read_all(&s, inos[5]), pseudo(24_000, 5));
     assert_eq!(s.scrub().unwrap().damaged.len(), 5);
 }
 

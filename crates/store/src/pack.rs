@@ -187,6 +187,12 @@ mod tests {
     }
 
     #[test]
+    fn packs_compress_two_levels_below_the_store_and_never_below_one() {
+        let levels: Vec<i32> = [1, 2, 3, 4, 19].map(pack_level).into();
+        assert_eq!(levels, [1, 1, 1, 2, 17]);
+    }
+
+    #[test]
     fn a_lone_small_chunk_is_not_a_pack() {
         let a = [1u8; 100];
         let big = vec![2u8; 60_000];

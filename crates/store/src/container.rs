@@ -156,13 +156,18 @@ thread_local! {
         const { RefCell::new(None) };
 }
 
-/// zstd at `level` with this thread's context. A context that failed is
-/// dropped, not reused.
+/// zstd at `level` with this thread's context, its level set anew when
+/// it differs (a flush alternates packs at their level and larger chunks
+/// at the store's). A context that failed is dropped, not reused.
 fn zstd_compress(raw: &[u8], level: i32) -> std::io::Result<Vec<u8>> {
     ZSTD.with(|cell| {
         let mut c = match cell.borrow_mut().take() {
             Some((c, l)) if l == level => c,
-            _ => zstd::bulk::Compressor::new(level)?,
+            Some((mut c, _)) => {
+                c.set_compression_level(level)?;
+                c
+            }
+            None => zstd::bulk::Compressor::new(level)?,
         };
         let out = c.compress(raw)?;
         *cell.borrow_mut() = Some((c, level));
@@ -851,6 +856,21 @@ mod tests {
             assert!(
                 !enc.bytes.windows(16).any(|w| w == plain),
                 "plaintext in a sealed record"
+            );
+        }
+    }
+
+    #[test]
+    fn a_thread_context_changes_level_as_asked() {
+        let raw: Vec<u8> = (0..200_000u32)
+            .flat_map(|i| (i % 977).to_le_bytes())
+            .collect();
+        for level in [3, 1, 3, 19, 1] {
+            let ours = zstd_compress(&raw, level).unwrap();
+            assert_eq!(
+                ours,
+                zstd::bulk::compress(&raw, level).unwrap(),
+                "level {level}"
             );
         }
     }

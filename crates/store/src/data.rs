@@ -310,7 +310,7 @@ impl Store {
     /// Failures keep the file's buffer (stored by a later flush, reported
     /// by its `fsync`), as in [`Store::release_file`].
     ///
-    /// With fixed chunking the small files among them are flushed together
+    /// The small files among them are flushed together
     /// ([`Store::flush_small_files`]): the lock is taken four times for
     /// the lot (buffers, lookup, store, handles), and their hashing and
     /// compression run outside it, where a file at a time held it while
@@ -332,14 +332,15 @@ impl Store {
     }
 
     /// Flushes the buffers of at most [`BATCH_PAGES`] pages of `inos`
-    /// together (fixed chunking only); returns the files left to
-    /// [`Store::flush_file`] (larger buffers, hashed and compressed on
-    /// every core, or any error reading a file's row). A failure keeps the
-    /// file's buffer, as in [`Store::flush_file`].
+    /// together; returns the files left to [`Store::flush_file`] (larger
+    /// buffers, hashed and compressed on every core, or any error reading
+    /// a file's row). A failure keeps the file's buffer, as in
+    /// [`Store::flush_file`].
+    ///
+    /// With content-defined chunking only new files of at most the
+    /// smallest chunk are taken: FastCDC cuts none of them, so each is one
+    /// chunk of the whole file, as a page is here.
     fn flush_small_files(&self, inos: &[u64]) -> Vec<u64> {
-        if matches!(self.cfg.chunking, Chunking::Cdc { .. }) {
-            return inos.to_vec();
-        }
         let (files, rest) = self.take_small_buffers(inos);
         let cuts: Vec<Vec<Cut>> = files
             .iter()
@@ -379,16 +380,23 @@ impl Store {
         let (mut files, mut rest) = (Vec::new(), Vec::new());
         let mut g = self.lock();
         for &ino in inos {
-            let size = match g.attr(ino) {
-                Ok(a) => a.size,
+            let a = match g.attr(ino) {
+                Ok(a) => a,
                 Err(StoreError::NotFound) => continue,
                 Err(_) => {
                     rest.push(ino);
                     continue;
                 }
             };
+            let size = a.size;
+            let fits = |d: &DirtyFile| match self.cfg.chunking {
+                Chunking::Fixed { .. } => d.pages.len() <= BATCH_PAGES,
+                Chunking::Cdc { min, .. } => {
+                    a.data == 0 && size <= u64::from(min) && d.pages.keys().eq([&0])
+                }
+            };
             match g.dirty.get_mut(&ino) {
-                Some(d) if d.pages.len() <= BATCH_PAGES && !d.flushing => {
+                Some(d) if fits(d) && !d.flushing => {
                     files.push((ino, size, d.snapshot()));
                 }
                 Some(_) => rest.push(ino),

@@ -2491,3 +2491,65 @@ fn packs_of_an_encrypted_remote_store_read_back_after_recovery() {
     assert!(s2.fsck(false).unwrap().problems.is_empty());
     assert!(s2.scrub().unwrap().damaged.is_empty());
 }
+
+/// A file's map: each extent's offset, length and chunk fingerprint.
+fn chunk_map(s: &Store, ino: u64) -> Vec<(u64, u64, Vec<u8>)> {
+    let g = s.lock();
+    let mut st =
+        g.db.prepare(
+            "SELECT e.off, e.len, c.hash FROM extents e JOIN chunks c ON c.id = e.chunk
+             WHERE e.ino = ?1 ORDER BY e.off",
+        )
+        .unwrap();
+    let rows = st.query_map([ino], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)));
+    rows.unwrap().map(|r| r.unwrap()).collect()
+}
+
+/// With content-defined chunking, new files no longer than the smallest
+/// chunk are stored by the releasing thread's batches, and packed: each
+/// is one chunk of the whole file, which is what FastCDC makes of it, so
+/// the batch maps every file as a flush of that file alone does. Larger
+/// files, and a file with stored bytes, are left to that flush.
+#[test]
+fn cdc_small_new_files_are_stored_in_batches_as_their_own_flush_would() {
+    let (_d, s) = new_store("cdc:4K/16K/64K", "auto");
+    let (_d2, alone) = new_store("cdc:4K/16K/64K", "auto");
+    let text = |i: usize| format!("line {i} of a small file\n").repeat(2 + i * 2);
+    let mut files: Vec<Vec<u8>> = (0..60).map(|i| text(i).into_bytes()).collect();
+    files.push(text(200).into_bytes()[..4096].to_vec()); // the smallest chunk, exactly
+    files.push(pseudo(4097, 1)); // one byte more
+    files.push(pseudo(50_000, 2)); // several chunks
+    assert!(files[..60].iter().all(|f| f.len() <= 4096));
+    // A file with stored bytes, written again.
+    let old = file(&s, "old", &pseudo(3000, 3));
+    file(&alone, "old", &pseudo(3000, 3));
+    s.open_file(old).unwrap();
+    s.write(old, 100, b"again").unwrap();
+    s.release_later(old);
+    let inos: Vec<u64> = files
+        .iter()
+        .enumerate()
+        .map(|(i, f)| released(&s, i, f))
+        .collect();
+    s.settle_releases();
+    assert!(s.lock().dirty.is_empty(), "every buffer stored");
+    let (rows, packs) = packed_rows(&s);
+    assert!(rows >= 55 && packs >= 1, "{rows} rows in {packs} packs");
+    for (i, f) in files.iter().enumerate() {
+        let ino = file(&alone, &format!("f{i}"), f);
+        assert_eq!(read_all(&s, inos[i]), *f, "file {i}");
+        assert_eq!(chunk_map(&s, inos[i]), chunk_map(&alone, ino), "file {i}");
+    }
+    let old_alone = alone.lookup(1, b"old").unwrap().ino;
+    alone.open_file(old_alone).unwrap();
+    alone.write(old_alone, 100, b"again").unwrap();
+    alone.release_file(old_alone).unwrap();
+    assert_eq!(read_all(&s, old), read_all(&alone, old_alone));
+    assert_eq!(chunk_map(&s, old), chunk_map(&alone, old_alone));
+    s.cache.clear();
+    s.commit(true).unwrap();
+    assert!(s.fsck(false).unwrap().problems.is_empty());
+    for (i, f) in files.iter().enumerate() {
+        assert_eq!(read_all(&s, inos[i]), *f, "file {i}, cold");
+    }
+}

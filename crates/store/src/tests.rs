@@ -303,19 +303,29 @@ fn gc_compacts_half_empty_containers() {
     assert!(s.scrub().unwrap().damaged.is_empty());
 }
 
-/// Rows (container, offset, stored_len) of the chunks of `ino`'s map.
-fn chunk_locs(s: &Store, ino: u64) -> Vec<(u64, u64, u64)> {
+/// Three columns (`cols`, of `extents e` and `chunks c`) of each extent
+/// of `ino`'s map, in file order.
+fn extent_rows<A, B, C>(s: &Store, ino: u64, cols: &str) -> Vec<(A, B, C)>
+where
+    A: rusqlite::types::FromSql,
+    B: rusqlite::types::FromSql,
+    C: rusqlite::types::FromSql,
+{
     let g = s.lock();
-    let mut st =
-        g.db.prepare(
-            "SELECT c.container, c.offset, c.stored_len FROM extents e
-             JOIN chunks c ON c.id = e.chunk WHERE e.ino = ?1 ORDER BY e.off",
-        )
-        .unwrap();
+    let sql = format!(
+        "SELECT {cols} FROM extents e JOIN chunks c ON c.id = e.chunk
+         WHERE e.ino = ?1 ORDER BY e.off"
+    );
+    let mut st = g.db.prepare(&sql).unwrap();
     let rows = st
         .query_map([ino], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
         .unwrap();
     rows.collect::<rusqlite::Result<_>>().unwrap()
+}
+
+/// Rows (container, offset, stored_len) of the chunks of `ino`'s map.
+fn chunk_locs(s: &Store, ino: u64) -> Vec<(u64, u64, u64)> {
+    extent_rows(s, ino, "c.container, c.offset, c.stored_len")
 }
 
 /// Compaction moves chunks that compress 100x and more: their records keep
@@ -2494,15 +2504,7 @@ fn packs_of_an_encrypted_remote_store_read_back_after_recovery() {
 
 /// A file's map: each extent's offset, length and chunk fingerprint.
 fn chunk_map(s: &Store, ino: u64) -> Vec<(u64, u64, Vec<u8>)> {
-    let g = s.lock();
-    let mut st =
-        g.db.prepare(
-            "SELECT e.off, e.len, c.hash FROM extents e JOIN chunks c ON c.id = e.chunk
-             WHERE e.ino = ?1 ORDER BY e.off",
-        )
-        .unwrap();
-    let rows = st.query_map([ino], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)));
-    rows.unwrap().map(|r| r.unwrap()).collect()
+    extent_rows(s, ino, "e.off, e.len, c.hash")
 }
 
 /// With content-defined chunking, new files no longer than the smallest

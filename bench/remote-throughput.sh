@@ -3,8 +3,7 @@
 # mini` on loopback, its data on this machine's disk):
 # - the endpoint's own ceiling through the store's S3 client
 #   (crates/objects/examples/throughput.rs): SIZE_MIB in 16 MiB objects
-#   put one after the other, then read back by ranged GETs one at a time
-#   (CEIL_ROUNDS times; the ratios use the medians);
+#   put one after the other, then read back by ranged GETs one at a time;
 # - a sequential write of SIZE_MIB (default 4096) through a remote store's
 #   mount, timed from the first byte until the unmount returns (it waits
 #   until every container is in the bucket and the metadata is pushed);
@@ -13,11 +12,13 @@
 #   again once the cache holds every container (the mount's own bound);
 # - for each phase, the CPU seconds the whole machine spent (the server
 #   runs on it too) and what its CPUs allow at that cost per MiB.
+# All of it ROUNDS times (default 3), each round into a new store; the
+# ratios use the medians.
 # The store is encrypted (the default); its containers are 32 MiB. The
 # page cache is dropped before every phase.
 #
-# Usage: bench/remote-throughput.sh (as root); SIZE_MIB=N, CEIL_ROUNDS=N, KEEP=1,
-# PERF=DIR (a perf profile of the mount during the write), ONECOPY=BINARY
+# Usage: bench/remote-throughput.sh (as root); SIZE_MIB=N, ROUNDS=N, KEEP=1,
+# PERF=DIR (perf profiles of the mount during the first write and cold read), ONECOPY=BINARY
 # (measure that build instead of this tree's), MOUNT_OPTS=OPTS (`-o` of
 # both mounts, e.g. transport=uring; the fuse module's enable_uring is
 # turned on for the run and put back after).
@@ -82,36 +83,44 @@ unmount() {
 # 2.0-2.5 over 4 GiB, bench/notes/remote.md), so a 1 GiB ceiling
 # overstated the endpoint for a 4 GiB write or read.
 NCEIL=$(( SIZE_MIB / 16 ))
-# The ceilings vary from run to run (GET: 498-855 MiB/s on one day), so
-# they are measured CEIL_ROUNDS times (default 3) and their medians used.
-for _ in $(seq "${CEIL_ROUNDS:-3}"); do
+# The ceilings vary from run to run (GET: 498-855 MiB/s on one day), and
+# so does the mount: ROUNDS (default 3) rounds each measure both
+# ceilings, then the mount's write and reads, side by side; the ratios
+# use the medians of each.
+head -c $((SIZE_MIB << 20)) /dev/urandom > "$work/big"
+for r in $(seq "${ROUNDS:-3}"); do
     start; "$T" s3://bench/ceiling "$ep" "$NCEIL" 16 put >&2; stop $((NCEIL * 16)) "PUT ceiling (16 MiB objects, one at a time)"
     start; "$T" s3://bench/ceiling "$ep" "$NCEIL" 16 get >&2; stop $((NCEIL * 16)) "ranged GET ceiling (16 MiB, one at a time)"
     "$T" s3://bench/ceiling "$ep" "$NCEIL" 16 delete
+    rm -rf "$work/cache" "$work/cache2"
+    "$O" store init "$work/cache" --remote "s3://bench/store$r" --endpoint "$ep" >/dev/null
+    "$O" mount "$work/cache" "$work/mnt" "${mount_opts[@]}"
+    start "$work/big"
+    if [ -n "${PERF:-}" ] && [ "$r" = 1 ]; then
+        perf record -F 499 -g -o "$PERF/write.perf" -p "$(cat "$work/cache/mount.pid")" 2>/dev/null &
+    fi
+    dd if="$work/big" of="$work/mnt/big" bs=16M status=none
+    unmount "$work/cache" "$work/mnt"
+    stop "$SIZE_MIB" "sequential write through the mount, until in the bucket"
+    # A cache that holds the whole file (the default 4G does not hold 4
+    # GiB of containers and their metadata: the "read again" row would
+    # fetch).
+    "$O" store init "$work/cache2" --recover --remote "s3://bench/store$r" --endpoint "$ep" \
+        --cache-size "$((SIZE_MIB * 2))M" >/dev/null
+    "$O" mount "$work/cache2" "$work/mnt2" "${mount_opts[@]}"
+    start
+    if [ -n "${PERF:-}" ] && [ "$r" = 1 ]; then
+        perf record -F 499 -g -o "$PERF/read.perf" -p "$(cat "$work/cache2/mount.pid")" 2>/dev/null &
+    fi
+    cat "$work/mnt2/big" > /dev/null; stop "$SIZE_MIB" "cold read from an empty cache"
+    cmp "$work/mnt2/big" "$work/big"
+    unmount "$work/cache2" "$work/mnt2"
+    # The mount's own bound: the same read once every container is in
+    # the local cache (page cache dropped): decryption and FUSE, no GET.
+    "$O" mount "$work/cache2" "$work/mnt2" "${mount_opts[@]}"
+    start; cat "$work/mnt2/big" > /dev/null; stop "$SIZE_MIB" "read again, every container in the local cache"
+    unmount "$work/cache2" "$work/mnt2"
 done
-head -c $((SIZE_MIB << 20)) /dev/urandom > "$work/big"
-"$O" store init "$work/cache" --remote s3://bench/store --endpoint "$ep" >/dev/null
-"$O" mount "$work/cache" "$work/mnt" "${mount_opts[@]}"
-start "$work/big"
-if [ -n "${PERF:-}" ]; then
-    perf record -F 499 -g -o "$PERF/write.perf" -p "$(cat "$work/cache/mount.pid")" 2>/dev/null &
-fi
-dd if="$work/big" of="$work/mnt/big" bs=16M status=none
-unmount "$work/cache" "$work/mnt"
-stop "$SIZE_MIB" "sequential write through the mount, until in the bucket"
-# A cache that holds the whole file (the default 4G does not hold 4 GiB
-# of containers and their metadata: the "read again" row would fetch).
-"$O" store init "$work/cache2" --recover --remote s3://bench/store --endpoint "$ep" \
-    --cache-size "$((SIZE_MIB * 2))M" >/dev/null
-"$O" mount "$work/cache2" "$work/mnt2" "${mount_opts[@]}"
-start; cat "$work/mnt2/big" > /dev/null; stop "$SIZE_MIB" "cold read from an empty cache"
-cmp "$work/mnt2/big" "$work/big"
-unmount "$work/cache2" "$work/mnt2"
-# The mount's own bound: the same read once every container is in the
-# local cache (page cache dropped): decryption and FUSE, no GET.
-"$O" mount "$work/cache2" "$work/mnt2" "${mount_opts[@]}"
-start; cat "$work/mnt2/big" > /dev/null; stop "$SIZE_MIB" "read again, every container in the local cache"
-unmount "$work/cache2" "$work/mnt2"
 python3 - "$work/phases" "$(nproc)" <<'EOF'
 import sys
 ncpu = int(sys.argv[2])
@@ -128,10 +137,13 @@ for name, mib, wall, cpu, srv in rows:
     print(f"| {name} | {mib:.0f} | {wall:.2f} | {mib/wall:.0f} | {cpu:.2f} | {srv:.2f} | {per*1000:.1f} | {ncpu/per:.0f} |")
 import statistics
 rate = lambda word: [mib / wall for name, mib, wall, _, _ in rows if name.startswith(word)]
-put, get = statistics.median(rate("PUT")), statistics.median(rate("ranged GET"))
-w, r = rate("sequential")[0], rate("cold")[0]
+med = lambda word: statistics.median(rate(word))
+put, get, w, r = med("PUT"), med("ranged GET"), med("sequential"), med("cold")
 print()
-print(f"ceilings (median of {len(rate('PUT'))}): PUT {put:.0f} MiB/s, GET {get:.0f} MiB/s")
-print(f"write / PUT ceiling: {w/put:.2f}; cold read / GET ceiling: {r/get:.2f}")
+n = len(rate("PUT"))
+pairs = lambda a, b: ", ".join(f"{x/y:.2f}" for x, y in zip(rate(a), rate(b)))
+print(f"medians of {n} rounds: PUT {put:.0f} MiB/s, GET {get:.0f}, write {w:.0f}, cold read {r:.0f}")
+print(f"write / PUT ceiling: {w/put:.2f} (by round: {pairs('sequential', 'PUT')})")
+print(f"cold read / GET ceiling: {r/get:.2f} (by round: {pairs('cold', 'ranged GET')})")
 print("(CPU bound: what the machine's CPUs allow at the phase's CPU cost per MiB, every CPU busy)")
 EOF

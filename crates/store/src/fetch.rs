@@ -17,8 +17,9 @@
 //!   leaves memory only once its local copy is in place, or its install
 //!   failed: then the next read fetches it again);
 //! - the last [`KEPT`] installed containers stay in memory too: their
-//!   readers are still in them, and the local copies were written around
-//!   the page cache;
+//!   readers are still in them (a reader walking containers is in the
+//!   oldest of them while the ones it asked ahead are installed), and the
+//!   local copies were written around the page cache;
 //! - memory holds at most [`INSTALL_QUEUE`] + 2 + [`KEPT`] fetched
 //!   containers: the fetch thread waits for the installer when it lags.
 
@@ -42,8 +43,12 @@ const ASKED: usize = 16;
 /// Containers asked for ahead of the one being read.
 const AHEAD: usize = 2;
 
-/// Installed containers kept in memory, newest last.
-const KEPT: usize = 2;
+/// Installed containers kept in memory, newest last: the one a walking
+/// reader is in and the [`AHEAD`] it asked for. With one fewer, a reader
+/// slower than the bucket read the rest of its container back from the
+/// disk (bench/notes/remote.md, "A slow reader's container kept in
+/// memory").
+const KEPT: usize = AHEAD + 1;
 
 /// Fetches whole containers into the cache.
 pub(crate) struct Fetcher {

@@ -718,7 +718,7 @@ mod tests {
         ));
     }
 
-    /// The last two containers installed stay in memory (their local
+    /// The last three containers installed stay in memory (their local
     /// copies were written around the page cache), older ones leave it.
     #[test]
     fn the_last_installed_containers_are_served_from_memory() {
@@ -726,7 +726,7 @@ mod tests {
         let objects = Arc::new(onecopy_objects::LocalObjects::new(d.path().join("b")).unwrap());
         let body =
             |id: u64| -> Vec<u8> { (0..1u32 << 16).map(|i| (i as u64 ^ id) as u8).collect() };
-        for id in 1..=4 {
+        for id in 1..=6 {
             objects.put_new(&object_key(id), body(id).into()).unwrap();
         }
         let t = Tiered::reader(LocalDir::new(d.path().join("cache")), objects, u64::MAX).unwrap();
@@ -735,13 +735,45 @@ mod tests {
         t.read(1, 0, 10).unwrap();
         eventually("1 and 2 installed", &|| cached(1) && cached(2));
         assert!(in_memory(1) && in_memory(2));
+        // Misses, not a walk: each fetches one container ahead.
         t.read(3, 0, 10).unwrap();
-        eventually("1 and 2 out of memory", &|| {
-            cached(3) && cached(4) && !in_memory(1) && !in_memory(2)
+        eventually("3 and 4 installed", &|| cached(3) && cached(4));
+        t.read(5, 0, 10).unwrap();
+        eventually("1, 2 and 3 out of memory", &|| {
+            cached(5) && cached(6) && !in_memory(1) && !in_memory(2) && !in_memory(3)
         });
-        assert!(in_memory(3) && in_memory(4));
-        t.local.delete(4).unwrap();
-        assert_eq!(t.read(4, 100, 50).unwrap(), body(4)[100..150]);
+        assert!(in_memory(4) && in_memory(5) && in_memory(6));
+        t.local.delete(6).unwrap();
+        assert_eq!(t.read(6, 100, 50).unwrap(), body(6)[100..150]);
+    }
+
+    /// A reader walking containers, slower than the bucket: the container
+    /// it is in stays in memory while the two it asked ahead are fetched
+    /// and installed, and leaves once it moved on.
+    #[test]
+    fn a_walking_reader_keeps_its_container_in_memory() {
+        let d = tempfile::tempdir().unwrap();
+        let objects = Arc::new(onecopy_objects::LocalObjects::new(d.path().join("b")).unwrap());
+        for id in 1..=5 {
+            objects
+                .put_new(&object_key(id), vec![id as u8; 1 << 16].into())
+                .unwrap();
+        }
+        let t = Tiered::reader(LocalDir::new(d.path().join("cache")), objects, u64::MAX).unwrap();
+        let in_memory = |id| t.fetcher.fresh(id).is_some();
+        let cached = |id| t.local.len(id).unwrap().is_some();
+        t.read(1, 0, 10).unwrap();
+        eventually("2 fetched ahead", &|| cached(2));
+        t.read(2, 0, 10).unwrap();
+        eventually("3 and 4 fetched ahead", &|| cached(3) && cached(4));
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(in_memory(2), "the reader's container left memory");
+        assert_eq!(t.read(2, 100, 4).unwrap(), [2; 4]);
+        t.read(3, 0, 10).unwrap();
+        eventually("2 out of memory once the reader moved on", &|| {
+            cached(5) && !in_memory(2)
+        });
+        assert!(in_memory(3));
     }
 
     /// A bucket whose PUTs wait until let through (`open`), or fail at

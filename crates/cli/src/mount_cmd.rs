@@ -240,7 +240,7 @@ fn foreground(a: &MountArgs) -> ExitCode {
     match r {
         Ok(()) => ExitCode::from(exit::OK),
         Err(e) => {
-            eprintln!("onecopy: mount {}: {e}", mnt(a).display());
+            onecopy_store::warn!("onecopy: mount {}: {e}", mnt(a).display());
             ExitCode::from(exit::REFUSED)
         }
     }

@@ -209,7 +209,9 @@ pub(crate) fn serve(
             }
         });
     if let Err(e) = spawned {
-        eprintln!("onecopy: pages behind writers are kept (no thread to drop them: {e})");
+        onecopy_store::warn!(
+            "onecopy: pages behind writers are kept (no thread to drop them: {e})"
+        );
     }
 }
 

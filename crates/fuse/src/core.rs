@@ -156,7 +156,7 @@ impl Core {
 
     pub fn destroy(&self) {
         if let Err(e) = self.store.flush_all(true) {
-            eprintln!("onecopy: final commit failed: {e}");
+            onecopy_store::warn!("onecopy: final commit failed: {e}");
         }
     }
 
@@ -164,7 +164,7 @@ impl Core {
     /// `Store::keep_until_forgotten`).
     pub fn forget(&self, ino: u64) {
         if let Err(e) = self.store.forget(&[self.ino(ino)]) {
-            eprintln!("onecopy: forgetting inode {}: {e}", self.ino(ino));
+            onecopy_store::warn!("onecopy: forgetting inode {}: {e}", self.ino(ino));
         }
     }
 

@@ -157,7 +157,7 @@ pub fn serve_store_on(
                 match store.flush_all(false) {
                     Err(e) if e.to_string() != last => {
                         last = e.to_string();
-                        eprintln!("onecopy: periodic commit failed: {last}");
+                        onecopy_store::warn!("onecopy: periodic commit failed: {last}");
                     }
                     Err(_) => {}
                     Ok(()) => last.clear(),
@@ -297,7 +297,7 @@ fn spawn_pusher(
             match r {
                 Err(e) if e.to_string() != last => {
                     last = e.to_string();
-                    eprintln!("onecopy: exchange with the bucket failed: {last}");
+                    onecopy_store::warn!("onecopy: exchange with the bucket failed: {last}");
                 }
                 Err(_) => {}
                 Ok(_) => last.clear(),
@@ -330,7 +330,7 @@ fn widen_readahead(mountpoint: &Path, kb: u32) {
         let path = format!("/sys/class/bdi/{dev}/read_ahead_kb");
         if let Err(e) = std::fs::write(&path, kb.to_string()) {
             if e.kind() != std::io::ErrorKind::PermissionDenied {
-                eprintln!("onecopy: cannot set readahead ({path}): {e}");
+                onecopy_store::warn!("onecopy: cannot set readahead ({path}): {e}");
             }
         }
     }

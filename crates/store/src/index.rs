@@ -208,7 +208,7 @@ impl StoreIndex {
     /// Durably sets W = 0, wipes the index and opens it empty (the replay
     /// then inserts every indexed row).
     fn rebuild_at_open(db: &Connection, path: &Path, cfg: &Config, why: String) -> Result<Index> {
-        eprintln!(
+        crate::warn!(
             "onecopy: {}: {why}; rebuilding the fingerprint index from the metadata",
             path.display()
         );
@@ -446,7 +446,7 @@ impl StoreIndex {
 
     fn note_damage(&mut self, e: onecopy_fpindex::Error) {
         if self.damaged.is_none() {
-            eprintln!(
+            crate::warn!(
                 "onecopy: {}: {e}; dedupe against stored chunks is off until the \
                  fingerprint index is rebuilt (at the next mount or fsck --repair)",
                 self.path.display()

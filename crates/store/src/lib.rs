@@ -5,6 +5,18 @@
 //! (`onecopy-fuse`) calls [`Store`]; formats and the crash model are in
 //! ARCHITECTURE.md.
 
+/// `eprintln!` that never panics: a mount's stderr is its log in the
+/// store's directory (`mount.log`), so a full disk (or a log whose reader
+/// is gone) fails the write, and `eprintln!` would then take down the
+/// thread that reports, a mount's main thread at unmount among them.
+#[macro_export]
+macro_rules! warn {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 mod acl;
 mod ahead;
 mod attrs;

@@ -203,7 +203,7 @@ pub(crate) fn v2_to_v3(conn: &Connection) -> Result<()> {
     );
     if let Err(e) = r {
         // Still correct, only larger.
-        eprintln!("onecopy: could not compact the metadata database: {e}");
+        crate::warn!("onecopy: could not compact the metadata database: {e}");
     }
     Ok(())
 }

@@ -137,7 +137,7 @@ impl Reserve {
             .open(&self.path)
             .and_then(|f| f.set_len(0));
         if let Err(e) = released {
-            eprintln!(
+            crate::warn!(
                 "onecopy: cannot release the space reserve {}: {e}",
                 self.path.display()
             );

@@ -177,7 +177,7 @@ pub struct Store {
 impl Drop for Store {
     fn drop(&mut self) {
         if let Err(e) = self.close_remote() {
-            eprintln!(
+            crate::warn!(
                 "onecopy: {}: the last push to the bucket failed: {e}",
                 self.dir.display()
             );
@@ -561,7 +561,7 @@ impl Store {
     fn shut_down(&self, why: String) {
         let mut s = self.shut_down.lock().unwrap_or_else(|e| e.into_inner());
         if s.is_none() {
-            eprintln!(
+            crate::warn!(
                 "onecopy: the store shut down ({why}); every request fails with EIO \
                  until it is unmounted and mounted again"
             );

@@ -129,8 +129,14 @@ pub fn scratch_in(parent: &Path, init_args: &[&str]) -> Scratch {
 }
 
 pub fn scratch(init_args: &[&str]) -> Scratch {
-    std::fs::create_dir_all("/var/tmp/store-tests").unwrap();
-    scratch_in(Path::new("/var/tmp/store-tests"), init_args)
+    scratch_in(tests_root(), init_args)
+}
+
+/// Where the tests' temporary directories go (made if missing).
+fn tests_root() -> &'static Path {
+    let root = Path::new("/var/tmp/store-tests");
+    std::fs::create_dir_all(root).unwrap();
+    root
 }
 
 pub fn is_mounted(mnt: &Path) -> bool {
@@ -155,8 +161,7 @@ impl Mount {
     }
 
     pub fn with_args(s: &Scratch, extra: &[&str]) -> Mount {
-        std::fs::create_dir_all("/var/tmp/store-tests").unwrap();
-        let log = tempfile::tempdir_in("/var/tmp/store-tests").unwrap();
+        let log = tempfile::tempdir_in(tests_root()).unwrap();
         let stderr = log.path().join("mount-stderr");
         let child = Command::new(BIN)
             .args(["mount", "-f"])

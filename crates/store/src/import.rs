@@ -39,7 +39,7 @@ use crate::config::Chunking;
 use crate::container::{Encoded, Hash};
 use crate::data::is_zero;
 use crate::error::StoreError;
-use crate::ns::{Kind, NewNode, CAPS};
+use crate::ns::{Kind, NewNode};
 use crate::pack::Prepared;
 use crate::store::{time_now, Inner, Store};
 
@@ -630,9 +630,7 @@ impl Store {
                 ));
                 continue;
             }
-            if name == CAPS {
-                self.has_caps.store(true, Ordering::Relaxed);
-            }
+            g.seen.saw(name);
             g.db.prepare_cached(
                 "INSERT INTO xattrs (ino, name, value, born) VALUES (?1, ?2, ?3, ?4)
              ON CONFLICT (ino, name) DO UPDATE SET value = excluded.value",

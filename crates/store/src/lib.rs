@@ -47,6 +47,7 @@ pub mod pages;
 pub mod remote;
 mod restore;
 pub mod seal;
+mod seen;
 mod snap;
 mod space;
 mod store;

@@ -379,6 +379,9 @@ pub(crate) fn check_name(name: &[u8]) -> Result<()> {
 impl Inner {
     /// The value of xattr `name` of `ino`, if it has one.
     pub(crate) fn xattr(&self, ino: u64, name: &[u8]) -> Result<Option<Vec<u8>>> {
+        if !self.seen.may_hold(name) {
+            return Ok(None);
+        }
         let mut st = self
             .db
             .prepare_cached("SELECT value FROM xattrs WHERE ino = ?1 AND name = ?2")?;
@@ -423,10 +426,15 @@ impl Inner {
         Ok(a)
     }
 
-    /// Runs `sql`, which changes only `ino`'s row, with `p`; `change`
-    /// makes the same change to the row's cached copy, if there is one
-    /// (taken just before the statement, so equal to the row then), so
-    /// the next request reads it from memory.
+    /// Runs `sql`, which changes only `ino`'s row and only columns of
+    /// [`Attr`], with `p`; `change` makes the same change to the row's
+    /// cached copy, if there is one (equal to the row), so the next
+    /// request reads it from memory.
+    ///
+    /// A change that leaves the cached row as it is runs no statement:
+    /// `cp -a` and `rsync -a` chown a file to the owner it was made with
+    /// and touch its directory again within one tick of the coarse clock
+    /// (bench/notes/store-transport.md, "Updates that change nothing").
     pub(crate) fn update_inode<P: rusqlite::Params>(
         &self,
         ino: u64,
@@ -434,12 +442,18 @@ impl Inner {
         p: P,
         change: impl FnOnce(&mut Attr),
     ) -> Result<()> {
-        let before = self.attrs.get(ino);
-        self.db.prepare_cached(sql)?.execute(p)?;
-        if let Some(mut a) = before {
-            change(&mut a);
-            self.attrs.put(a);
+        let Some(before) = self.attrs.get(ino) else {
+            self.db.prepare_cached(sql)?.execute(p)?;
+            return Ok(());
+        };
+        let mut after = before;
+        change(&mut after);
+        if after == before {
+            debug_assert_eq!(self.attr_row(ino).ok(), Some(before), "cached row of {ino}");
+            return Ok(());
         }
+        self.db.prepare_cached(sql)?.execute(p)?;
+        self.attrs.put(after);
         Ok(())
     }
 
@@ -691,6 +705,7 @@ impl Store {
         };
         g.attrs.put(a);
         for (name, value) in acls {
+            g.seen.saw(name);
             g.db.prepare_cached(
                 "INSERT INTO xattrs (ino, name, value, born) VALUES (?1, ?2, ?3, ?4)",
             )?
@@ -1080,9 +1095,6 @@ impl Store {
         create: bool,
         replace: bool,
     ) -> Result<()> {
-        if name == CAPS {
-            self.has_caps.store(true, Ordering::Relaxed);
-        }
         let g = self.lock();
         let a = g.attr(ino)?;
         if name == acl::ACCESS {
@@ -1096,8 +1108,10 @@ impl Store {
             )?;
             if minimal {
                 // An ACL that says no more than the mode is the mode.
-                g.db.prepare_cached("DELETE FROM xattrs WHERE ino = ?1 AND name = ?2")?
-                    .execute(params![ino, name])?;
+                if g.seen.may_hold(name) {
+                    g.db.prepare_cached("DELETE FROM xattrs WHERE ino = ?1 AND name = ?2")?
+                        .execute(params![ino, name])?;
+                }
                 return Ok(());
             }
         }
@@ -1112,6 +1126,7 @@ impl Store {
         if replace && !exists {
             return Err(StoreError::NoAttr);
         }
+        g.seen.saw(name);
         g.db.prepare_cached(
             "INSERT INTO xattrs (ino, name, value, born) VALUES (?1, ?2, ?3, ?4)
              ON CONFLICT (ino, name) DO UPDATE SET value = excluded.value",
@@ -1122,7 +1137,7 @@ impl Store {
 
     /// The value of an extended attribute.
     pub fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
-        if name == CAPS && !self.has_caps.load(Ordering::Relaxed) {
+        if name == CAPS && !view::is_read_only(ino) && !self.seen.may_hold(CAPS) {
             // The kernel asks this before every write(2): answer without
             // waiting for the lock while no file has capabilities.
             return Err(StoreError::NoAttr);

@@ -19,6 +19,7 @@ use crate::error::{Result, StoreError};
 use crate::index::StoreIndex;
 use crate::meta::{open_db, ChunkId, ChunkLoc};
 use crate::pack::{Pack, Prepared};
+use crate::seen::XattrsSeen;
 use crate::space::Reserve;
 
 /// Counters of what writes did since the store was opened (kept in `meta`
@@ -77,6 +78,8 @@ pub(crate) struct Inner {
     /// The open epoch (`meta.epoch`): rows inserted carry it as `born`,
     /// so that the history triggers need not stamp them (see `snap.rs`).
     pub epoch: u64,
+    /// The same as [`Store::seen`].
+    pub seen: Arc<XattrsSeen>,
 }
 
 impl Inner {
@@ -124,9 +127,10 @@ pub struct Store {
     pub(crate) cache: ChunkCache,
     /// Where a walk reading files is, for reading ahead of it.
     pub(crate) ahead: crate::ahead::Ahead,
-    /// Whether any inode may have a `security.capability` xattr (set at
-    /// open from the database, and before any such xattr is written).
-    pub(crate) has_caps: AtomicBool,
+    /// Which xattrs the store asks itself any inode may hold (read
+    /// without the lock: the kernel asks `security.capability` before
+    /// every write).
+    pub(crate) seen: Arc<XattrsSeen>,
     /// Set when a container sync failed. The kernel may have dropped the
     /// pages it could not write while a later sync of the same file
     /// succeeds (its error is reported once, to one caller), so the open
@@ -357,11 +361,7 @@ impl Store {
         let prealloc = load_prealloc(&db)?;
         let index = StoreIndex::open(dir, &db, &cfg)?;
         let counters = load_counters(&db)?;
-        let has_caps: bool = db.query_row(
-            "SELECT EXISTS (SELECT 1 FROM xattrs WHERE name = ?1)",
-            [crate::ns::CAPS],
-            |r| r.get(0),
-        )?;
+        let seen = Arc::new(XattrsSeen::load(&db)?);
         db.execute_batch("BEGIN")?;
         let epoch = crate::snap::epoch(&db)?;
         let attrs = AttrCache::default();
@@ -385,10 +385,11 @@ impl Store {
                 flushing: None,
                 room_seen: 0,
                 epoch,
+                seen: seen.clone(),
             }),
             cache: ChunkCache::new(CACHE_BYTES),
             ahead: Default::default(),
-            has_caps: AtomicBool::new(has_caps),
+            seen,
             poison: Mutex::new(None),
             gc_running: Mutex::new(()),
             released: Mutex::new(Vec::new()),
@@ -442,6 +443,7 @@ impl Store {
         g.counters = load_counters(&db)?;
         g.epoch = crate::snap::epoch(&db)?;
         g.prealloc = load_prealloc(&db)?;
+        g.seen.reload(&db)?;
         db.execute_batch("BEGIN")?;
         g.attrs.attach(&db);
         g.db = db;

@@ -329,8 +329,9 @@ mod plan_tests {
         );
         let p = plan(&conn, crate::ns::LOOKUP_SQL);
         assert!(
-            p.contains("USING PRIMARY KEY (parent=? AND cookie>? AND cookie<?)")
-                && p.contains("SEARCH inodes USING INTEGER PRIMARY KEY (rowid=?)"),
+            p.contains("SEARCH d USING PRIMARY KEY (parent=? AND cookie>? AND cookie<?)")
+                && p.contains("SEARCH i USING INTEGER PRIMARY KEY (rowid=?)")
+                && !p.contains("TEMP B-TREE"),
             "{p}"
         );
     }

@@ -34,7 +34,7 @@ macro_rules! name_range {
 
 /// The rows of a name's cookie range in `{table}` (`?2` is
 /// [`name_cookie`]), and whether each is name `?3`.
-const SLOTS_SQL: &str = "SELECT cookie, name = ?3 FROM {table}
+pub(crate) const SLOTS_SQL: &str = "SELECT cookie, name = ?3 FROM {table}
      WHERE parent = ?1 AND cookie BETWEEN ?2 AND ?2 + 65535 ORDER BY cookie";
 
 /// The first cookie of `name`: 31 bits of its BLAKE3 shifted left by 16,
@@ -284,16 +284,32 @@ macro_rules! attr_cols {
     };
 }
 
-/// The attributes of the inode a name points to, in one statement (a
-/// name only ever sits in a directory, so a hit needs no check of the
-/// parent).
-pub(crate) const LOOKUP_SQL: &str = concat!(
-    "SELECT ",
-    attr_cols!(),
-    " FROM inodes WHERE ino = (SELECT ino FROM dirents WHERE ",
-    name_range!(),
-    ")"
-);
+/// The entries of name `?3`'s cookie range in directory `?1` (`?2` is
+/// [`name_cookie`]), in cookie order: each one's cookie, whether it is
+/// `?3`, and for that one the attributes of its inode (a name only ever
+/// sits in a directory, so a hit needs no check of the parent). One
+/// statement answers a lookup and, for a name not there, the cookie
+/// [`free_cookie`] would give it (see [`Absent`]).
+pub(crate) const LOOKUP_SQL: &str =
+    "SELECT d.cookie, d.name = ?3, i.ino, i.kind, i.perm, i.uid, i.gid, i.nlink, i.size,
+     i.atime_ns, i.mtime_ns, i.ctime_ns, i.rdev, i.data
+     FROM dirents d LEFT JOIN inodes i ON d.name = ?3 AND i.ino = d.ino
+     WHERE d.parent = ?1 AND d.cookie BETWEEN ?2 AND ?2 + 65535 ORDER BY d.cookie";
+
+/// A name a lookup found absent, and the cookie a create would give it:
+/// the kernel looks a name up before it creates it, and the create then
+/// needs no statement of its own to find the cookie.
+///
+/// Invariant: valid only under the next guard of the store's lock after
+/// the lookup's ([`Inner::locks`] one more): no statement ran between.
+#[derive(Debug)]
+pub(crate) struct Absent {
+    pub parent: u64,
+    pub name: Vec<u8>,
+    pub cookie: i64,
+    /// [`Inner::locks`] of the lookup's guard.
+    pub lock: u64,
+}
 
 /// [`attr_of`]'s columns, for statements built at run time.
 pub(crate) const ATTR_COLS: &str = attr_cols!();
@@ -566,15 +582,34 @@ impl Store {
             }
             _ => {}
         }
+        let base = name_cookie(name);
+        let mut free = base;
         let mut st = g.db.prepare_cached(LOOKUP_SQL)?;
-        let key = params![parent, name_cookie(name), name];
-        if let Some(mut a) = st.query_row(key, attr_of).optional()? {
-            g.attrs.put(a);
-            a.data += self.buffered(&g, a.ino);
-            return Ok(a);
+        let mut rows = st.query(params![parent, base, name])?;
+        while let Some(r) = rows.next()? {
+            if r.get::<_, bool>(1)? {
+                let mut a = attr_at(r, 2)?;
+                g.attrs.put(a);
+                a.data += self.buffered(&g, a.ino);
+                return Ok(a);
+            }
+            if r.get::<_, i64>(0)? == free {
+                free += 1;
+            }
         }
+        drop(rows);
+        drop(st);
         // Not found: the parent decides between ENOENT and ENOTDIR.
         g.dir_attr(parent)?;
+        if free < base + COOKIE_SPAN {
+            let (name, cookie, lock) = (name.to_vec(), free, g.locks);
+            g.absent.set(Some(Absent {
+                parent,
+                name,
+                cookie,
+                lock,
+            }));
+        }
         Err(StoreError::NotFound)
     }
 
@@ -655,7 +690,14 @@ impl Store {
             return Err(StoreError::AlreadyExists);
         }
         // The name looked up too: AlreadyExists.
-        let cookie = free_cookie(&g.db, "dirents", parent, name)?;
+        let cookie = match g.absent.take() {
+            Some(m)
+                if m.lock.wrapping_add(1) == g.locks && m.parent == parent && m.name == name =>
+            {
+                m.cookie
+            }
+            _ => free_cookie(&g.db, "dirents", parent, name)?,
+        };
         self.room_for_more(g, 0)?;
         let (mut perm, acls) = inherit_acl(g, parent, &node)?;
         let mut gid = node.gid;
@@ -1227,5 +1269,16 @@ mod tests {
         for sql in [NAME_RANGE, SLOTS_SQL, LOOKUP_SQL] {
             assert_eq!(sql.matches(&last).count(), 1, "{sql}");
         }
+    }
+
+    /// The lookup reads its inode's columns in [`attr_of`]'s order.
+    #[test]
+    fn the_lookup_reads_the_attribute_columns() {
+        let cols: Vec<String> = ATTR_COLS.split(", ").map(|c| format!("i.{c}")).collect();
+        let sql: String = LOOKUP_SQL.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(
+            sql.contains(&format!("?3, {} FROM", cols.join(", "))),
+            "{sql}"
+        );
     }
 }

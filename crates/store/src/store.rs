@@ -18,6 +18,7 @@ use crate::data::DirtyFile;
 use crate::error::{Result, StoreError};
 use crate::index::StoreIndex;
 use crate::meta::{open_db, ChunkId, ChunkLoc};
+use crate::ns::Absent;
 use crate::pack::{Pack, Prepared};
 use crate::seen::XattrsSeen;
 use crate::space::Reserve;
@@ -80,6 +81,10 @@ pub(crate) struct Inner {
     pub epoch: u64,
     /// The same as [`Store::seen`].
     pub seen: Arc<XattrsSeen>,
+    /// Guards of this lock taken so far ([`Locked::new`] counts them).
+    pub locks: u64,
+    /// The last name a lookup found absent (see [`Absent`]).
+    pub absent: std::cell::Cell<Option<Absent>>,
 }
 
 impl Inner {
@@ -386,6 +391,8 @@ impl Store {
                 room_seen: 0,
                 epoch,
                 seen: seen.clone(),
+                locks: 0,
+                absent: Default::default(),
             }),
             cache: ChunkCache::new(CACHE_BYTES),
             ahead: Default::default(),
@@ -1290,7 +1297,8 @@ thread_local! {
 }
 
 impl<'a> Locked<'a> {
-    fn new(g: MutexGuard<'a, Inner>) -> Self {
+    fn new(mut g: MutexGuard<'a, Inner>) -> Self {
+        g.locks = g.locks.wrapping_add(1);
         #[cfg(debug_assertions)]
         HELD.with(|h| h.set(h.get() + 1));
         Locked(g)

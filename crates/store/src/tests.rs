@@ -2619,3 +2619,59 @@ fn a_default_acl_is_inherited_before_and_after_a_reopen() {
     inherits(&s, b"f2");
     assert!(s.getxattr(plain, crate::acl::ACCESS).is_err());
 }
+
+/// A create right after the lookup that found its name absent takes the
+/// cookie that lookup saw; with anything under the lock in between, it
+/// looks again (a name made meanwhile is `AlreadyExists`, never twice).
+#[test]
+fn a_create_after_a_lookup_uses_what_the_lookup_saw_only_right_after_it() {
+    let (_d, s) = new_store("fixed:4K", "none");
+    let slots_runs = || {
+        let g = s.lock();
+        let st =
+            g.db.prepare_cached(&crate::ns::SLOTS_SQL.replace("{table}", "dirents"))
+                .unwrap();
+        st.get_status(rusqlite::StatementStatus::Run)
+    };
+    let before = slots_runs();
+    assert!(matches!(s.lookup(1, b"a"), Err(StoreError::NotFound)));
+    let a = s.mknod(1, b"a", node(Kind::File)).unwrap().ino;
+    assert_eq!(slots_runs(), before, "the create looked nothing up");
+    s.mknod(1, b"a2", node(Kind::File)).unwrap();
+    assert!(slots_runs() > before, "a create without a lookup looks");
+    assert_eq!(s.lookup(1, b"a").unwrap().ino, a);
+    assert!(matches!(
+        s.mknod(1, b"a", node(Kind::File)),
+        Err(StoreError::AlreadyExists)
+    ));
+    // Looked up absent, then made by another request first.
+    assert!(s.lookup(1, b"b").is_err());
+    let b = s.mknod(1, b"b", node(Kind::File)).unwrap().ino;
+    assert!(s.lookup(1, b"c").is_err());
+    s.link(b, 1, b"c").unwrap();
+    assert!(matches!(
+        s.mknod(1, b"c", node(Kind::File)),
+        Err(StoreError::AlreadyExists)
+    ));
+    // Looked up absent in another directory, or under another name.
+    let d = s.mknod(1, b"d", node(Kind::Dir)).unwrap().ino;
+    assert!(s.lookup(d, b"a").is_err());
+    assert!(matches!(
+        s.mknod(1, b"a", node(Kind::File)),
+        Err(StoreError::AlreadyExists)
+    ));
+    assert!(s.lookup(d, b"x").is_err());
+    s.mknod(d, b"y", node(Kind::File)).unwrap();
+    let names: Vec<Vec<u8>> = s
+        .readdir(d, 0, 100)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert!(
+        names.contains(&b"y".to_vec()) && !names.contains(&b"x".to_vec()),
+        "{names:?}"
+    );
+    assert_eq!(s.lookup(1, b"c").unwrap().ino, b);
+    assert!(s.fsck(false).unwrap().problems.is_empty());
+}

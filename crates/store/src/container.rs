@@ -369,6 +369,21 @@ pub trait ContainerStore: Send + Sync {
     fn read_into(&self, id: u64, offset: u64, bufs: &mut [&mut [u8]]) -> Result<()> {
         scatter(|len| self.read(id, offset, len), bufs)
     }
+    /// Calls `f` with the `len` bytes at `offset`. The default reads them
+    /// into a buffer first ([`ContainerStore::read_into`]); a backend that
+    /// holds them in memory already (a remote store's fetched containers)
+    /// lends them where they are, with no copy.
+    fn with_bytes(
+        &self,
+        id: u64,
+        offset: u64,
+        len: usize,
+        f: &mut dyn FnMut(&[u8]) -> Result<()>,
+    ) -> Result<()> {
+        let mut v = vec![0u8; len];
+        self.read_into(id, offset, &mut [&mut v])?;
+        f(&v)
+    }
     /// Makes everything appended to `id` durable.
     fn sync(&self, id: u64) -> Result<()>;
     /// Starts writing what was appended to `id` to the device without

@@ -1032,6 +1032,17 @@ impl Store {
     fn fill_span(&self, buf: &mut [u8], at: u64, recs: &[Planned], gen: u64) -> Result<()> {
         let direct = direct_places(recs, at, at + buf.len() as u64, self.keys.is_some());
         let n_direct = direct.iter().flatten().count();
+        let first = recs[0].2;
+        if n_direct == 0 {
+            // All decoded aside (a sealed store's always are): from where
+            // the backend holds them if it does, not copied first.
+            let len = recs.iter().map(|r| r.2.stored_len as usize).sum();
+            let mut finish =
+                |aside: &[u8]| self.finish_span(buf, at, recs, (&direct, &[], aside), gen);
+            return self
+                .containers
+                .with_bytes(first.container, first.offset, len, &mut finish);
+        }
         let mut headers = vec![[0u8; container::RECORD_HEADER]; n_direct];
         let aside_len: usize = recs
             .iter()
@@ -1042,7 +1053,6 @@ impl Store {
         let mut aside = vec![0u8; aside_len];
         {
             let mut bufs = span_buffers(buf, recs, &direct, &mut headers, &mut aside);
-            let first = recs[0].2;
             self.containers
                 .read_into(first.container, first.offset, &mut bufs)?;
         }

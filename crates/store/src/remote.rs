@@ -519,6 +519,26 @@ impl ContainerStore for Tiered {
         }
     }
 
+    fn with_bytes(
+        &self,
+        id: u64,
+        offset: u64,
+        len: usize,
+        f: &mut dyn FnMut(&[u8]) -> Result<()>,
+    ) -> Result<()> {
+        let local = |l: &LocalDir| {
+            let mut v = vec![0u8; len];
+            l.read_into(id, offset, &mut [&mut v]).map(|()| v)
+        };
+        match self.read_cached(id, local)? {
+            Found::Local(v) => f(&v),
+            // Where the fetch put them: a cold read of a sealed store
+            // copied every record aside before opening it.
+            Found::Fresh(b) => f(within(&b, id, offset, len)?),
+            Found::Bucket => f(&self.fetch(id, offset, len)?),
+        }
+    }
+
     /// A local copy already evicted was in the bucket, whole (it is
     /// uploaded only once sealed): durable there.
     fn sync(&self, id: u64) -> Result<()> {

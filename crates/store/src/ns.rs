@@ -502,6 +502,15 @@ impl Inner {
         insert_dirent(&self.db, "dirents", parent, name, ino, self.epoch)
     }
 
+    /// The cookie for `parent/name` that the lookup just before this
+    /// guard found free, if that lookup was of this name (see [`Absent`]):
+    /// the name is not there.
+    pub(crate) fn take_absent(&self, parent: u64, name: &[u8]) -> Option<i64> {
+        let m = self.absent.take()?;
+        (m.lock.wrapping_add(1) == self.locks && m.parent == parent && m.name == name)
+            .then_some(m.cookie)
+    }
+
     fn del_dirent(&self, parent: u64, name: &[u8]) -> Result<()> {
         self.db
             .prepare_cached(concat!("DELETE FROM dirents WHERE ", name_range!()))?
@@ -690,13 +699,9 @@ impl Store {
             return Err(StoreError::AlreadyExists);
         }
         // The name looked up too: AlreadyExists.
-        let cookie = match g.absent.take() {
-            Some(m)
-                if m.lock.wrapping_add(1) == g.locks && m.parent == parent && m.name == name =>
-            {
-                m.cookie
-            }
-            _ => free_cookie(&g.db, "dirents", parent, name)?,
+        let cookie = match g.take_absent(parent, name) {
+            Some(cookie) => cookie,
+            None => free_cookie(&g.db, "dirents", parent, name)?,
         };
         self.room_for_more(g, 0)?;
         let (mut perm, acls) = inherit_acl(g, parent, &node)?;
@@ -926,6 +931,8 @@ impl Store {
         flags: RenameFlags,
     ) -> Result<()> {
         let mut g = self.lock();
+        // The kernel looked the new name up just before, most often.
+        let absent = g.take_absent(newparent, newname);
         g.dir_attr(parent)?;
         g.dir_attr(newparent)?;
         let src = g.child(parent, name)?.ok_or(StoreError::NotFound)?;
@@ -934,7 +941,10 @@ impl Store {
         if view::is_reserved(newparent, newname) {
             return Err(StoreError::AlreadyExists);
         }
-        let dst = g.child(newparent, newname)?;
+        let dst = match absent {
+            Some(_) => None,
+            None => g.child(newparent, newname)?,
+        };
         if sa.kind == Kind::Dir && self.is_ancestor(&g, src, newparent)? {
             return Err(StoreError::Invalid);
         }
@@ -954,7 +964,13 @@ impl Store {
         }
         // The new entry first: if it fails (no cookie left), the old
         // one is still there.
-        g.add_dirent(newparent, newname, src)?;
+        match absent {
+            Some(cookie) => {
+                let at = (newparent, cookie);
+                insert_dirent_at(&g.db, "dirents", at, newname, src, g.epoch)?
+            }
+            None => g.add_dirent(newparent, newname, src)?,
+        }
         g.del_dirent_of(parent, name, src)?;
         if sa.kind == Kind::Dir && parent != newparent {
             g.set_parent(src, newparent)?;

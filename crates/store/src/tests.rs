@@ -2675,3 +2675,47 @@ fn a_create_after_a_lookup_uses_what_the_lookup_saw_only_right_after_it() {
     assert_eq!(s.lookup(1, b"c").unwrap().ino, b);
     assert!(s.fsck(false).unwrap().problems.is_empty());
 }
+
+/// A rename right after the lookup of its new name takes the cookie that
+/// lookup saw; with anything under the lock between, the new name made
+/// meanwhile is replaced, never doubled.
+#[test]
+fn a_rename_after_a_lookup_uses_what_the_lookup_saw_only_right_after_it() {
+    let (_d, s) = new_store("fixed:4K", "none");
+    let slots_runs = || {
+        let g = s.lock();
+        let sql = crate::ns::SLOTS_SQL.replace("{table}", "dirents");
+        let st = g.db.prepare_cached(&sql).unwrap();
+        st.get_status(rusqlite::StatementStatus::Run)
+    };
+    let tmp = file(&s, ".f.tmp", b"new");
+    let before = slots_runs();
+    assert!(s.lookup(1, b"f").is_err());
+    s.rename(1, b".f.tmp", 1, b"f", RenameFlags::default())
+        .unwrap();
+    assert_eq!(slots_runs(), before, "the rename looked nothing up");
+    assert_eq!(s.lookup(1, b"f").unwrap().ino, tmp);
+    assert!(s.lookup(1, b".f.tmp").is_err());
+    // Looked up absent, then made by another request before the rename.
+    let tmp = file(&s, ".g.tmp", b"newer");
+    let old = file(&s, "x", b"old");
+    assert!(s.lookup(1, b"g").is_err());
+    s.link(old, 1, b"g").unwrap();
+    s.rename(1, b".g.tmp", 1, b"g", RenameFlags::default())
+        .unwrap();
+    assert_eq!(s.lookup(1, b"g").unwrap().ino, tmp);
+    assert_eq!(s.getattr(old).unwrap().nlink, 1, "x's link g replaced");
+    let names: Vec<Vec<u8>> = s
+        .readdir(1, 0, 100)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert_eq!(
+        names.iter().filter(|n| n.as_slice() == b"g").count(),
+        1,
+        "{names:?}"
+    );
+    assert_eq!(read_all(&s, tmp), b"newer");
+    assert!(s.fsck(false).unwrap().problems.is_empty());
+}

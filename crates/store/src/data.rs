@@ -318,10 +318,16 @@ impl Store {
     /// requests of the program writing the next files. A queue that grew
     /// while the thread was busy is settled [`RELEASE_BATCH`] files at a
     /// time, so that no hold of the lock covers all of it.
+    ///
+    /// A file released twice in one batch (`rsync` closes each file, then
+    /// opens it again to set its mode) is flushed once: its buffer then
+    /// holds what both handles wrote.
     pub fn settle_releases(&self) {
         let q = std::mem::take(&mut *self.released.lock().unwrap_or_else(|e| e.into_inner()));
         for part in q.chunks(RELEASE_BATCH) {
-            for ino in self.flush_small_files(part) {
+            let mut seen = HashSet::with_capacity(part.len());
+            let once: Vec<u64> = part.iter().copied().filter(|&i| seen.insert(i)).collect();
+            for ino in self.flush_small_files(&once) {
                 let _ = self.flush_file(ino);
             }
             let mut g = self.lock();

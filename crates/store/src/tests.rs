@@ -504,12 +504,14 @@ fn buffers_of_many_open_files_stay_bounded() {
 /// Containers in a local directory, counting how often they are listed
 /// and which are synced; `fail_creates` creates fail (after making the
 /// file, as a full disk can); once `appends_left` is not negative, that
-/// many appends succeed and the rest fail with ENOSPC.
+/// many appends succeed and the rest fail with ENOSPC; `appends` counts
+/// the appends tried.
 struct CountingDir {
     dir: container::LocalDir,
     lists: std::sync::atomic::AtomicUsize,
     fail_creates: std::sync::atomic::AtomicUsize,
     appends_left: std::sync::atomic::AtomicI64,
+    appends: std::sync::atomic::AtomicUsize,
     synced: std::sync::Mutex<Vec<u64>>,
 }
 
@@ -520,6 +522,7 @@ impl CountingDir {
             lists: 0.into(),
             fail_creates: 0.into(),
             appends_left: (-1).into(),
+            appends: 0.into(),
             synced: Default::default(),
         })
     }
@@ -549,6 +552,7 @@ impl ContainerStore for CountingDir {
         Ok(())
     }
     fn append(&self, id: u64, bytes: &[u8]) -> Result<()> {
+        self.appends.fetch_add(1, Relaxed);
         let left = &self.appends_left;
         let ok = left.fetch_update(Relaxed, Relaxed, |n| (n > 0).then(|| n - 1));
         if ok.is_err() && left.load(Relaxed) == 0 {
@@ -2166,6 +2170,21 @@ fn released_small_files_are_stored_together() {
     s.release_later(f);
     s.settle_releases();
     assert_eq!(read_all(&s, f), text, "released twice");
+    // Released twice in one batch, while appends fail: one flush tries
+    // to store it, and both handles are counted off.
+    let t = open("t", &pseudo(2000, 9));
+    s.open_file(t).unwrap();
+    cs.appends_left.store(0, Relaxed);
+    let tried = cs.appends.load(Relaxed);
+    s.release_later(t);
+    s.release_later(t);
+    s.settle_releases();
+    assert_eq!(cs.appends.load(Relaxed) - tried, 1, "one flush of the file");
+    assert!(s.lock().dirty.contains_key(&t), "its buffer kept");
+    assert!(!s.lock().open_count.contains_key(&t), "both handles closed");
+    cs.appends_left.store(-1, Relaxed);
+    s.fsync(t).unwrap();
+    assert_eq!(read_all(&s, t), pseudo(2000, 9));
     // A queue longer than a batch.
     let many: Vec<u64> = (0..150)
         .map(|i| open(&format!("m{i}"), &pseudo(100, 100 + i)))
@@ -2178,11 +2197,11 @@ fn released_small_files_are_stored_together() {
         assert_eq!(read_all(&s, ino), pseudo(100, 100 + i as u64));
     }
     s.commit(true).unwrap();
-    // a = b (1 chunk), c a hole, d 3 chunks, e 10, f 1; g's chunk is
-    // unreferenced once it is gone.
+    // a = b (1 chunk), c a hole, d 3 chunks, e 10, f 1, t 1; g's chunk
+    // is unreferenced once it is gone.
     let st = s.stats().unwrap();
-    assert_eq!(st.chunks - st.unreferenced_chunks, 15 + 150);
-    let small = 2000 + (12 << 10) + (40 << 10) + text.len() as u64;
+    assert_eq!(st.chunks - st.unreferenced_chunks, 16 + 150);
+    let small = 2000 + (12 << 10) + (40 << 10) + text.len() as u64 + 2000;
     assert_eq!(st.referenced_bytes, small + 150 * 100);
 
     // Two appends at least (h's 15 chunks fill a pack, i's two make

@@ -398,3 +398,38 @@ fn clear_errors_and_exit_codes() {
     }
     fsck_clean(&s.store);
 }
+
+/// A mount reads ahead 4 MiB over either transport. Over io_uring the
+/// kernel reads the init reply after the mount appears and set the
+/// readahead back to 128 KiB (a cold read of a big file went in
+/// 256 KiB `READ`s, two at a time), so it is widened once negotiated.
+#[test]
+fn mounts_read_ahead_four_mib_over_both_transports() {
+    require_fuse();
+    require_uring();
+    for t in ["transport=dev", "transport=uring"] {
+        let s = scratch(&[]);
+        let m = Mount::with_args(&s, &["-o", t]);
+        let mnt = s.mnt.canonicalize().unwrap();
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let dev = mountinfo
+            .lines()
+            .map(|l| l.split(' ').collect::<Vec<_>>())
+            .filter(|f| Path::new(f[4]) == mnt)
+            .map(|f| f[2].to_string())
+            .last()
+            .unwrap_or_else(|| panic!("{t}: {} not in mountinfo", mnt.display()));
+        let path = format!("/sys/class/bdi/{dev}/read_ahead_kb");
+        let t0 = Instant::now();
+        let mut kb = String::new();
+        while t0.elapsed() < Duration::from_secs(10) {
+            kb = std::fs::read_to_string(&path).unwrap();
+            if kb.trim() == "4096" {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(kb.trim(), "4096", "{t}: {path}");
+        m.unmount();
+    }
+}

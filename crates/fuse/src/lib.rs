@@ -144,7 +144,11 @@ pub fn serve_store_on(
         Transport::Uring => Session::Uring(uring::session(core, mountpoint, &config)?),
     };
     session.drop_behind(drops);
-    widen_readahead(mountpoint, READAHEAD_KB);
+    if transport == Transport::Dev {
+        // fuser has read the init reply by now; over io_uring the kernel
+        // reads it later (`uring::UringFs::negotiated` widens it then).
+        widen_readahead(mountpoint, READAHEAD_KB);
+    }
     ready();
     let stop = Arc::new(Stop::default());
     let committer = {
@@ -307,14 +311,14 @@ fn spawn_pusher(
 }
 
 /// Readahead asked of the kernel, KiB.
-const READAHEAD_KB: u32 = 4096;
+pub(crate) const READAHEAD_KB: u32 = 4096;
 
 /// The kernel keeps a FUSE mount's readahead at the default 128 KiB
 /// whatever `max_readahead` the init reply offers; as root, raise it
 /// through the mount's backing-device entry in sysfs (found in
 /// `/proc/self/mountinfo`: a `stat` of the mount point would wait for
 /// this very process). Best effort: unprivileged mounts keep 128 KiB.
-fn widen_readahead(mountpoint: &Path, kb: u32) {
+pub(crate) fn widen_readahead(mountpoint: &Path, kb: u32) {
     let Ok(mp) = mountpoint.canonicalize() else {
         return;
     };

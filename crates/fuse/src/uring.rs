@@ -30,8 +30,8 @@ use fractal_fuse::abi;
 use crate::core::{Caller, Core, Node, Rename, Ret, Xattr};
 use crate::TTL;
 
-/// The store as a `fractal-fuse` filesystem.
-pub(crate) struct UringFs(pub Arc<Core>);
+/// The store as a `fractal-fuse` filesystem, and where it is mounted.
+pub(crate) struct UringFs(pub Arc<Core>, std::path::PathBuf);
 
 fn who(req: &Request) -> Caller {
     Caller {
@@ -162,8 +162,19 @@ impl Filesystem for UringFs {
         })
     }
 
+    /// Also widens the mount's readahead now: the kernel takes the init
+    /// reply's (at most its own 128 KiB) when it reads it, which over
+    /// this transport is after the mount returned, so a widening before
+    /// it was undone (cold reads of a big file went in 256 KiB `READ`s,
+    /// two at a time: bench/notes/store-transport.md, "Four ring entries
+    /// per CPU; readahead over io_uring"). On a thread of its own: it
+    /// reads the mount table while the rings are not serving yet.
     fn negotiated(&self, flags: u64) {
-        self.0.init(flags & abi::FUSE_WRITEBACK_CACHE as u64 != 0)
+        self.0.init(flags & abi::FUSE_WRITEBACK_CACHE as u64 != 0);
+        let mountpoint = self.1.clone();
+        let _ = std::thread::Builder::new()
+            .name("onecopy-readahead".into())
+            .spawn(move || crate::widen_readahead(&mountpoint, crate::READAHEAD_KB));
     }
 
     async fn destroy(&self) {
@@ -666,6 +677,6 @@ pub(crate) fn session(
     let session = fractal_fuse::Session::new(mountpoint.to_path_buf(), opts)?
         .with_worker_count(config.n_threads.unwrap_or(2))
         .with_queue_depth(QUEUE_DEPTH);
-    let fs = UringFs(Arc::new(core));
+    let fs = UringFs(Arc::new(core), mountpoint.to_path_buf());
     Ok(Session { session, fs })
 }

@@ -8,10 +8,11 @@
 //!
 //! A worker serves every request of its CPU in turn, so what may block
 //! for long (a `fsync`'s durable commit, sharing or promising ranges)
-//! runs on compio's blocking pool and the worker goes on; lookups,
-//! attributes, reads, writes and `release` (whose storing of the file's
-//! buffer the store leaves to its releasing thread: `Core::release`)
-//! are answered inline.
+//! runs on compio's blocking pool and the worker goes on, and so do big
+//! reads and writes ([`INLINE_IO_MAX`]); lookups, attributes, small
+//! reads and writes and `release` (whose storing of the file's buffer
+//! the store leaves to its releasing thread: `Core::release`) are
+//! answered inline.
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -319,7 +320,21 @@ impl Filesystem for UringFs {
         offset: u64,
         buf: &mut [u8],
     ) -> FsResult<usize> {
-        self.0.read_into(inode.0, offset, buf)
+        if buf.len() < INLINE_IO_MAX {
+            return self.0.read_into(inode.0, offset, buf);
+        }
+        // On the pool, so that the kernel's readahead `READ`s of one CPU
+        // are served side by side; the bytes cross into the ring's buffer
+        // once back here (it stays borrowed by this request).
+        let (ino, len) = (inode.0, buf.len());
+        let (n, v) = self
+            .blocking(move |c| {
+                let mut v = vec![0u8; len];
+                c.read_into(ino, offset, &mut v).map(|n| (n, v))
+            })
+            .await?;
+        buf[..n].copy_from_slice(&v[..n]);
+        Ok(n)
     }
 
     async fn write(
@@ -607,15 +622,17 @@ fn not_wanted(follower: bool) -> u64 {
     (abi::FUSE_ATOMIC_O_TRUNC | inval) as u64
 }
 
-/// Writes of at least this many bytes run on the blocking pool, so that
-/// the worker goes on with the next request: the kernel queues a file's
-/// writeback on the ring of the CPU that sends it, and served inline,
-/// one at a time, big writes reached 0.70x the `/dev/fuse` transport's
-/// speed, whose threads take any request; on the pool, 1 MiB writes of
-/// a 2 GiB file went 400 -> 455 MB/s (medians of 5; reads on the pool
-/// were no better, so they stay inline: bench/notes/store-transport.md,
-/// "The Linux tree, lock waits and big requests over io_uring"). Smaller
-/// ones, the small files' path, stay inline.
+/// Reads and writes of at least this many bytes run on the blocking
+/// pool, so that the worker goes on with the next request: the kernel
+/// queues a file's writeback, and a reader's readahead, on the ring of
+/// the CPU that sends them, and served inline, one at a time, big writes
+/// reached 0.70x the `/dev/fuse` transport's speed, whose threads take
+/// any request; on the pool, 1 MiB writes of a 2 GiB file went 400 ->
+/// 455 MB/s (medians of 5), and cold reads of it, once the readahead was
+/// 4 MiB, 747-873 -> 944-1,138 MiB/s (4 rounds alternating;
+/// bench/notes/store-transport.md, "Four ring entries per CPU;
+/// readahead over io_uring"). Smaller ones, the small files' path, stay
+/// inline.
 const INLINE_IO_MAX: usize = 128 << 10;
 
 /// Ring entries per CPU: requests one CPU's callers may have in flight.

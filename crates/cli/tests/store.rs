@@ -414,10 +414,10 @@ fn mounts_read_ahead_four_mib_over_both_transports() {
         let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
         let dev = mountinfo
             .lines()
+            .rev()
             .map(|l| l.split(' ').collect::<Vec<_>>())
-            .filter(|f| Path::new(f[4]) == mnt)
+            .find(|f| Path::new(f[4]) == mnt)
             .map(|f| f[2].to_string())
-            .last()
             .unwrap_or_else(|| panic!("{t}: {} not in mountinfo", mnt.display()));
         let path = format!("/sys/class/bdi/{dev}/read_ahead_kb");
         let t0 = Instant::now();

@@ -642,7 +642,8 @@ const INLINE_IO_MAX: usize = 128 << 10;
 /// the entries they came in, so a few are left for the others. At 4
 /// rather than 16, the 2nd write of a 2 GiB file (all chunks known) went
 /// 795 -> 980 MB/s, the 1st 493 -> 550, cold reads and small files the
-/// same (bench/notes/store-transport.md, "Four ring entries per CPU").
+/// same (bench/notes/store-transport.md, "Four ring entries per CPU;
+/// readahead over io_uring").
 const QUEUE_DEPTH: u16 = 4;
 
 /// Mounts `core`'s store with the options of `config` (the `/dev/fuse`

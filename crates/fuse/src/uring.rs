@@ -636,15 +636,14 @@ fn not_wanted(follower: bool) -> u64 {
 const INLINE_IO_MAX: usize = 128 << 10;
 
 /// Ring entries per CPU: requests one CPU's callers may have in flight.
-/// Each entry pins a [`MAX_WRITE`] buffer: 4 MiB per CPU. A worker
-/// serves its requests one at a time, so more entries only queue more of
-/// them; those that go to the blocking pool (big writes, `fsync`) keep
-/// the entries they came in, so a few are left for the others. At 4
-/// rather than 16, the 2nd write of a 2 GiB file (all chunks known) went
-/// 795 -> 980 MB/s, the 1st 493 -> 550, cold reads and small files the
-/// same (bench/notes/store-transport.md, "Four ring entries per CPU;
-/// readahead over io_uring").
-const QUEUE_DEPTH: u16 = 4;
+/// Each entry pins a [`MAX_WRITE`] buffer: 16 MiB per CPU. A request
+/// sent to the blocking pool keeps its entry until it is answered, and
+/// writes held there for a slow bucket can be many: at 4 entries (whose
+/// 2nd write of a 2 GiB file went 795 -> 980 MB/s) they took every entry
+/// of a CPU and a `mkdir` from it waited 27 s (test
+/// `a_slow_bucket_holds_writers_not_the_mount`; bench/notes/store-transport.md,
+/// "Four ring entries per CPU; readahead over io_uring").
+const QUEUE_DEPTH: u16 = 16;
 
 /// Mounts `core`'s store with the options of `config` (the `/dev/fuse`
 /// transport's, translated) and the kernel options every onecopy mount

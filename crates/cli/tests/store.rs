@@ -411,13 +411,12 @@ fn mounts_read_ahead_four_mib_over_both_transports() {
         let s = scratch(&[]);
         let m = Mount::with_args(&s, &["-o", t]);
         let mnt = s.mnt.canonicalize().unwrap();
-        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-        let dev = mountinfo
-            .lines()
+        let dev = onecopy_ioctl::mounts::read()
+            .unwrap()
+            .into_iter()
             .rev()
-            .map(|l| l.split(' ').collect::<Vec<_>>())
-            .find(|f| Path::new(f[4]) == mnt)
-            .map(|f| f[2].to_string())
+            .find(|m| m.mount_point == mnt)
+            .map(|m| m.dev)
             .unwrap_or_else(|| panic!("{t}: {} not in mountinfo", mnt.display()));
         let path = format!("/sys/class/bdi/{dev}/read_ahead_kb");
         let t0 = Instant::now();

@@ -147,7 +147,7 @@ pub fn serve_store_on(
     if transport == Transport::Dev {
         // fuser has read the init reply by now; over io_uring the kernel
         // reads it later (`uring::UringFs::negotiated` widens it then).
-        widen_readahead(mountpoint, READAHEAD_KB);
+        widen_readahead(mountpoint);
     }
     ready();
     let stop = Arc::new(Stop::default());
@@ -311,14 +311,14 @@ fn spawn_pusher(
 }
 
 /// Readahead asked of the kernel, KiB.
-pub(crate) const READAHEAD_KB: u32 = 4096;
+const READAHEAD_KB: u32 = 4096;
 
 /// The kernel keeps a FUSE mount's readahead at the default 128 KiB
 /// whatever `max_readahead` the init reply offers; as root, raise it
 /// through the mount's backing-device entry in sysfs (found in
 /// `/proc/self/mountinfo`: a `stat` of the mount point would wait for
 /// this very process). Best effort: unprivileged mounts keep 128 KiB.
-pub(crate) fn widen_readahead(mountpoint: &Path, kb: u32) {
+pub(crate) fn widen_readahead(mountpoint: &Path) {
     let Ok(mp) = mountpoint.canonicalize() else {
         return;
     };
@@ -332,7 +332,7 @@ pub(crate) fn widen_readahead(mountpoint: &Path, kb: u32) {
         .map(|m| m.dev);
     if let Some(dev) = dev {
         let path = format!("/sys/class/bdi/{dev}/read_ahead_kb");
-        if let Err(e) = std::fs::write(&path, kb.to_string()) {
+        if let Err(e) = std::fs::write(&path, READAHEAD_KB.to_string()) {
             if e.kind() != std::io::ErrorKind::PermissionDenied {
                 onecopy_store::warn!("onecopy: cannot set readahead ({path}): {e}");
             }

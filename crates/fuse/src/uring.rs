@@ -175,7 +175,7 @@ impl Filesystem for UringFs {
         let mountpoint = self.1.clone();
         let _ = std::thread::Builder::new()
             .name("onecopy-readahead".into())
-            .spawn(move || crate::widen_readahead(&mountpoint, crate::READAHEAD_KB));
+            .spawn(move || crate::widen_readahead(&mountpoint));
     }
 
     async fn destroy(&self) {
@@ -326,15 +326,10 @@ impl Filesystem for UringFs {
         // On the pool, so that the kernel's readahead `READ`s of one CPU
         // are served side by side; the bytes cross into the ring's buffer
         // once back here (it stays borrowed by this request).
-        let (ino, len) = (inode.0, buf.len());
-        let (n, v) = self
-            .blocking(move |c| {
-                let mut v = vec![0u8; len];
-                c.read_into(ino, offset, &mut v).map(|n| (n, v))
-            })
-            .await?;
-        buf[..n].copy_from_slice(&v[..n]);
-        Ok(n)
+        let (ino, size) = (inode.0, buf.len() as u32);
+        let v = self.blocking(move |c| c.read(ino, offset, size)).await?;
+        buf[..v.len()].copy_from_slice(&v);
+        Ok(v.len())
     }
 
     async fn write(

@@ -39,7 +39,8 @@ echo "store-posix: mounted ${MOUNT_OPTS:+with -o $MOUNT_OPTS}"
 # fsx: random reads, writes, truncates, mmap, fallocate, hole punching,
 # copy_file_range, sendfile, fsync on a file of up to 8 MiB.
 echo "fsx: seed $FSX_SEED (replay with FSX_SEED=$FSX_SEED)"
-(cd "$work" && fsx -q -N "$FSX_OPS" -S "$FSX_SEED" -f "$ROOT/scripts/fsx-store.toml" -P "$work" "$work/mnt/fsx.dat")
+(cd "$work" && fsx -q -N "$FSX_OPS" -S "$FSX_SEED" -f "$ROOT/scripts/fsx-store.toml" -P "$work" "$work/mnt/fsx.dat") ||
+    { echo "fsx: failed with seed $FSX_SEED (replay with FSX_SEED=$FSX_SEED)" >&2; exit 1; }
 echo "fsx: $FSX_OPS operations, seed $FSX_SEED, no miscompare"
 
 # pjdfstest: every test runs. The 16 it skips need what a FUSE mount in

@@ -7,6 +7,7 @@
 mod behind;
 mod core;
 mod dev;
+mod lend;
 mod null;
 mod uring;
 

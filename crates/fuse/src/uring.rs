@@ -29,6 +29,7 @@ use onecopy_store::{Attr, Kind, SetAttr, SetidKill};
 use fractal_fuse::abi;
 
 use crate::core::{Caller, Core, Node, Rename, Ret, Xattr};
+use crate::lend::{lend, lend_mut};
 use crate::TTL;
 
 /// The store as a `fractal-fuse` filesystem, and where it is mounted.
@@ -324,12 +325,10 @@ impl Filesystem for UringFs {
             return self.0.read_into(inode.0, offset, buf);
         }
         // On the pool, so that the kernel's readahead `READ`s of one CPU
-        // are served side by side; the bytes cross into the ring's buffer
-        // once back here (it stays borrowed by this request).
-        let (ino, size) = (inode.0, buf.len() as u32);
-        let v = self.blocking(move |c| c.read(ino, offset, size)).await?;
-        buf[..v.len()].copy_from_slice(&v);
-        Ok(v.len())
+        // are served side by side, into the ring's buffer (`crate::lend`).
+        let (ino, (_lender, mut loan)) = (inode.0, lend_mut(buf));
+        self.blocking(move |c| c.read_into(ino, offset, loan.bytes_mut()))
+            .await
     }
 
     async fn write(
@@ -348,9 +347,10 @@ impl Filesystem for UringFs {
         if data.len() < INLINE_IO_MAX && !self.0.write_would_wait() {
             return Ok(self.0.write(who, ino, offset, data, kill)? as usize);
         }
-        let data = data.to_vec();
+        // The bytes are read where the ring holds them (`crate::lend`).
+        let (_lender, loan) = lend(data);
         let n = self
-            .blocking(move |c| c.write(who, ino, offset, &data, kill))
+            .blocking(move |c| c.write(who, ino, offset, loan.bytes(), kill))
             .await?;
         Ok(n as usize)
     }

@@ -1,0 +1,146 @@
+//! A ring entry's buffer lent to a thread of the blocking pool, so that a
+//! big `WRITE`'s bytes are read, and a big `READ`'s written, where they
+//! lie, with no copy on the ring's worker: that copy was a quarter of the
+//! mount's CPU in a duplicate write over io_uring, and it ran on the one
+//! worker of a CPU (bench/notes/store-transport.md, "Ring buffers lent to
+//! the pool").
+//!
+//! Invariant (what makes the one `unsafe` sound): the borrowed buffer
+//! outlives every use of it by the pool. [`Lender`] is kept in the
+//! borrowing request's future; its `Drop` waits until the pool's
+//! closure has finished with the buffer, or has been dropped without
+//! running. A future that completes finds it finished; one dropped
+//! while the pool still works (the session cancelled) blocks its worker
+//! until then, so the ring cannot reuse or free the buffer under the
+//! pool.
+
+use std::sync::{Arc, Condvar, Mutex};
+
+/// Whether the pool is done with a lent buffer.
+#[derive(Default)]
+struct Returned {
+    done: Mutex<bool>,
+    cv: Condvar,
+}
+
+/// Kept by the request that lent its buffer: dropping it waits for
+/// [`Loan`] to be dropped.
+pub(crate) struct Lender(Arc<Returned>);
+
+impl Drop for Lender {
+    fn drop(&mut self) {
+        let mut done = self.0.done.lock().unwrap_or_else(|e| e.into_inner());
+        while !*done {
+            done = self.0.cv.wait(done).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// A lent buffer, for one closure on the pool; dropping it (the closure
+/// ran, panicked, or never ran) gives the buffer back.
+pub(crate) struct Loan {
+    ptr: *mut u8,
+    len: usize,
+    back: Arc<Returned>,
+}
+
+// SAFETY: the buffer is used by one thread at a time: the lender does not
+// touch it until the loan is dropped (see the module's invariant).
+unsafe impl Send for Loan {}
+
+impl Drop for Loan {
+    fn drop(&mut self) {
+        *self.back.done.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.back.cv.notify_all();
+    }
+}
+
+impl Loan {
+    /// The buffer, to read from.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        // SAFETY: `ptr..ptr + len` was a live slice when lent, and stays
+        // borrowed by the lender until this loan is dropped.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    /// The buffer, to write into; only for a buffer lent with
+    /// [`lend_mut`].
+    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `bytes`; `lend_mut` took it from a `&mut` slice
+        // the lender no longer touches.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+/// Lends `buf` for reading. Keep the [`Lender`] alive in the borrowing
+/// future, at least until the [`Loan`] was moved where it is used.
+pub(crate) fn lend(buf: &[u8]) -> (Lender, Loan) {
+    pair(buf.as_ptr().cast_mut(), buf.len())
+}
+
+/// Lends `buf` for writing (see [`lend`]).
+pub(crate) fn lend_mut(buf: &mut [u8]) -> (Lender, Loan) {
+    pair(buf.as_mut_ptr(), buf.len())
+}
+
+fn pair(ptr: *mut u8, len: usize) -> (Lender, Loan) {
+    let back = Arc::new(Returned::default());
+    let loan = Loan {
+        ptr,
+        len,
+        back: back.clone(),
+    };
+    (Lender(back), loan)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    #[test]
+    fn dropping_the_lender_waits_for_the_loan() {
+        let mut buf = vec![0u8; 16];
+        let finished = Arc::new(AtomicBool::new(false));
+        let (lender, mut loan) = lend_mut(&mut buf);
+        let f = finished.clone();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            loan.bytes_mut().fill(7);
+            f.store(true, Ordering::SeqCst);
+        });
+        drop(lender);
+        assert!(finished.load(Ordering::SeqCst), "lender returned early");
+        t.join().unwrap();
+        assert_eq!(buf, vec![7u8; 16]);
+    }
+
+    /// Whether dropping `lender` returns within a second.
+    fn returns(lender: Lender) -> bool {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            drop(lender);
+            let _ = tx.send(());
+        });
+        rx.recv_timeout(Duration::from_secs(1)).is_ok()
+    }
+
+    #[test]
+    fn a_loan_dropped_unused_or_in_a_panic_returns_the_buffer() {
+        let buf = [1u8, 2, 3];
+        let (lender, loan) = lend(&buf);
+        drop(loan);
+        assert!(returns(lender));
+        let (lender, loan) = lend(&buf);
+        let r = std::thread::spawn(move || {
+            assert_eq!(loan.bytes(), &[1, 2, 3]);
+            panic!("on the pool");
+        })
+        .join();
+        assert!(r.is_err());
+        assert!(returns(lender));
+        let (lender, _loan) = lend(&buf);
+        assert!(!returns(lender), "returned while the loan was out");
+    }
+}

@@ -5,15 +5,18 @@
 //! worker of a CPU (bench/notes/store-transport.md, "Ring buffers lent to
 //! the pool").
 //!
-//! Invariant (what makes the one `unsafe` sound): the borrowed buffer
+//! Invariant (what makes the `unsafe` sound): the borrowed buffer
 //! outlives every use of it by the pool. [`Lender`] is kept in the
-//! borrowing request's future; its `Drop` waits until the pool's
-//! closure has finished with the buffer, or has been dropped without
-//! running. A future that completes finds it finished; one dropped
-//! while the pool still works (the session cancelled) blocks its worker
-//! until then, so the ring cannot reuse or free the buffer under the
-//! pool.
+//! borrowing request's future, and borrows the buffer as long as it
+//! lives; its `Drop` waits until the pool's closure has finished with
+//! the buffer, or has been dropped without running. A future that
+//! completes finds it finished; one dropped while the pool still works
+//! (the session cancelled) blocks its worker until then, so the ring
+//! cannot reuse or free the buffer under the pool. A `Lender` that is
+//! never dropped (`mem::forget`) would end the borrow without waiting,
+//! which is why lending is `unsafe`: the caller promises to drop it.
 
+use std::marker::PhantomData;
 use std::sync::{Arc, Condvar, Mutex};
 
 /// Whether the pool is done with a lent buffer.
@@ -23,11 +26,11 @@ struct Returned {
     cv: Condvar,
 }
 
-/// Kept by the request that lent its buffer: dropping it waits for
-/// [`Loan`] to be dropped.
-pub(crate) struct Lender(Arc<Returned>);
+/// Kept by the request that lent its buffer, which stays borrowed while
+/// it lives: dropping it waits for [`Loan`] to be dropped.
+pub(crate) struct Lender<'a>(Arc<Returned>, PhantomData<&'a mut [u8]>);
 
-impl Drop for Lender {
+impl Drop for Lender<'_> {
     fn drop(&mut self) {
         let mut done = self.0.done.lock().unwrap_or_else(|e| e.into_inner());
         while !*done {
@@ -72,25 +75,31 @@ impl Loan {
     }
 }
 
-/// Lends `buf` for reading. Keep the [`Lender`] alive in the borrowing
-/// future, at least until the [`Loan`] was moved where it is used.
-pub(crate) fn lend(buf: &[u8]) -> (Lender, Loan) {
+/// Lends `buf` for reading.
+///
+/// # Safety
+/// The [`Lender`] must be dropped, not leaked (`mem::forget`, a cycle):
+/// its drop is what keeps `buf` alive until the [`Loan`] is done.
+pub(crate) unsafe fn lend(buf: &[u8]) -> (Lender<'_>, Loan) {
     pair(buf.as_ptr().cast_mut(), buf.len())
 }
 
-/// Lends `buf` for writing (see [`lend`]).
-pub(crate) fn lend_mut(buf: &mut [u8]) -> (Lender, Loan) {
+/// Lends `buf` for writing.
+///
+/// # Safety
+/// As for [`lend`].
+pub(crate) unsafe fn lend_mut(buf: &mut [u8]) -> (Lender<'_>, Loan) {
     pair(buf.as_mut_ptr(), buf.len())
 }
 
-fn pair(ptr: *mut u8, len: usize) -> (Lender, Loan) {
+fn pair<'a>(ptr: *mut u8, len: usize) -> (Lender<'a>, Loan) {
     let back = Arc::new(Returned::default());
     let loan = Loan {
         ptr,
         len,
         back: back.clone(),
     };
-    (Lender(back), loan)
+    (Lender(back, PhantomData), loan)
 }
 
 #[cfg(test)]
@@ -102,45 +111,58 @@ mod tests {
     #[test]
     fn dropping_the_lender_waits_for_the_loan() {
         let mut buf = vec![0u8; 16];
-        let finished = Arc::new(AtomicBool::new(false));
-        let (lender, mut loan) = lend_mut(&mut buf);
-        let f = finished.clone();
-        let t = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(200));
-            loan.bytes_mut().fill(7);
-            f.store(true, Ordering::SeqCst);
+        let finished = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            // SAFETY: the lender is dropped below.
+            let (lender, mut loan) = unsafe { lend_mut(&mut buf) };
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(200));
+                loan.bytes_mut().fill(7);
+                finished.store(true, Ordering::SeqCst);
+                drop(loan);
+            });
+            drop(lender);
+            assert!(finished.load(Ordering::SeqCst), "lender returned early");
         });
-        drop(lender);
-        assert!(finished.load(Ordering::SeqCst), "lender returned early");
-        t.join().unwrap();
         assert_eq!(buf, vec![7u8; 16]);
     }
 
-    /// Whether dropping `lender` returns within a second.
-    fn returns(lender: Lender) -> bool {
+    /// Whether dropping `lender` (on another thread) returns within a
+    /// second; `then` runs after that second either way.
+    fn returns(lender: Lender<'_>, then: impl FnOnce()) -> bool {
         let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            drop(lender);
-            let _ = tx.send(());
-        });
-        rx.recv_timeout(Duration::from_secs(1)).is_ok()
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                drop(lender);
+                let _ = tx.send(());
+            });
+            let r = rx.recv_timeout(Duration::from_secs(1)).is_ok();
+            then();
+            r
+        })
     }
 
     #[test]
     fn a_loan_dropped_unused_or_in_a_panic_returns_the_buffer() {
         let buf = [1u8, 2, 3];
-        let (lender, loan) = lend(&buf);
+        // SAFETY (each lend): every lender is dropped in `returns`.
+        let (lender, loan) = unsafe { lend(&buf) };
         drop(loan);
-        assert!(returns(lender));
-        let (lender, loan) = lend(&buf);
-        let r = std::thread::spawn(move || {
-            assert_eq!(loan.bytes(), &[1, 2, 3]);
-            panic!("on the pool");
-        })
-        .join();
+        assert!(returns(lender, || ()));
+        let (lender, loan) = unsafe { lend(&buf) };
+        let r = std::thread::scope(|s| {
+            s.spawn(move || {
+                assert_eq!(loan.bytes(), &[1, 2, 3]);
+                panic!("on the pool");
+            })
+            .join()
+        });
         assert!(r.is_err());
-        assert!(returns(lender));
-        let (lender, _loan) = lend(&buf);
-        assert!(!returns(lender), "returned while the loan was out");
+        assert!(returns(lender, || ()));
+        let (lender, loan) = unsafe { lend(&buf) };
+        assert!(
+            !returns(lender, || drop(loan)),
+            "returned while the loan was out"
+        );
     }
 }

@@ -326,7 +326,8 @@ impl Filesystem for UringFs {
         }
         // On the pool, so that the kernel's readahead `READ`s of one CPU
         // are served side by side, into the ring's buffer (`crate::lend`).
-        let (ino, (_lender, mut loan)) = (inode.0, lend_mut(buf));
+        // SAFETY: `_lender` is dropped when this future ends or is dropped.
+        let (ino, (_lender, mut loan)) = (inode.0, unsafe { lend_mut(buf) });
         self.blocking(move |c| c.read_into(ino, offset, loan.bytes_mut()))
             .await
     }
@@ -348,7 +349,8 @@ impl Filesystem for UringFs {
             return Ok(self.0.write(who, ino, offset, data, kill)? as usize);
         }
         // The bytes are read where the ring holds them (`crate::lend`).
-        let (_lender, loan) = lend(data);
+        // SAFETY: `_lender` is dropped when this future ends or is dropped.
+        let (_lender, loan) = unsafe { lend(data) };
         let n = self
             .blocking(move |c| c.write(who, ino, offset, loan.bytes(), kill))
             .await?;

@@ -53,6 +53,15 @@ pub enum Atime {
 /// by the cache is not asked again at every write.
 const SHED_AT_LEAST: u64 = 64 << 20;
 
+/// Room a remote store's cache keeps free beside the reserve at each
+/// commit, by giving back copies: the database's WAL and the push's image
+/// of it grow without asking for room, and on a cache disk kept full by
+/// copies they took the reserve's room from the unmount's commit, which
+/// failed with SQLITE_FULL (CI, a 96 MiB cache disk: test
+/// `a_cache_disk_smaller_than_the_data_gives_back_copies`). A local store
+/// has no copies to give back: for it this changes nothing.
+const COMMIT_ROOM: u64 = 16 << 20;
+
 /// Everything behind the store's lock.
 pub(crate) struct Inner {
     pub db: Connection,
@@ -553,7 +562,7 @@ impl Store {
     pub(crate) fn commit_locked(&self, g: &mut Inner, durable: bool) -> Result<()> {
         self.check_live()?;
         let inos = inode_seq(&g.db)?;
-        g.room_seen = self.room_beside(g, 0);
+        g.room_seen = self.room_beside(g, COMMIT_ROOM);
         let r = self.commit_and_begin(g, durable);
         if g.db.is_autocommit() {
             if let Err(e) = &r {

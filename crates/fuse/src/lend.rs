@@ -44,6 +44,8 @@ impl Drop for Lender<'_> {
 pub(crate) struct Loan {
     ptr: *mut u8,
     len: usize,
+    /// Lent by [`lend_mut`]: the only loans [`Loan::bytes_mut`] serves.
+    writable: bool,
     back: Arc<Returned>,
 }
 
@@ -66,9 +68,10 @@ impl Loan {
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 
-    /// The buffer, to write into; only for a buffer lent with
-    /// [`lend_mut`].
+    /// The buffer, to write into. Panics for a buffer lent with [`lend`]
+    /// (shared: writing it would be undefined behaviour).
     pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
+        assert!(self.writable, "a buffer lent for reading written");
         // SAFETY: as in `bytes`; `lend_mut` took it from a `&mut` slice
         // the lender no longer touches.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
@@ -81,7 +84,7 @@ impl Loan {
 /// The [`Lender`] must be dropped, not leaked (`mem::forget`, a cycle):
 /// its drop is what keeps `buf` alive until the [`Loan`] is done.
 pub(crate) unsafe fn lend(buf: &[u8]) -> (Lender<'_>, Loan) {
-    pair(buf.as_ptr().cast_mut(), buf.len())
+    pair(buf.as_ptr().cast_mut(), buf.len(), false)
 }
 
 /// Lends `buf` for writing.
@@ -89,14 +92,15 @@ pub(crate) unsafe fn lend(buf: &[u8]) -> (Lender<'_>, Loan) {
 /// # Safety
 /// As for [`lend`].
 pub(crate) unsafe fn lend_mut(buf: &mut [u8]) -> (Lender<'_>, Loan) {
-    pair(buf.as_mut_ptr(), buf.len())
+    pair(buf.as_mut_ptr(), buf.len(), true)
 }
 
-fn pair<'a>(ptr: *mut u8, len: usize) -> (Lender<'a>, Loan) {
+fn pair<'a>(ptr: *mut u8, len: usize, writable: bool) -> (Lender<'a>, Loan) {
     let back = Arc::new(Returned::default());
     let loan = Loan {
         ptr,
         len,
+        writable,
         back: back.clone(),
     };
     (Lender(back, PhantomData), loan)
@@ -164,5 +168,14 @@ mod tests {
             !returns(lender, || drop(loan)),
             "returned while the loan was out"
         );
+    }
+
+    #[test]
+    #[should_panic(expected = "lent for reading")]
+    fn a_buffer_lent_for_reading_is_not_written() {
+        let buf = [0u8; 4];
+        // SAFETY: the lender is dropped at the end of the test.
+        let (_lender, mut loan) = unsafe { lend(&buf) };
+        loan.bytes_mut()[0] = 1;
     }
 }

@@ -592,6 +592,69 @@ fn a_cache_disk_smaller_than_the_data_gives_back_copies() {
     m.unmount();
 }
 
+/// A cache disk kept full by copies, then metadata alone: thousands of
+/// new names write no data a write could ask room for, but they grow the
+/// database, its WAL and the push's image of it. Copies the bucket holds
+/// are given back for them (before each commit, `COMMIT_ROOM`, and when
+/// the store is low): every create succeeds, the unmount's final commit
+/// and push succeed, and a cache rebuilt from the bucket alone on another
+/// disk holds every name and every file's bytes, fsck clean.
+#[test]
+fn names_alone_on_a_cache_disk_full_of_copies() {
+    require_fuse();
+    let (weed, _objects) = weed("onecopy-remote-full-names");
+    let lo = onecopy_testfs::LoopFs::new(onecopy_testfs::FsKind::Ext4, 96 << 20).unwrap();
+    let url = format!("s3://{}/store", weed.bucket);
+    let s = scratch_in(
+        lo.path(),
+        &[
+            "--remote",
+            &url,
+            "--endpoint",
+            &weed.endpoint,
+            "--container-size",
+            "4M",
+        ],
+    );
+    let m = Mount::new(&s);
+    let mut data = BTreeMap::new();
+    for i in 0..12u64 {
+        let bytes = onecopy_testfs::random_bytes(4 << 20, 900 + i);
+        let mut f = File::create(m.mnt.join(format!("f{i}"))).unwrap();
+        f.write_all(&bytes).unwrap();
+        f.sync_all().unwrap();
+        data.insert(format!("f{i}"), bytes);
+    }
+    fill_leaving(&lo.path().join("ballast"), 1 << 20);
+    let long = "n".repeat(200);
+    for d in 0..20 {
+        let dir = m.mnt.join(format!("d{d}"));
+        std::fs::create_dir(&dir).unwrap();
+        for f in 0..500 {
+            let path = dir.join(format!("{long}{f}"));
+            File::create(&path)
+                .unwrap_or_else(|e| panic!("name {f} in d{d} on a cache disk full of copies: {e}"));
+        }
+    }
+    m.unmount();
+    let other = scratch(&[]);
+    std::fs::remove_dir_all(&other.store).unwrap();
+    recover(&other.store, &weed);
+    fsck_clean(&other.store);
+    let m = Mount::new(&other);
+    for d in 0..20 {
+        let n = std::fs::read_dir(other.mnt.join(format!("d{d}")))
+            .unwrap()
+            .count();
+        assert_eq!(n, 500, "names in d{d} from the bucket alone");
+    }
+    for (name, bytes) in &data {
+        let got = std::fs::read(other.mnt.join(name)).unwrap();
+        assert!(got == *bytes, "{name} from the bucket alone");
+    }
+    m.unmount();
+}
+
 /// A cache recovered from the bucket onto a disk smaller than the store:
 /// a cold read of every file fills the disk with copies, gives back the
 /// oldest and goes on. Every file reads back whole, and each container is

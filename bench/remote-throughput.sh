@@ -49,7 +49,7 @@ if [ -n "${MOUNT_OPTS:-}" ]; then
     uring_was=$(cat "$uring"); echo Y > "$uring"
     trap 'echo "$uring_was" > "$uring"; cleanup' EXIT
 fi
-echo "mounts: ${MOUNT_OPTS:-transport=dev (the default)}"
+echo "mounts: ${MOUNT_OPTS:-the default transport (uring when enable_uring is Y; it is $(cat /sys/module/fuse/parameters/enable_uring))}"
 weed_start "$work/weed" bench
 ep=http://127.0.0.1:$(cat "$work/weed/s3")
 for _ in $(seq 120); do "$T" s3://bench/probe "$ep" 1 1 >/dev/null 2>&1 && break; sleep 0.5; done

@@ -53,7 +53,9 @@ rustup component add rustfmt clippy >/dev/null 2>&1 || true
 
 # FUSE over io_uring (`mount -o transport=uring`) is tested like the
 # /dev/fuse transport; the kernel serves it only with the fuse module's
-# enable_uring on (off by default): on for the run, put back after.
+# enable_uring on (off by default): on for the run, put back after. With
+# it on, a mount naming no transport is served over io_uring, so every
+# /dev/fuse run below names transport=dev.
 uring=/sys/module/fuse/parameters/enable_uring
 [ -w "$uring" ] || { echo "scripts/test.sh: $uring missing: this kernel has no FUSE over io_uring" >&2; exit 2; }
 uring_was=$(cat "$uring")
@@ -66,12 +68,12 @@ cargo test --workspace --locked
 
 # The inline store through a real FUSE mount, over each transport:
 # pjdfstest and fsx.
-scripts/store-posix.sh "${CARGO_TARGET_DIR:-target}/debug/onecopy"
+MOUNT_OPTS=transport=dev scripts/store-posix.sh "${CARGO_TARGET_DIR:-target}/debug/onecopy"
 MOUNT_OPTS=transport=uring scripts/store-posix.sh "${CARGO_TARGET_DIR:-target}/debug/onecopy"
 # xfstests' generic/quick group against the store, over each transport
 # (builds xfstests from ../shared/xfstests once; ~17 min a run): fails on any test not excluded, with
 # its reason, in scripts/xfstests-exclude.txt.
-scripts/xfstests.sh "${CARGO_TARGET_DIR:-target}/debug/onecopy"
+XFSTESTS_MOUNT_OPTS=transport=dev scripts/xfstests.sh "${CARGO_TARGET_DIR:-target}/debug/onecopy"
 XFSTESTS_MOUNT_OPTS=transport=uring scripts/xfstests.sh "${CARGO_TARGET_DIR:-target}/debug/onecopy"
 # The .deb: built from the binary the tests above built (no release build),
 # installed with dpkg -i, checked, removed. Installs cargo-deb if missing.

@@ -56,7 +56,8 @@ pub struct MountArgs {
     #[arg(long, default_value_t = onecopy_fuse::default_threads())]
     pub threads: usize,
     /// Mount options, comma-separated: ro, nosuid, nodev, noexec, noatime,
-    /// sync, dirsync, threads=N, transport=dev|uring, push=SECS (a remote store's metadata
+    /// sync, dirsync, threads=N, transport=dev|uring (default: uring when the kernel's fuse
+    /// module has enable_uring on, else dev), push=SECS (a remote store's metadata
     /// goes to its bucket every SECS, default 30); fstab's defaults, auto, noauto, user,
     /// nofail, _netdev, x-*, allow_other are accepted and ignored.
     #[arg(short = 'o', long = "options")]
@@ -151,12 +152,11 @@ pub fn run(mut a: MountArgs) -> ExitCode {
             eprintln!("onecopy: {e}");
             return ExitCode::from(exit::USAGE);
         }
-        Ok(o) if o.transport == Some(Transport::Uring) && !onecopy_fuse::uring_enabled() => {
-            eprintln!(
-                "onecopy: transport=uring: FUSE over io_uring is off in this kernel \
-                 (/sys/module/fuse/parameters/enable_uring is not Y)"
-            );
-            return ExitCode::from(exit::USAGE);
+        Ok(o) if o.transport == Some(Transport::Uring) => {
+            if let Some(why) = onecopy_fuse::uring_refusal() {
+                eprintln!("onecopy: transport=uring: {why}");
+                return ExitCode::from(exit::USAGE);
+            }
         }
         Ok(_) => {}
     }
@@ -223,7 +223,12 @@ fn foreground(a: &MountArgs) -> ExitCode {
             }
         },
     };
-    let transport = opts.transport.unwrap_or_default();
+    let transport = opts.transport.unwrap_or_else(Transport::preferred);
+    onecopy_store::warn!(
+        "onecopy: mounting {} over transport={}",
+        mnt(a).display(),
+        transport.name()
+    );
     let r = onecopy_fuse::serve_store_on(transport, store.clone(), root, mnt(a), &config, || {
         if notify {
             let mut out = std::io::stdout();

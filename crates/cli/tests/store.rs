@@ -59,7 +59,7 @@ fn source_tree(root: &Path) -> BTreeMap<PathBuf, u128> {
 
 #[test]
 fn real_programs_through_the_mount() {
-    real_programs(&[]);
+    real_programs(&["-o", "transport=dev"]);
 }
 
 /// The same over FUSE over io_uring (needs the fuse module's
@@ -238,7 +238,7 @@ fn fio_verify_through_the_mount() {
 
 #[test]
 fn kill_9_during_writes_keeps_fsynced_files() {
-    kill_9_during_writes(&[]);
+    kill_9_during_writes(&["-o", "transport=dev"]);
 }
 
 #[test]
@@ -397,6 +397,29 @@ fn clear_errors_and_exit_codes() {
         std::thread::sleep(Duration::from_millis(100));
     }
     fsck_clean(&s.store);
+}
+
+/// A mount that names no transport is served over FUSE over io_uring
+/// when the kernel offers it (the fuse module's `enable_uring`, on for
+/// the tests): its process holds io_uring instances and says which
+/// transport it chose; `transport=dev` still picks `/dev/fuse`.
+#[test]
+fn a_mount_naming_no_transport_is_served_over_io_uring_when_offered() {
+    require_uring();
+    for (args, want) in [(&[][..], "uring"), (&["-o", "transport=dev"][..], "dev")] {
+        let s = scratch(&[]);
+        let m = Mount::with_args(&s, args);
+        std::fs::write(s.mnt.join("f"), b"x").unwrap();
+        assert_eq!(std::fs::read(s.mnt.join("f")).unwrap(), b"x");
+        let t0 = Instant::now();
+        while want == "uring" && m.io_urings() == 0 && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(m.io_urings() > 0, want == "uring", "{args:?}: {}", m.log());
+        let said = format!("over transport={want}");
+        assert!(m.log().contains(&said), "{args:?}: {}", m.log());
+        m.unmount();
+    }
 }
 
 /// A mount reads ahead 4 MiB over either transport. Over io_uring the

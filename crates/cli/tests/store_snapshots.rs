@@ -669,7 +669,7 @@ per_transport!(a_snapshot_mounted_alone_needs_no_open);
 #[test]
 fn a_name_looked_up_before_it_exists_is_seen_once_made() {
     require_uring();
-    for args in [&[][..], &["-o", "transport=uring"][..]] {
+    for args in [&["-o", "transport=dev"][..], &["-o", "transport=uring"][..]] {
         let s = scratch(&[]);
         let m = Mount::with_args(&s, args);
         let mnt = s.mnt.to_str().unwrap();

@@ -90,22 +90,62 @@ pub fn serve_store(
 }
 
 /// Which kernel interface carries a mount's requests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Transport {
     /// `/dev/fuse`, read by `fuser` threads (one per CPU).
-    #[default]
     Dev,
     /// FUSE over io_uring: a ring per CPU, each request served on its
     /// caller's CPU (needs the fuse module's `enable_uring`).
     Uring,
 }
 
-/// Whether this kernel serves FUSE over io_uring now: the fuse module's
-/// `enable_uring` parameter is `Y` (the kernel has the transport and root
-/// turned it on).
-pub fn uring_enabled() -> bool {
-    std::fs::read_to_string("/sys/module/fuse/parameters/enable_uring")
-        .is_ok_and(|v| v.trim() == "Y")
+impl Transport {
+    /// The transport of a mount that names none: FUSE over io_uring when
+    /// this kernel serves it to this process now (no [`uring_refusal`]),
+    /// else `/dev/fuse`. io_uring answers each request on its caller's
+    /// CPU: small files cost half the time, and big files meet the same
+    /// goals (ARCHITECTURE.md, "FUSE adapter").
+    pub fn preferred() -> Transport {
+        match uring_refusal() {
+            None => Transport::Uring,
+            Some(_) => Transport::Dev,
+        }
+    }
+
+    /// How `mount -o transport=` names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Dev => "dev",
+            Transport::Uring => "uring",
+        }
+    }
+}
+
+/// Why this kernel would not serve this process FUSE over io_uring now,
+/// or `None` if it would: the fuse module's `enable_uring` must be `Y`
+/// (the kernel has the transport and root turned it on), and
+/// `kernel.io_uring_disabled` must let the process make rings (0, or 1
+/// for root, taken as privileged). Over io_uring a mount appears before
+/// its rings are made, so a refusal found only then would unmount a
+/// mount already reported ready.
+pub fn uring_refusal() -> Option<String> {
+    let read = |p: &str| std::fs::read_to_string(p).map(|v| v.trim().to_string());
+    let enable = "/sys/module/fuse/parameters/enable_uring";
+    if read(enable).ok().as_deref() != Some("Y") {
+        return Some(format!(
+            "FUSE over io_uring is off in this kernel ({enable} is not Y)"
+        ));
+    }
+    let disabled = "/proc/sys/kernel/io_uring_disabled";
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    match read(disabled).as_deref() {
+        Err(_) | Ok("0") => None,
+        Ok("1") if root => None,
+        Ok(v) => Some(format!(
+            "io_uring is turned off for this process ({disabled} is {v})"
+        )),
+    }
 }
 
 /// [`serve_store`] with store inode `root` as the mount's root: 1, or a

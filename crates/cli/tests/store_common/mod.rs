@@ -63,7 +63,7 @@ macro_rules! per_transport {
             mod $name {
                 #[test]
                 fn dev() {
-                    super::$name("dev", &[])
+                    super::$name("dev", &["-o", "transport=dev"])
                 }
                 #[test]
                 fn io_uring() {
@@ -203,6 +203,17 @@ impl Mount {
             .find_map(|l| l.strip_prefix("VmHWM:"))
             .and_then(|v| v.split_whitespace().next()?.parse().ok())
             .unwrap()
+    }
+
+    /// How many io_uring instances the mount process holds (FUSE over
+    /// io_uring: a ring per CPU; `/dev/fuse`: none).
+    pub fn io_urings(&self) -> usize {
+        let pid = self.child.as_ref().unwrap().id();
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .filter(|l| l.as_os_str() == "anon_inode:[io_uring]")
+            .count()
     }
 
     /// What the mount process printed to stderr so far.

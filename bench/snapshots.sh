@@ -206,9 +206,11 @@ want series || exit 0
 # --delete`d into the mount then snapshotted, against `restic backup` of
 # the same tree. Then a cold restore of version 5 (cp -a out of its
 # snapshot vs restic restore), and forget --keep-last 5 + gc.
-# SERIES_TRANSPORT=uring mounts over FUSE-over-io_uring (default: dev).
-series_opts=(-o "transport=${SERIES_TRANSPORT:-dev}")
-if [ "${SERIES_TRANSPORT:-dev}" = uring ]; then
+# The mount is the default one where the fuse module's enable_uring is
+# on (turned on for the run): FUSE over io_uring. SERIES_TRANSPORT=dev
+# mounts over /dev/fuse instead.
+series_opts=(-o "transport=${SERIES_TRANSPORT:-uring}")
+if [ "${SERIES_TRANSPORT:-uring}" = uring ]; then
     uring=/sys/module/fuse/parameters/enable_uring
     uring_was=$(cat "$uring"); echo Y > "$uring"
     trap 'echo "$uring_was" > "$uring"; cleanup' EXIT
@@ -225,7 +227,7 @@ st=$work/series; sm=$work/mnt-series; mkdir -p "$sm"
 export RESTIC_PASSWORD=x
 restic init -q -r "$work/restic"
 echo
-echo "| version | input MiB | onecopy rsync+snapshot s (transport ${SERIES_TRANSPORT:-dev}) | restic backup s |"
+echo "| version | input MiB | onecopy rsync+snapshot s (transport ${SERIES_TRANSPORT:-uring}) | restic backup s |"
 echo "|---|---|---|---|"
 to=0; tr=0
 for v in $(seq 1 10); do

@@ -124,10 +124,10 @@ impl Transport {
 /// Why this kernel would not serve this process FUSE over io_uring now,
 /// or `None` if it would: the fuse module's `enable_uring` must be `Y`
 /// (the kernel has the transport and root turned it on), and
-/// `kernel.io_uring_disabled` must let the process make rings (0, or 1
-/// for root, taken as privileged). Over io_uring a mount appears before
-/// its rings are made, so a refusal found only then would unmount a
-/// mount already reported ready.
+/// `kernel.io_uring_disabled` must let the process make rings (0; or 1
+/// for root, taken as privileged, and members of `kernel.io_uring_group`).
+/// Over io_uring a mount appears before its rings are made, so a refusal
+/// found only then would unmount a mount already reported ready.
 pub fn uring_refusal() -> Option<String> {
     let read = |p: &str| std::fs::read_to_string(p).map(|v| v.trim().to_string());
     let enable = "/sys/module/fuse/parameters/enable_uring";
@@ -137,15 +137,32 @@ pub fn uring_refusal() -> Option<String> {
         ));
     }
     let disabled = "/proc/sys/kernel/io_uring_disabled";
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let root = unsafe { libc::geteuid() } == 0;
+    let group = read("/proc/sys/kernel/io_uring_group").ok();
     match read(disabled).as_deref() {
         Err(_) | Ok("0") => None,
-        Ok("1") if root => None,
+        Ok("1") if may_make_rings(group.and_then(|g| g.parse().ok())) => None,
         Ok(v) => Some(format!(
             "io_uring is turned off for this process ({disabled} is {v})"
         )),
     }
+}
+
+/// Under `io_uring_disabled` = 1: whether this process is root or in
+/// the group `group` (`io_uring_group`; -1 parses to none).
+fn may_make_rings(group: Option<libc::gid_t>) -> bool {
+    // SAFETY: geteuid and getegid have no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    let Some(g) = group else { return false };
+    // SAFETY: as above.
+    if unsafe { libc::getegid() } == g {
+        return true;
+    }
+    let mut groups = vec![0 as libc::gid_t; 1024];
+    // SAFETY: `groups` has room for the length passed.
+    let n = unsafe { libc::getgroups(groups.len() as i32, groups.as_mut_ptr()) };
+    n > 0 && groups[..n as usize].contains(&g)
 }
 
 /// [`serve_store`] with store inode `root` as the mount's root: 1, or a

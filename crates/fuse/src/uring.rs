@@ -633,7 +633,8 @@ fn not_wanted(follower: bool) -> u64 {
 const INLINE_IO_MAX: usize = 128 << 10;
 
 /// Ring entries per CPU: requests one CPU's callers may have in flight.
-/// Each entry pins a [`MAX_WRITE`] buffer: 16 MiB per CPU. A request
+/// Each entry maps a [`MAX_WRITE`] buffer, made resident as requests
+/// reach it (PATCHES.md 11): at most 16 MiB per CPU. A request
 /// sent to the blocking pool keeps its entry until it is answered, and
 /// writes held there for a slow bucket can be many: at 4 entries (whose
 /// 2nd write of a 2 GiB file went 795 -> 980 MB/s) they took every entry

@@ -65,12 +65,15 @@ impl RingEntry {
             return Err(io::Error::last_os_error());
         }
 
+        // Not populated: a page is made resident when a request first
+        // reaches it (most requests are small), not max_payload per entry
+        // per possible CPU at mount time.
         let payload_ptr = unsafe {
             libc::mmap(
                 ptr::null_mut(),
                 payload_len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
                 -1,
                 0,
             )

@@ -77,18 +77,6 @@ pub fn serve<F: Filesystem>(fs: F, mountpoint: &Path, config: &Config) -> std::i
     fuser::mount(fs, mountpoint, config)
 }
 
-/// Mounts the store and serves it until unmounted, committing its
-/// metadata every second (see the crash model); `ready` runs once the
-/// mount is in place (to daemonize).
-pub fn serve_store(
-    store: Arc<Store>,
-    mountpoint: &Path,
-    config: &Config,
-    ready: impl FnOnce(),
-) -> std::io::Result<()> {
-    serve_store_at(store, 1, mountpoint, config, ready)
-}
-
 /// Which kernel interface carries a mount's requests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Transport {
@@ -165,19 +153,11 @@ fn may_make_rings(group: Option<libc::gid_t>) -> bool {
     n > 0 && groups[..n as usize].contains(&g)
 }
 
-/// [`serve_store`] with store inode `root` as the mount's root: 1, or a
-/// snapshot's root (`Store::snapshot_root`), then mounted read-only.
-pub fn serve_store_at(
-    store: Arc<Store>,
-    root: u64,
-    mountpoint: &Path,
-    config: &Config,
-    ready: impl FnOnce(),
-) -> std::io::Result<()> {
-    serve_store_on(Transport::Dev, store, root, mountpoint, config, ready)
-}
-
-/// [`serve_store_at`] over `transport`.
+/// Mounts the store over `transport` and serves it until unmounted,
+/// committing its metadata every second (see the crash model), with store
+/// inode `root` as the mount's root: 1, or a snapshot's root
+/// (`Store::snapshot_root`), then mounted read-only. `ready` runs once the
+/// mount is in place (to daemonize).
 pub fn serve_store_on(
     transport: Transport,
     store: Arc<Store>,

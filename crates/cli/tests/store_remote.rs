@@ -535,6 +535,33 @@ fn a_damaged_cache_heals_from_the_bucket() {
     m.unmount();
 }
 
+/// A remote store of 4 MiB containers in `weed`'s bucket, its cache on
+/// a 96 MiB ext4 disk of its own (kept alive by the `LoopFs`).
+fn on_a_96_mib_disk(weed: &Weed) -> (onecopy_testfs::LoopFs, Scratch) {
+    let lo = onecopy_testfs::LoopFs::new(onecopy_testfs::FsKind::Ext4, 96 << 20).unwrap();
+    let url = format!("s3://{}/store", weed.bucket);
+    let args = [
+        "--remote",
+        &url,
+        "--endpoint",
+        &weed.endpoint,
+        "--container-size",
+        "4M",
+    ];
+    let s = scratch_in(lo.path(), &args);
+    (lo, s)
+}
+
+/// A new cache rebuilt from `weed`'s bucket alone on another disk,
+/// fsck clean.
+fn recovered_elsewhere(weed: &Weed) -> Scratch {
+    let other = scratch(&[]);
+    std::fs::remove_dir_all(&other.store).unwrap();
+    recover(&other.store, weed);
+    fsck_clean(&other.store);
+    other
+}
+
 /// The cache's disk is smaller than what is written (the default cache
 /// size, 4 GiB, far above it): the cache gives back copies of containers
 /// the bucket holds instead of refusing writes. 160 MiB of files written,
@@ -545,19 +572,7 @@ fn a_damaged_cache_heals_from_the_bucket() {
 fn a_cache_disk_smaller_than_the_data_gives_back_copies() {
     require_fuse();
     let (weed, _objects) = weed("onecopy-remote-small-disk");
-    let lo = onecopy_testfs::LoopFs::new(onecopy_testfs::FsKind::Ext4, 96 << 20).unwrap();
-    let url = format!("s3://{}/store", weed.bucket);
-    let s = scratch_in(
-        lo.path(),
-        &[
-            "--remote",
-            &url,
-            "--endpoint",
-            &weed.endpoint,
-            "--container-size",
-            "4M",
-        ],
-    );
+    let (_disk, s) = on_a_96_mib_disk(&weed);
     let m = Mount::new(&s);
     let mut want = BTreeMap::new();
     for i in 0..40u64 {
@@ -575,10 +590,7 @@ fn a_cache_disk_smaller_than_the_data_gives_back_copies() {
         assert!(std::fs::read(path).unwrap() == *data, "{}", path.display());
     }
     m.unmount();
-    let other = scratch(&[]);
-    std::fs::remove_dir_all(&other.store).unwrap();
-    recover(&other.store, &weed);
-    fsck_clean(&other.store);
+    let other = recovered_elsewhere(&weed);
     let m = Mount::new(&other);
     for (path, data) in &want {
         let name = path.file_name().unwrap();
@@ -603,19 +615,7 @@ fn a_cache_disk_smaller_than_the_data_gives_back_copies() {
 fn names_alone_on_a_cache_disk_full_of_copies() {
     require_fuse();
     let (weed, _objects) = weed("onecopy-remote-full-names");
-    let lo = onecopy_testfs::LoopFs::new(onecopy_testfs::FsKind::Ext4, 96 << 20).unwrap();
-    let url = format!("s3://{}/store", weed.bucket);
-    let s = scratch_in(
-        lo.path(),
-        &[
-            "--remote",
-            &url,
-            "--endpoint",
-            &weed.endpoint,
-            "--container-size",
-            "4M",
-        ],
-    );
+    let (lo, s) = on_a_96_mib_disk(&weed);
     let m = Mount::new(&s);
     let mut data = BTreeMap::new();
     for i in 0..12u64 {
@@ -637,10 +637,7 @@ fn names_alone_on_a_cache_disk_full_of_copies() {
         }
     }
     m.unmount();
-    let other = scratch(&[]);
-    std::fs::remove_dir_all(&other.store).unwrap();
-    recover(&other.store, &weed);
-    fsck_clean(&other.store);
+    let other = recovered_elsewhere(&weed);
     let m = Mount::new(&other);
     for d in 0..20 {
         let n = std::fs::read_dir(other.mnt.join(format!("d{d}")))

@@ -10,6 +10,7 @@ use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::process::Command;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use onecopy_testfs::{FsKind, LoopFs};
@@ -17,35 +18,49 @@ use onecopy_testfs::{FsKind, LoopFs};
 mod store_common;
 use store_common::*;
 
-/// Sets a `vm.*` sysctl for the test's duration, restored when dropped
-/// (other tests running meanwhile only see earlier writeback).
-struct Sysctl {
-    path: String,
-    old: String,
-}
+/// Eager writeback held by the tests of this file, which run in
+/// parallel: the first to take it saves the `vm.*` sysctls and sets them,
+/// the last to let go puts them back. (Each test restoring its own could
+/// put the 30 s default back while another still waited for a write-back
+/// after a second: that one's `fsync` then found nothing refused.)
+static EAGER: Mutex<(usize, Vec<(String, String)>)> = Mutex::new((0, Vec::new()));
 
-impl Sysctl {
-    fn set(name: &str, value: &str) -> Sysctl {
-        let path = format!("/proc/sys/vm/{name}");
-        let old = std::fs::read_to_string(&path).unwrap();
-        std::fs::write(&path, value).unwrap();
-        Sysctl { path, old }
-    }
-}
-
-impl Drop for Sysctl {
-    fn drop(&mut self) {
-        let _ = std::fs::write(&self.path, self.old.trim());
-    }
-}
+struct EagerWriteback;
 
 /// The kernel writes dirty pages of the mount back after about a second
-/// (as `vm.dirty_expire_centisecs=100`), not at the program's `fsync`.
-fn eager_writeback() -> [Sysctl; 2] {
-    [
-        Sysctl::set("dirty_expire_centisecs", "100"),
-        Sysctl::set("dirty_writeback_centisecs", "50"),
-    ]
+/// (as `vm.dirty_expire_centisecs=100`), not at the program's `fsync`,
+/// until the guard and every other test's are dropped.
+fn eager_writeback() -> EagerWriteback {
+    let mut g = EAGER.lock().unwrap_or_else(|e| e.into_inner());
+    if g.0 == 0 {
+        let set = [
+            ("dirty_expire_centisecs", "100"),
+            ("dirty_writeback_centisecs", "50"),
+        ];
+        g.1 = set
+            .iter()
+            .map(|(name, value)| {
+                let path = format!("/proc/sys/vm/{name}");
+                let old = std::fs::read_to_string(&path).unwrap();
+                std::fs::write(&path, value).unwrap();
+                (path, old)
+            })
+            .collect();
+    }
+    g.0 += 1;
+    EagerWriteback
+}
+
+impl Drop for EagerWriteback {
+    fn drop(&mut self) {
+        let mut g = EAGER.lock().unwrap_or_else(|e| e.into_inner());
+        g.0 -= 1;
+        if g.0 == 0 {
+            for (path, old) in g.1.drain(..) {
+                let _ = std::fs::write(&path, old.trim());
+            }
+        }
+    }
 }
 
 fn drop_caches() {

@@ -408,7 +408,7 @@ fn a_mount_naming_no_transport_is_served_over_io_uring_when_offered() {
     require_uring();
     for (args, want) in [(&[][..], "uring"), (&["-o", "transport=dev"][..], "dev")] {
         let s = scratch(&[]);
-        let m = Mount::with_args(&s, args);
+        let m = Mount::exactly(&s, args);
         std::fs::write(s.mnt.join("f"), b"x").unwrap();
         assert_eq!(std::fs::read(s.mnt.join("f")).unwrap(), b"x");
         let t0 = Instant::now();
@@ -420,6 +420,19 @@ fn a_mount_naming_no_transport_is_served_over_io_uring_when_offered() {
         assert!(m.log().contains(&said), "{args:?}: {}", m.log());
         m.unmount();
     }
+}
+
+/// The second pass's transport joins a mount's own `-o` list, and is
+/// not added where a transport is named.
+#[test]
+fn the_run_transport_joins_the_mount_options() {
+    let dev = || Some("dev".to_string());
+    assert_eq!(with_run_transport(&[], dev()), ["-o", "transport=dev"]);
+    let push = with_run_transport(&["-o", "push=1"], dev());
+    assert_eq!(push, ["-o", "push=1,transport=dev"]);
+    let named = with_run_transport(&["-o", "transport=uring"], dev());
+    assert_eq!(named, ["-o", "transport=uring"]);
+    assert_eq!(with_run_transport(&["-o", "ro"], None), ["-o", "ro"]);
 }
 
 /// A mount reads ahead 4 MiB over either transport. Over io_uring the

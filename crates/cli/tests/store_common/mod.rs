@@ -75,6 +75,20 @@ macro_rules! per_transport {
     };
 }
 
+/// `extra` mount arguments with `transport=T` added to their `-o` list
+/// (or as one) when `t` is `Some(T)` and they name no transport.
+pub fn with_run_transport(extra: &[&str], t: Option<String>) -> Vec<String> {
+    let mut args: Vec<String> = extra.iter().map(|a| a.to_string()).collect();
+    let Some(t) = t.filter(|_| !extra.iter().any(|a| a.contains("transport="))) else {
+        return args;
+    };
+    match args.iter().position(|a| a == "-o") {
+        Some(i) if i + 1 < args.len() => args[i + 1] = format!("{},transport={t}", args[i + 1]),
+        _ => args.extend(["-o".to_string(), format!("transport={t}")]),
+    }
+    args
+}
+
 /// A small deterministic generator (xorshift64*), seeded per test so a
 /// failure can be replayed with `ONECOPY_FAULT_SEED`.
 pub struct Rng(pub u64);
@@ -160,7 +174,20 @@ impl Mount {
         Self::with_args(s, &[])
     }
 
+    /// A mount with `extra` arguments and, if they name no transport,
+    /// the one `ONECOPY_TEST_TRANSPORT` asks for (scripts/test.sh runs the
+    /// FUSE suites a second time with `dev`: a mount that names none is
+    /// served over io_uring while the tests turn `enable_uring` on, and
+    /// over `/dev/fuse` on most users' kernels).
     pub fn with_args(s: &Scratch, extra: &[&str]) -> Mount {
+        let run = std::env::var("ONECOPY_TEST_TRANSPORT").ok();
+        let args = with_run_transport(extra, run.filter(|t| !t.is_empty()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Self::exactly(s, &args)
+    }
+
+    /// A mount with exactly `extra` arguments.
+    pub fn exactly(s: &Scratch, extra: &[&str]) -> Mount {
         let log = tempfile::tempdir_in(tests_root()).unwrap();
         let stderr = log.path().join("mount-stderr");
         let child = Command::new(BIN)

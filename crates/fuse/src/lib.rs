@@ -125,10 +125,9 @@ pub fn uring_refusal() -> Option<String> {
         ));
     }
     let disabled = "/proc/sys/kernel/io_uring_disabled";
-    let group = read("/proc/sys/kernel/io_uring_group").ok();
     match read(disabled).as_deref() {
         Err(_) | Ok("0") => None,
-        Ok("1") if may_make_rings(group.and_then(|g| g.parse().ok())) => None,
+        Ok("1") if may_make_rings() => None,
         Ok(v) => Some(format!(
             "io_uring is turned off for this process ({disabled} is {v})"
         )),
@@ -136,20 +135,28 @@ pub fn uring_refusal() -> Option<String> {
 }
 
 /// Under `io_uring_disabled` = 1: whether this process is root or in
-/// the group `group` (`io_uring_group`; -1 parses to none).
-fn may_make_rings(group: Option<libc::gid_t>) -> bool {
+/// `kernel.io_uring_group` (-1, or unreadable: no group).
+fn may_make_rings() -> bool {
     // SAFETY: geteuid and getegid have no preconditions and cannot fail.
     if unsafe { libc::geteuid() } == 0 {
         return true;
     }
-    let Some(g) = group else { return false };
+    let group = std::fs::read_to_string("/proc/sys/kernel/io_uring_group");
+    let Some(g) = group
+        .ok()
+        .and_then(|g| g.trim().parse::<libc::gid_t>().ok())
+    else {
+        return false;
+    };
     // SAFETY: as above.
     if unsafe { libc::getegid() } == g {
         return true;
     }
-    let mut groups = vec![0 as libc::gid_t; 1024];
-    // SAFETY: `groups` has room for the length passed.
-    let n = unsafe { libc::getgroups(groups.len() as i32, groups.as_mut_ptr()) };
+    // SAFETY: a size of 0 asks only for the count.
+    let n = unsafe { libc::getgroups(0, std::ptr::null_mut()) };
+    let mut groups = vec![0 as libc::gid_t; n.max(0) as usize];
+    // SAFETY: `groups` has room for the count passed.
+    let n = unsafe { libc::getgroups(n, groups.as_mut_ptr()) };
     n > 0 && groups[..n as usize].contains(&g)
 }
 

@@ -57,8 +57,8 @@ const SHED_AT_LEAST: u64 = 64 << 20;
 /// commit, by giving back copies: the database's WAL and the push's image
 /// of it grow without asking for room, and on a cache disk kept full by
 /// copies they took the reserve's room from the unmount's commit, which
-/// failed with SQLITE_FULL (CI, a 96 MiB cache disk: test
-/// `a_cache_disk_smaller_than_the_data_gives_back_copies`). A local store
+/// failed with SQLITE_FULL (test `names_alone_on_a_cache_disk_full_of_copies`
+/// reproduces it without this room). A local store
 /// has no copies to give back: for it this changes nothing.
 const COMMIT_ROOM: u64 = 16 << 20;
 

@@ -331,12 +331,14 @@ fn daemonize(a: &MountArgs) -> ExitCode {
     ExitCode::from(if status == 0 { exit::FATAL } else { status })
 }
 
+/// The log's last line that is not blank: the daemon's reason for failing
+/// (a message carrying a tool's own newline ends in a blank line).
 fn last_line(path: &Path) -> String {
     std::fs::read_to_string(path)
         .ok()
         .and_then(|s| {
             s.lines()
-                .last()
+                .rfind(|l| !l.trim().is_empty())
                 .map(|l| l.trim_start_matches("onecopy: ").to_string())
         })
         .unwrap_or_else(|| "see the log".into())

@@ -134,11 +134,12 @@ pub fn uring_refusal() -> Option<String> {
     }
 }
 
-/// Under `io_uring_disabled` = 1: whether this process is root or in
-/// `kernel.io_uring_group` (-1, or unreadable: no group).
+/// Under `io_uring_disabled` = 1: whether this process holds
+/// `CAP_SYS_ADMIN` (the kernel's test, not the uid: root without it is
+/// refused) or is in `kernel.io_uring_group` (-1, or unreadable: no group).
 fn may_make_rings() -> bool {
-    // SAFETY: geteuid and getegid have no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } == 0 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    if effective_caps(&status).is_some_and(|c| c & (1 << CAP_SYS_ADMIN) != 0) {
         return true;
     }
     let group = std::fs::read_to_string("/proc/sys/kernel/io_uring_group");
@@ -148,7 +149,7 @@ fn may_make_rings() -> bool {
     else {
         return false;
     };
-    // SAFETY: as above.
+    // SAFETY: getegid has no preconditions and cannot fail.
     if unsafe { libc::getegid() } == g {
         return true;
     }
@@ -158,6 +159,16 @@ fn may_make_rings() -> bool {
     // SAFETY: `groups` has room for the count passed.
     let n = unsafe { libc::getgroups(n, groups.as_mut_ptr()) };
     n > 0 && groups[..n as usize].contains(&g)
+}
+
+/// The bit of `CAP_SYS_ADMIN` in a capability set (linux/capability.h).
+const CAP_SYS_ADMIN: u32 = 21;
+
+/// The effective capability set in a `/proc/PID/status` text (`CapEff:`,
+/// hexadecimal), or None where it has none or it does not parse.
+fn effective_caps(status: &str) -> Option<u64> {
+    let line = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+    u64::from_str_radix(line.trim(), 16).ok()
 }
 
 /// Mounts the store over `transport` and serves it until unmounted,
@@ -453,5 +464,21 @@ pub(crate) fn file_type(k: Kind) -> FileType {
         Kind::Socket => FileType::Socket,
         Kind::Char => FileType::CharDevice,
         Kind::Block => FileType::BlockDevice,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn effective_caps_read_from_status() {
+        let root = "Name:\tx\nCapInh:\t0000000000000000\nCapEff:\t000001ffffffffff\n";
+        assert!(effective_caps(root).unwrap() & (1 << CAP_SYS_ADMIN) != 0);
+        // root in a container that dropped CAP_SYS_ADMIN (bit 21)
+        let dropped = "CapEff:\t00000000a80425fb\n";
+        assert_eq!(effective_caps(dropped).unwrap() & (1 << CAP_SYS_ADMIN), 0);
+        assert_eq!(effective_caps("Name:\tx\n"), None);
+        assert_eq!(effective_caps("CapEff:\tzz\n"), None);
     }
 }

@@ -1179,8 +1179,8 @@ fn inode_seq(db: &Connection) -> Result<i64> {
     Ok(seq.unwrap_or(1))
 }
 
-/// Makes `dir` (mode 0700) for a new store: it may exist but must be
-/// empty, a fresh filesystem's `lost+found` aside (`Exists` if it holds a
+/// Makes `dir` for a new store, or takes it, mode 0700 either way: it
+/// may exist but must be empty, a fresh filesystem's `lost+found` aside (`Exists` if it holds a
 /// store, `NotEmptyDir` if it holds anything else).
 pub(crate) fn make_store_dir(dir: &Path) -> Result<()> {
     use std::os::unix::fs::DirBuilderExt;
@@ -1204,7 +1204,12 @@ pub(crate) fn make_store_dir(dir: &Path) -> Result<()> {
             entry,
         });
     }
-    Ok(())
+    // An empty directory made by the user keeps its own mode otherwise,
+    // and every file of the store (its data in the clear for a local
+    // store) would be as readable as that directory.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(StoreError::io(dir))
 }
 
 /// Writes `store.json` atomically (see [`write_synced`]).

@@ -1113,6 +1113,20 @@ fn init_refuses_a_directory_that_is_not_empty() {
     assert!(matches!(e, StoreError::Exists { .. }), "{e}");
 }
 
+/// A store taken in an empty directory the user made is closed to
+/// others, as one init makes: its files hold the data in the clear.
+#[test]
+fn init_closes_an_empty_directory_it_is_given() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("s");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    Store::init(&dir, &StoreConfig::default()).unwrap();
+    let mode = std::fs::metadata(&dir).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o700, "{mode:o}");
+}
+
 /// Reads move access times as the mount's atime option says: `relatime`
 /// once after each change (or a day), `strictatime` at every read,
 /// `noatime` (and a store outside a mount) never.

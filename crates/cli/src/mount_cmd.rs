@@ -43,7 +43,8 @@ pub struct MountArgs {
     /// ONECOPY_PASSWORD).
     #[arg(long, value_name = "FILE", requires = "remote")]
     pub password_file: Option<PathBuf>,
-    /// With --remote: a read-only mount following the bucket.
+    /// Mount read-only (as -o ro); with --remote, a read-only mount
+    /// following the bucket.
     #[arg(long)]
     pub read_only: bool,
     /// Internal: the cache is the mount's own, removed at unmount.
@@ -116,12 +117,17 @@ fn follow_cache(a: &mut MountArgs) -> Result<(), ExitCode> {
     a.mountpoint = Some(std::mem::replace(&mut a.dir, cache));
     a.remote = None;
     a.own_cache = true;
+    add_ro(a);
+    Ok(())
+}
+
+/// Adds `ro` to the mount options.
+fn add_ro(a: &mut MountArgs) {
     let ro = match a.options.take() {
         Some(o) => format!("{o},ro"),
         None => "ro".into(),
     };
     a.options = Some(ro);
-    Ok(())
 }
 
 /// C allocator arenas of a mount: its FUSE workers and gc threads share
@@ -135,6 +141,8 @@ pub fn run(mut a: MountArgs) -> ExitCode {
         if let Err(code) = follow_cache(&mut a) {
             return code;
         }
+    } else if a.read_only {
+        add_ro(&mut a);
     }
     if a.mountpoint.is_none() {
         eprintln!("onecopy: mount DIR MOUNTPOINT (or --read-only --remote URL MOUNTPOINT)");
@@ -145,6 +153,13 @@ pub fn run(mut a: MountArgs) -> ExitCode {
             "onecopy: {}: mount point is not a directory",
             mnt(&a).display()
         );
+        return ExitCode::from(exit::USAGE);
+    }
+    if let Some(why) = tangled(&a.dir, mnt(&a)) {
+        eprintln!("onecopy: {}: {why}", mnt(&a).display());
+        if a.own_cache {
+            let _ = std::fs::remove_dir_all(&a.dir);
+        }
         return ExitCode::from(exit::USAGE);
     }
     match mount_helper::parse(a.options.as_deref().unwrap_or(""), a.sloppy) {
@@ -175,6 +190,27 @@ pub fn run(mut a: MountArgs) -> ExitCode {
         foreground(&a)
     } else {
         daemonize(&a)
+    }
+}
+
+/// Why a mount of the store `dir` on `mnt` would reach its own files
+/// through itself, if it would: the mount point inside the store (the
+/// store's files then hidden behind the mount), or the store under the
+/// mount point. Its first write of the store through itself would wait
+/// for itself, for ever.
+fn tangled(dir: &Path, mnt: &Path) -> Option<String> {
+    let (Ok(d), Ok(m)) = (dir.canonicalize(), mnt.canonicalize()) else {
+        return None;
+    };
+    if m.starts_with(&d) {
+        Some(format!("mount point is in the store {}", d.display()))
+    } else if d.starts_with(&m) {
+        Some(format!(
+            "the store {} is under this mount point",
+            d.display()
+        ))
+    } else {
+        None
     }
 }
 

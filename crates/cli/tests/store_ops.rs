@@ -279,7 +279,13 @@ fn errors_are_one_liners_with_exit_codes() {
     for d in ["mnt", "mnt2", "plain"] {
         std::fs::create_dir(p(d)).unwrap();
     }
-    let _guard = Unmount(vec![p("mnt"), p("mnt2")]);
+    let _guard = Unmount(vec![
+        p("mnt"),
+        p("mnt2"),
+        p("fresh"),
+        p("fresh").join("in"),
+        t.path().to_path_buf(),
+    ]);
 
     // Not a store: nothing is written into the directory.
     fails(
@@ -327,6 +333,42 @@ fn errors_are_one_liners_with_exit_codes() {
         2,
         "store format 999",
     );
+
+    // A mount that would reach its store through itself (a first sync
+    // of a file written there hung for ever): the mount point in the
+    // store, or the store under it.
+    let inside = p("fresh").join("in");
+    std::fs::create_dir(&inside).unwrap();
+    for (mp, why) in [
+        (p("fresh"), "mount point is in the store"),
+        (inside, "mount point is in the store"),
+        (t.path().to_path_buf(), "is under this mount point"),
+    ] {
+        fails(
+            &onecopy(&["mount", &s("fresh"), mp.to_str().unwrap()]),
+            2,
+            why,
+        );
+        assert!(mountinfo_line(&mp).is_none(), "{}", mp.display());
+    }
+
+    // --read-only without --remote: a read-only mount (it was read-write).
+    ok(
+        &onecopy(&["mount", "--read-only", &s("fresh"), &s("mnt")]),
+        "mount --read-only",
+    );
+    let line = mountinfo_line(&p("mnt")).unwrap();
+    assert!(
+        line.split(' ')
+            .nth(5)
+            .unwrap()
+            .split(',')
+            .any(|o| o == "ro"),
+        "{line}"
+    );
+    let e = std::fs::File::create(p("mnt").join("x")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{e}");
+    umount_and_check(&p("fresh"), &p("mnt"));
 
     // A busy mount point, and a store already mounted elsewhere.
     ok(&onecopy(&["mount", &s("fresh"), &s("mnt")]), "mount");

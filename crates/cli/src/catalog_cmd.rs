@@ -22,7 +22,7 @@ pub fn run(a: CatalogArgs) -> Result<u8> {
     let mut out = Vec::new();
     for p in &paths {
         if !p.exists() {
-            eprintln!("onecopy: {}: no such catalog", p.display());
+            errln!("onecopy: {}: no such catalog", p.display());
             failed = true;
             continue;
         }
@@ -31,7 +31,7 @@ pub fn run(a: CatalogArgs) -> Result<u8> {
         let cat = match Catalog::open_existing(p) {
             Ok(c) => c,
             Err(e) => {
-                eprintln!("onecopy: {e}");
+                errln!("onecopy: {e}");
                 failed = true;
                 continue;
             }
@@ -41,9 +41,9 @@ pub fn run(a: CatalogArgs) -> Result<u8> {
         failed |= !ok;
     }
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        outln!("{}", serde_json::to_string_pretty(&out)?);
     } else if paths.is_empty() {
-        println!("No catalogs in {}", place::default_dir().display());
+        outln!("No catalogs in {}", place::default_dir().display());
     } else {
         out.iter().for_each(print_text);
     }
@@ -61,7 +61,7 @@ fn act(
         CatalogAction::Stats => match cat.stats() {
             Ok(s) => Ok((Some(serde_json::to_value(&s)?), true)),
             Err(e) => {
-                eprintln!("onecopy: {e}");
+                errln!("onecopy: {e}");
                 Ok((None, false))
             }
         },
@@ -73,7 +73,7 @@ fn act(
                 match cat.forget(&abs) {
                     Ok(n) => total += n,
                     Err(e) => {
-                        eprintln!("onecopy: {e}");
+                        errln!("onecopy: {e}");
                         ok = false;
                     }
                 }
@@ -87,10 +87,10 @@ fn act(
 /// One catalog's line of text output.
 fn print_text(v: &serde_json::Value) {
     if let Some(n) = v.get("forgotten") {
-        println!("{}: forgot {} files", v["path"].as_str().unwrap_or(""), n);
+        outln!("{}: forgot {} files", v["path"].as_str().unwrap_or(""), n);
         return;
     }
-    println!(
+    outln!(
         "{}: {} files, {} blocks, {} of file data; {} on disk; {} runs, last at {}",
         v["path"].as_str().unwrap_or(""),
         v["files"],

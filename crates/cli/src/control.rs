@@ -35,7 +35,7 @@ pub fn open_store(dir: &Path) -> Result<Store, StoreError> {
                 if start.elapsed() < EXIT_WAIT && last_mount_exiting(dir, &mut unseen) =>
             {
                 if !said {
-                    eprintln!(
+                    errln!(
                         "onecopy: waiting for the store's last mount to finish its final commit \
                          (up to {} s)",
                         EXIT_WAIT.as_secs()

@@ -145,7 +145,7 @@ fn fixed_mmap_threshold() {
 /// size of the roots' filesystems and at least [`DEFAULT_BLOCK`]).
 fn check_args(a: &DedupeArgs) -> Result<u64, u8> {
     let usage = |msg: String| {
-        eprintln!("onecopy: {msg}");
+        errln!("onecopy: {msg}");
         exit::USAGE
     };
     if let Err(e) = onecopy_scan::validate_excludes(&a.excludes) {
@@ -157,7 +157,7 @@ fn check_args(a: &DedupeArgs) -> Result<u64, u8> {
     let mut infos = Vec::new();
     for p in &a.paths {
         let info = roots::check_root(p).map_err(|e| {
-            eprintln!("onecopy: {e}");
+            errln!("onecopy: {e}");
             if e.is_usage() {
                 exit::USAGE
             } else {
@@ -472,7 +472,7 @@ fn finish(
     };
     report.exit_code = code;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?);
     }
     ui.summary(&report);
     Ok(code)

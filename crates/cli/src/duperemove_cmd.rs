@@ -88,14 +88,14 @@ pub fn run(a: DuperemoveArgs) -> anyhow::Result<u8> {
     let files = match gather_files(&a, stdin) {
         Ok(f) => f,
         Err(e) => {
-            eprintln!("onecopy duperemove: {e:#}");
+            errln!("onecopy duperemove: {e:#}");
             return Ok(exit::USAGE);
         }
     };
     let argv = match to_dedupe_argv(&a, files) {
         Ok(v) => v,
         Err(e) => {
-            eprintln!("onecopy duperemove: {e:#}");
+            errln!("onecopy duperemove: {e:#}");
             return Ok(exit::USAGE);
         }
     };

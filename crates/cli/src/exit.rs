@@ -21,6 +21,24 @@ pub const FATAL: u8 = 4;
 /// Interrupted (SIGINT/SIGTERM); what was done so far is reported.
 pub const INTERRUPTED: u8 = 130;
 
+/// Writing a command's output failed: a reader that went away ends the
+/// process by SIGPIPE, as it ends `ls | head`'s `ls` (Rust ignores the
+/// signal, so it is raised again here); any other failure is an I/O
+/// error, [`FATAL`].
+pub fn stdout_failed(e: std::io::Error) -> ! {
+    use std::io::Write as _;
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        // SAFETY: restoring a signal's default action and raising it
+        // have no preconditions; nothing else runs after this.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+            libc::raise(libc::SIGPIPE);
+        }
+    }
+    let _ = writeln!(std::io::stderr(), "onecopy: standard output: {e}");
+    std::process::exit(i32::from(FATAL))
+}
+
 /// The table as `--help` prints it.
 pub const HELP: &str = "Exit codes: 0 done; 1 done in part (failed files or ranges, \
 problems found, sources left out: listed); 2 bad arguments, not a store, a newer store \

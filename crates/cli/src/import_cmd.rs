@@ -23,11 +23,11 @@ pub fn run(dir: &Path, srcs: &[PathBuf], opts: &ImportOptions, json: bool) -> u8
     let store = match crate::control::open_store(dir) {
         Ok(s) => s,
         Err(e @ StoreError::Locked { .. }) => {
-            eprintln!("onecopy: {e}; unmount it to import, or copy into the mount");
+            errln!("onecopy: {e}; unmount it to import, or copy into the mount");
             return exit::REFUSED;
         }
         Err(e) => {
-            eprintln!("onecopy: {e}");
+            errln!("onecopy: {e}");
             return error_code(&e);
         }
     };
@@ -70,11 +70,11 @@ fn fatal(e: &ImportError) -> u8 {
         | ImportError::NotDir { .. }
         | ImportError::BadSource { .. }
         | ImportError::Source { .. } => {
-            eprintln!("onecopy: {e}");
+            errln!("onecopy: {e}");
             exit::USAGE
         }
         _ if e.is_no_space() => {
-            eprintln!(
+            errln!(
                 "onecopy: {e}; import stopped: the store keeps what was committed before \
                  (consistent: after freeing space, `store fsck` finds nothing); import the \
                  rest under a new name"
@@ -82,7 +82,7 @@ fn fatal(e: &ImportError) -> u8 {
             exit::FATAL
         }
         _ => {
-            eprintln!("onecopy: {e}; import stopped: the store keeps what was committed before");
+            errln!("onecopy: {e}; import stopped: the store keeps what was committed before");
             exit::FATAL
         }
     }
@@ -90,10 +90,10 @@ fn fatal(e: &ImportError) -> u8 {
 
 fn report(r: &ImportReport, secs: f64, json: bool) {
     for n in &r.notes {
-        eprintln!("onecopy: note: {n}");
+        errln!("onecopy: note: {n}");
     }
     for e in &r.failed {
-        eprintln!("onecopy: not imported: {e}");
+        errln!("onecopy: not imported: {e}");
     }
     let rate = r.bytes as f64 / secs.max(1e-9);
     if json {
@@ -111,10 +111,10 @@ fn report(r: &ImportReport, secs: f64, json: bool) {
             "failed": r.failed.iter().map(|e| e.to_string()).collect::<Vec<_>>(),
             "notes": r.notes,
         });
-        println!("{}", serde_json::to_string_pretty(&v).expect("serializes"));
+        outln!("{}", serde_json::to_string_pretty(&v).expect("serializes"));
         return;
     }
-    println!(
+    outln!(
         "imported {} files ({}), {} directories, {} symlinks, {} hardlinks, {} special files \
          in {:.1} s ({}/s)",
         r.files,
@@ -126,13 +126,13 @@ fn report(r: &ImportReport, secs: f64, json: bool) {
         secs,
         HumanBytes(rate as u64)
     );
-    println!(
+    outln!(
         "new {}, duplicate {}, zero (holes) {}",
         HumanBytes(r.new_bytes),
         HumanBytes(r.dup_bytes),
         HumanBytes(r.zero_bytes)
     );
     if !r.failed.is_empty() {
-        println!("{} entries not imported (listed above)", r.failed.len());
+        outln!("{} entries not imported (listed above)", r.failed.len());
     }
 }

@@ -1,6 +1,39 @@
 //! `onecopy`: the command-line front end. It parses arguments, draws
 //! progress and prints; the work happens in the engine crates.
 
+/// `println!` that never panics: a reader that went away (`| head`) ends
+/// the process as SIGPIPE ends `ls`; any other failure (stdout on a full
+/// disk) is reported on stderr, exit 4 ([`exit::stdout_failed`]).
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let mut out = std::io::stdout().lock();
+        if let Err(e) = writeln!(out, $($arg)*) {
+            $crate::exit::stdout_failed(e);
+        }
+    }};
+}
+
+/// `print!` as [`outln!`] is `println!`.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let mut out = std::io::stdout().lock();
+        if let Err(e) = write!(out, $($arg)*) {
+            $crate::exit::stdout_failed(e);
+        }
+    }};
+}
+
+/// `eprintln!` that never panics: a message that cannot be written (a
+/// mount's log on a full disk, stderr closed) is lost, never fatal.
+macro_rules! errln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 mod args;
 mod catalog_cmd;
 mod control;
@@ -44,29 +77,29 @@ fn main() -> ExitCode {
         args::Command::Dedupe(a) => match dedupe_cmd::run(a) {
             Ok(code) => code,
             Err(e) => {
-                eprintln!("onecopy: {e:#}");
+                errln!("onecopy: {e:#}");
                 exit::FATAL
             }
         },
         args::Command::Catalog(a) => match catalog_cmd::run(a) {
             Ok(code) => code,
             Err(e) => {
-                eprintln!("onecopy: {e:#}");
+                errln!("onecopy: {e:#}");
                 exit::FATAL
             }
         },
         args::Command::Store(a) => return store_cmd::run(a),
         args::Command::Mount(a) => return mount_cmd::run(a),
         args::Command::Duperemove(a) => duperemove_cmd::run(a).unwrap_or_else(|e| {
-            eprintln!("onecopy: {e:#}");
+            errln!("onecopy: {e:#}");
             exit::FATAL
         }),
         args::Command::Watch(a) => watch_cmd::run(a).unwrap_or_else(|e| {
-            eprintln!("onecopy watch: {e:#}");
+            errln!("onecopy watch: {e:#}");
             exit::FATAL
         }),
         args::Command::Generate(a) => generate_cmd::run(a).unwrap_or_else(|e| {
-            eprintln!("onecopy: {e:#}");
+            errln!("onecopy: {e:#}");
             exit::FATAL
         }),
     };

@@ -84,7 +84,7 @@ fn mnt(a: &MountArgs) -> &Path {
 /// turns the arguments into a mount of it.
 fn follow_cache(a: &mut MountArgs) -> Result<(), ExitCode> {
     let fail = |e: &dyn std::fmt::Display, code: u8| {
-        eprintln!("onecopy: {e}");
+        errln!("onecopy: {e}");
         ExitCode::from(code)
     };
     if a.mountpoint.is_some() {
@@ -145,18 +145,18 @@ pub fn run(mut a: MountArgs) -> ExitCode {
         add_ro(&mut a);
     }
     if a.mountpoint.is_none() {
-        eprintln!("onecopy: mount DIR MOUNTPOINT (or --read-only --remote URL MOUNTPOINT)");
+        errln!("onecopy: mount DIR MOUNTPOINT (or --read-only --remote URL MOUNTPOINT)");
         return ExitCode::from(exit::USAGE);
     }
     if !mnt(&a).is_dir() {
-        eprintln!(
+        errln!(
             "onecopy: {}: mount point is not a directory",
             mnt(&a).display()
         );
         return ExitCode::from(exit::USAGE);
     }
     if let Some(why) = tangled(&a.dir, mnt(&a)) {
-        eprintln!("onecopy: {}: {why}", mnt(&a).display());
+        errln!("onecopy: {}: {why}", mnt(&a).display());
         if a.own_cache {
             let _ = std::fs::remove_dir_all(&a.dir);
         }
@@ -164,23 +164,23 @@ pub fn run(mut a: MountArgs) -> ExitCode {
     }
     match mount_helper::parse(a.options.as_deref().unwrap_or(""), a.sloppy) {
         Err(e) => {
-            eprintln!("onecopy: {e}");
+            errln!("onecopy: {e}");
             return ExitCode::from(exit::USAGE);
         }
         Ok(o) if o.transport == Some(Transport::Uring) => {
             if let Some(why) = onecopy_fuse::uring_refusal() {
-                eprintln!("onecopy: transport=uring: {why}");
+                errln!("onecopy: transport=uring: {why}");
                 return ExitCode::from(exit::USAGE);
             }
         }
         Ok(_) => {}
     }
     if let Err(e) = Store::read_config(&a.dir) {
-        eprintln!("onecopy: {e}");
+        errln!("onecopy: {e}");
         return ExitCode::from(error_code(&e));
     }
     if is_mount_point(mnt(&a)) {
-        eprintln!(
+        errln!(
             "onecopy: {}: already a mount point (busy); unmount it first",
             mnt(&a).display()
         );
@@ -218,7 +218,7 @@ fn foreground(a: &MountArgs) -> ExitCode {
     let store = match crate::control::open_store(&a.dir) {
         Ok(s) => Arc::new(s),
         Err(e) => {
-            eprintln!("onecopy: {e}");
+            errln!("onecopy: {e}");
             return ExitCode::from(error_code(&e));
         }
     };
@@ -227,9 +227,7 @@ fn foreground(a: &MountArgs) -> ExitCode {
     let control = match crate::control::listen(&store, mnt(a)) {
         Ok(c) => Some(c),
         Err(e) => {
-            eprintln!(
-                "onecopy: control socket (online gc): {e}; `store gc` cannot reach this mount"
-            );
+            errln!("onecopy: control socket (online gc): {e}; `store gc` cannot reach this mount");
             None
         }
     };
@@ -251,7 +249,7 @@ fn foreground(a: &MountArgs) -> ExitCode {
         Some(name) => match store.snapshot_root(name) {
             Ok(r) => r,
             Err(_) => {
-                eprintln!("onecopy: {}: no snapshot named {name:?}", a.dir.display());
+                errln!("onecopy: {}: no snapshot named {name:?}", a.dir.display());
                 drop(control);
                 close_store(store);
                 let _ = std::fs::remove_file(&pid_file);
@@ -330,7 +328,7 @@ fn daemonize(a: &MountArgs) -> ExitCode {
             } else {
                 exit::USAGE
             };
-            eprintln!("onecopy: {}: {e}", log_path.display());
+            errln!("onecopy: {}: {e}", log_path.display());
             return ExitCode::from(c);
         }
     };
@@ -352,7 +350,7 @@ fn daemonize(a: &MountArgs) -> ExitCode {
     {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("onecopy: can not start the mount process: {e}");
+            errln!("onecopy: can not start the mount process: {e}");
             return ExitCode::from(exit::FATAL);
         }
     };
@@ -363,7 +361,7 @@ fn daemonize(a: &MountArgs) -> ExitCode {
         return ExitCode::from(exit::OK);
     }
     let status = child.wait().ok().and_then(|s| s.code()).unwrap_or(4) as u8;
-    eprintln!("onecopy: mount failed: {}", last_line(&log_path));
+    errln!("onecopy: mount failed: {}", last_line(&log_path));
     ExitCode::from(if status == 0 { exit::FATAL } else { status })
 }
 

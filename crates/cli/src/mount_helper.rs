@@ -306,12 +306,12 @@ fn remount(h: &HelperArgs) -> ExitCode {
     let flags = match flags {
         Ok(f) => f,
         Err(e) => {
-            eprintln!("{HELPER_NAME}: {e}");
+            errln!("{HELPER_NAME}: {e}");
             return ExitCode::from(exit::USAGE);
         }
     };
     if h.verbose {
-        eprintln!("{HELPER_NAME}: remounting {} ({flags:?})", h.dir.display());
+        errln!("{HELPER_NAME}: remounting {} ({flags:?})", h.dir.display());
     }
     if h.fake {
         return ExitCode::from(exit::OK);
@@ -319,7 +319,7 @@ fn remount(h: &HelperArgs) -> ExitCode {
     match rustix::mount::mount_remount(&h.dir, flags, "") {
         Ok(()) => ExitCode::from(exit::OK),
         Err(e) => {
-            eprintln!("{HELPER_NAME}: remount {}: {e}", h.dir.display());
+            errln!("{HELPER_NAME}: remount {}: {e}", h.dir.display());
             ExitCode::from(exit::REFUSED)
         }
     }
@@ -429,7 +429,7 @@ pub fn run(args: &[OsString]) -> ExitCode {
     let h = match parse_helper(args) {
         Ok(h) => h,
         Err(e) => {
-            eprintln!("{HELPER_NAME}: {e}");
+            errln!("{HELPER_NAME}: {e}");
             return ExitCode::from(exit::USAGE);
         }
     };
@@ -438,11 +438,11 @@ pub fn run(args: &[OsString]) -> ExitCode {
     }
     let options = helper_options(&h.options);
     if let Err(e) = parse(&options, h.sloppy) {
-        eprintln!("{HELPER_NAME}: {e}");
+        errln!("{HELPER_NAME}: {e}");
         return ExitCode::from(exit::USAGE);
     }
     if h.verbose {
-        eprintln!(
+        errln!(
             "{HELPER_NAME}: mounting {} on {} (options {:?})",
             h.spec.display(),
             h.dir.display(),

@@ -196,10 +196,10 @@ impl Ui {
     pub fn summary(&self, r: &Report) {
         let shown = if self.verbose { usize::MAX } else { 10 };
         for e in r.errors.iter().take(shown) {
-            eprintln!("onecopy: {}", e.error);
+            errln!("onecopy: {}", e.error);
         }
         if r.errors.len() > shown {
-            eprintln!(
+            errln!(
                 "onecopy: ... and {} more errors (use --verbose to list all)",
                 r.errors.len() - shown
             );
@@ -208,7 +208,7 @@ impl Ui {
             return;
         }
         print_files(r);
-        println!(
+        outln!(
             "Found {} identical-file groups ({} copies) and {} block runs ({})",
             r.plan.whole_file_groups,
             r.plan.whole_file_dests,
@@ -216,7 +216,7 @@ impl Ui {
             h(r.plan.block_run_bytes)
         );
         if r.dry_run {
-            println!(
+            outln!(
                 "Dry run: would share {} (about {} freed); {} already shared",
                 h(r.exec.bytes_would_share),
                 h(r.exec.bytes_freed),
@@ -228,10 +228,10 @@ impl Ui {
             print_rehomed(&r.exec);
         }
         if !r.exec.skipped.is_empty() {
-            println!("Ranges not deduped: {}", counts(&r.exec.skipped, dest_name));
+            outln!("Ranges not deduped: {}", counts(&r.exec.skipped, dest_name));
         }
         if r.interrupted {
-            println!("Interrupted: the figures above cover the work done before the signal.");
+            outln!("Interrupted: the figures above cover the work done before the signal.");
         }
     }
 }
@@ -249,7 +249,7 @@ fn counts<K: Copy>(m: &BTreeMap<K, u64>, name: fn(K) -> &'static str) -> String 
 /// The summary's lines about files: scanned and read, known, skipped,
 /// sources only.
 fn print_files(r: &Report) {
-    println!(
+    outln!(
         "Scanned {} files ({}), read {} ({}) in {:.1}s",
         r.files_scanned,
         h(r.bytes_scanned),
@@ -258,7 +258,7 @@ fn print_files(r: &Report) {
         r.elapsed_secs
     );
     if r.files_same_extents > 0 {
-        println!(
+        outln!(
             "In extents already read, not read again: {} files ({}: snapshots, reflink copies)",
             r.files_same_extents,
             h(r.bytes_same_extents)
@@ -266,7 +266,7 @@ fn print_files(r: &Report) {
     }
     let d = &r.snapshots_by_difference;
     if d.snapshots > 0 {
-        println!(
+        outln!(
             "Listed {} read-only snapshots by their difference from the subvolume they were taken of: {} unchanged files ({}) not looked at",
             d.snapshots,
             d.files_as_parent,
@@ -274,16 +274,17 @@ fn print_files(r: &Report) {
         );
     }
     if r.files_known > 0 {
-        println!(
+        outln!(
             "Known from the catalog, not read: {} files ({} renamed or moved)",
-            r.files_known, r.files_renamed
+            r.files_known,
+            r.files_renamed
         );
     }
     if !r.files_skipped.is_empty() {
-        println!("Skipped files: {}", counts(&r.files_skipped, skip_name));
+        outln!("Skipped files: {}", counts(&r.files_skipped, skip_name));
     }
     if r.files_source_only > 0 {
-        println!(
+        outln!(
             "Used as sources only: {} files you may read but not change (not yours, no write permission)",
             r.files_source_only
         );
@@ -292,35 +293,35 @@ fn print_files(r: &Report) {
 
 /// The summary's lines about what a real run shared and freed.
 fn print_shared(r: &Report) {
-    println!(
+    outln!(
         "Shared {} in {} ranges with {} dedupe calls; {} were already shared",
         h(r.exec.bytes_deduped),
         r.exec.ranges_deduped,
         r.exec.dedupe_ioctls,
         h(r.exec.bytes_already_shared)
     );
-    print!("Freed {}", h(r.exec.bytes_freed));
+    out!("Freed {}", h(r.exec.bytes_freed));
     if r.exec.rehome_bytes_written > 0 {
-        print!(
+        out!(
             ", after writing {} to re-home",
             h(r.exec.rehome_bytes_written)
         );
     }
     if let Some(d) = r.fs_free_delta {
-        print!(
+        out!(
             " (filesystem free space changed by {}{})",
             if d < 0 { "-" } else { "+" },
             h(d.unsigned_abs())
         );
     }
-    println!();
+    outln!();
 }
 
 /// The summary's line about what read-only snapshots still hold.
 fn print_pinned(e: &ExecStats) {
     if e.bytes_pinned_by_snapshots > 0 {
         let ids: Vec<String> = e.pinning_snapshots.iter().map(u64::to_string).collect();
-        println!(
+        outln!(
             "{} more will be freed when the {} read-only snapshots holding it are deleted (subvolume ids {})",
             h(e.bytes_pinned_by_snapshots),
             e.pinning_snapshots.len(),
@@ -332,7 +333,7 @@ fn print_pinned(e: &ExecStats) {
 /// The summary's lines about re-homing.
 fn print_rehomed(e: &ExecStats) {
     if e.rehome_ranges > 0 {
-        println!(
+        outln!(
             "Re-homed {} remainders: wrote {} to release {} partly referenced extents ({}); the freed figure is net of the bytes written",
             e.rehome_ranges,
             h(e.rehome_bytes_written),
@@ -341,13 +342,13 @@ fn print_rehomed(e: &ExecStats) {
         );
     }
     if e.rehome_over_budget > 0 {
-        println!(
+        outln!(
             "{} partly referenced extents stay allocated: re-homing them would pass --rehome-max-write",
             e.rehome_over_budget
         );
     }
     if let Some(why) = &e.rehome_unavailable {
-        println!("Re-homing skipped: {why}");
+        outln!("Re-homing skipped: {why}");
     }
 }
 

@@ -83,8 +83,8 @@ impl Bars {
     /// Prints a line on stderr above the bars.
     pub fn eprintln(&self, line: &str) {
         match &self.multi {
-            Some(m) => m.suspend(|| eprintln!("{line}")),
-            None => eprintln!("{line}"),
+            Some(m) => m.suspend(|| errln!("{line}")),
+            None => errln!("{line}"),
         }
     }
 }

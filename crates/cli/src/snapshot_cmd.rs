@@ -98,20 +98,20 @@ pub fn forget(a: ForgetArgs) -> Result<u8, StoreError> {
     };
     let rep: ForgetReport = in_store(&dir, req, |s| s.snapshot_forget(keep, a.dry_run))?;
     if a.json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&rep).expect("serializes")
         );
         return Ok(exit::OK);
     }
     for s in &rep.keep {
-        println!("keep    {}  {}", utc(s.time_ns), s.name);
+        outln!("keep    {}  {}", utc(s.time_ns), s.name);
     }
     let verb = if a.dry_run { "would remove" } else { "remove" };
     for s in &rep.remove {
-        println!("{verb:<7} {}  {}", utc(s.time_ns), s.name);
+        outln!("{verb:<7} {}  {}", utc(s.time_ns), s.name);
     }
-    println!(
+    outln!(
         "{} kept, {} {} ({} stored bytes to free){}",
         rep.keep.len(),
         rep.remove.len(),
@@ -180,7 +180,7 @@ pub fn run(action: SnapshotAction) -> Result<u8, StoreError> {
             let req = Request::SnapshotCreate { name: name.clone() };
             let s: Snapshot =
                 in_store(&dir, req, |s| s.snapshot_create(&name)).map_err(named(&name))?;
-            println!("created snapshot {} of {}", s.name, dir.display());
+            outln!("created snapshot {} of {}", s.name, dir.display());
             Ok(exit::OK)
         }
         SnapshotAction::Delete { store, name } => {
@@ -188,7 +188,7 @@ pub fn run(action: SnapshotAction) -> Result<u8, StoreError> {
             let req = Request::SnapshotDelete { name: name.clone() };
             let s: Snapshot =
                 in_store(&dir, req, |s| s.snapshot_delete(&name)).map_err(named(&name))?;
-            println!(
+            outln!(
                 "deleted snapshot {}; `onecopy store gc` frees what only it held",
                 s.name
             );
@@ -213,13 +213,13 @@ pub fn run(action: SnapshotAction) -> Result<u8, StoreError> {
                     e => e,
                 })?;
             if json {
-                println!(
+                outln!(
                     "{}",
                     serde_json::to_string_pretty(&changes).expect("serializes")
                 );
             } else {
                 for c in &changes {
-                    println!("{} {}", c.what, c.path);
+                    outln!("{} {}", c.what, c.path);
                 }
             }
             Ok(exit::OK)
@@ -253,9 +253,9 @@ fn restore(store: &Path, name: &str, dest: &Path) -> Result<u8, StoreError> {
     };
     let rep = in_store(&dir, req, |s| s.snapshot_restore(name, &dest)).map_err(named(name))?;
     for e in &rep.errors {
-        eprintln!("onecopy: {e}");
+        errln!("onecopy: {e}");
     }
-    println!(
+    outln!(
         "restored {} files ({} bytes), {} directories, {} symlinks, {} hard links, {} others to {}",
         rep.files,
         rep.bytes,
@@ -274,18 +274,21 @@ fn restore(store: &Path, name: &str, dest: &Path) -> Result<u8, StoreError> {
 
 fn print_list(list: &[SnapshotInfo], json: bool) {
     if json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(list).expect("serializes")
         );
         return;
     }
-    println!(
+    outln!(
         "{:<24} {:<20} {:>16} {:>16}",
-        "NAME", "TIME (UTC)", "LOGICAL", "ONLY IT HOLDS"
+        "NAME",
+        "TIME (UTC)",
+        "LOGICAL",
+        "ONLY IT HOLDS"
     );
     for s in list {
-        println!(
+        outln!(
             "{:<24} {:<20} {:>16} {:>16}",
             s.snapshot.name,
             utc(s.snapshot.time_ns),

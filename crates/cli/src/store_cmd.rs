@@ -243,7 +243,7 @@ pub fn error_code(e: &StoreError) -> u8 {
 }
 
 fn fail(e: StoreError) -> ExitCode {
-    eprintln!("onecopy: {e}");
+    errln!("onecopy: {e}");
     ExitCode::from(error_code(&e))
 }
 
@@ -297,8 +297,8 @@ fn init(a: InitArgs) -> Result<u8, StoreError> {
     Store::init_with(&a.dir, &cfg, pw.as_deref())?;
     let what = format!("{}, {}", a.chunking, a.compress);
     match &cfg.remote {
-        Some(r) => println!("created store {} in {} ({what})", a.dir.display(), r.url),
-        None => println!("created store {} ({what})", a.dir.display()),
+        Some(r) => outln!("created store {} in {} ({what})", a.dir.display(), r.url),
+        None => outln!("created store {} ({what})", a.dir.display()),
     }
     Ok(exit::OK)
 }
@@ -308,7 +308,7 @@ fn recover(dir: &Path, remote: &RemoteArgs) -> Result<u8, StoreError> {
     let spec = remote.spec()?.expect("--recover requires --remote");
     let pw = remote.password()?;
     let m = onecopy_store::bucket::recover(dir, &spec, pw.as_deref(), remote.force)?;
-    println!(
+    outln!(
         "recovered store {} from {} (generation {}, {} metadata segments)",
         dir.display(),
         spec.url,
@@ -359,7 +359,7 @@ fn init_config(
 fn stats(dir: &Path, json: bool) -> Result<u8, StoreError> {
     let s = Store::stats_readonly(dir)?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&s).expect("serializes"));
+        outln!("{}", serde_json::to_string_pretty(&s).expect("serializes"));
     } else {
         print_stats(&s);
     }
@@ -375,9 +375,12 @@ fn gc(dir: &Path) -> Result<u8, StoreError> {
         }
         Err(e) => return Err(e),
     };
-    println!(
+    outln!(
         "dropped {} chunks, deleted {} and compacted {} containers, freed {} bytes",
-        r.chunks_dropped, r.containers_deleted, r.containers_compacted, r.bytes_freed
+        r.chunks_dropped,
+        r.containers_deleted,
+        r.containers_compacted,
+        r.bytes_freed
     );
     Ok(exit::OK)
 }
@@ -385,9 +388,9 @@ fn gc(dir: &Path) -> Result<u8, StoreError> {
 fn fsck(dir: &Path, repair: bool) -> Result<u8, StoreError> {
     let r = crate::control::open_store(dir)?.fsck(repair)?;
     for p in &r.problems {
-        println!("{p}");
+        outln!("{p}");
     }
-    println!("{} problems, {} repaired", r.problems.len(), r.repaired);
+    outln!("{} problems, {} repaired", r.problems.len(), r.repaired);
     Ok(if r.problems.len() as u64 > r.repaired {
         exit::PARTIAL
     } else {
@@ -398,9 +401,9 @@ fn fsck(dir: &Path, repair: bool) -> Result<u8, StoreError> {
 fn scrub(dir: &Path) -> Result<u8, StoreError> {
     let r = crate::control::open_store(dir)?.scrub()?;
     for d in &r.damaged {
-        println!("{d}");
+        outln!("{d}");
     }
-    println!(
+    outln!(
         "checked {} chunks ({} bytes), {} damaged",
         r.chunks_checked,
         r.bytes_checked,
@@ -416,42 +419,44 @@ fn scrub(dir: &Path) -> Result<u8, StoreError> {
 fn prune(dir: &Path, days: Option<u64>) -> Result<u8, StoreError> {
     let s = crate::control::open_store(dir)?;
     let n = s.prune()?;
-    println!("pruned {n} unreferenced index entries");
+    outln!("pruned {n} unreferenced index entries");
     if let Some(days) = days {
         let age = std::time::Duration::from_secs(days.saturating_mul(86_400));
         let n = s.prune_index(age)?;
-        println!("pruned {n} entries of chunks referenced once, older than {days} days");
+        outln!("pruned {n} entries of chunks referenced once, older than {days} days");
     }
     Ok(exit::OK)
 }
 
 fn print_stats(s: &onecopy_store::Stats) {
-    println!("files:              {}", s.files);
-    println!("directories:        {}", s.directories);
-    println!("logical bytes:      {}", s.logical_bytes);
-    println!("referenced bytes:   {}", s.referenced_bytes);
-    println!("unique bytes:       {}", s.unique_bytes);
-    println!("stored bytes:       {}", s.stored_bytes);
-    println!("container bytes:    {}", s.container_bytes);
-    println!("dedupe ratio:       {:.2}", s.dedupe_ratio);
-    println!("compression ratio:  {:.2}", s.compression_ratio);
-    println!(
+    outln!("files:              {}", s.files);
+    outln!("directories:        {}", s.directories);
+    outln!("logical bytes:      {}", s.logical_bytes);
+    outln!("referenced bytes:   {}", s.referenced_bytes);
+    outln!("unique bytes:       {}", s.unique_bytes);
+    outln!("stored bytes:       {}", s.stored_bytes);
+    outln!("container bytes:    {}", s.container_bytes);
+    outln!("dedupe ratio:       {:.2}", s.dedupe_ratio);
+    outln!("compression ratio:  {:.2}", s.compression_ratio);
+    outln!(
         "chunks:             {} ({} unreferenced)",
-        s.chunks, s.unreferenced_chunks
+        s.chunks,
+        s.unreferenced_chunks
     );
-    println!(
+    outln!(
         "index entries:      {} ({:.1} bytes of RAM each)",
-        s.index_entries, s.index_ram_bytes_per_entry
+        s.index_entries,
+        s.index_ram_bytes_per_entry
     );
     match s.index_quota {
-        Some(q) => println!(
+        Some(q) => outln!(
             "index quota:        {q} entries ({} chunks stored without dedupe over it)",
             s.index_quota_skipped
         ),
-        None => println!("index quota:        none"),
+        None => outln!("index quota:        none"),
     }
-    println!("chunks not indexed: {}", s.unindexed_chunks);
-    println!("written new:        {}", s.written_new_bytes);
-    println!("written duplicate:  {}", s.written_duplicate_bytes);
-    println!("written zero:       {}", s.written_zero_bytes);
+    outln!("chunks not indexed: {}", s.unindexed_chunks);
+    outln!("written new:        {}", s.written_new_bytes);
+    outln!("written duplicate:  {}", s.written_duplicate_bytes);
+    outln!("written zero:       {}", s.written_zero_bytes);
 }

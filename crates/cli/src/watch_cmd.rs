@@ -111,7 +111,7 @@ pub fn run(a: WatchArgs) -> anyhow::Result<u8> {
         match ChangeSource::best(&roots, &[onecopy_scan::TMP_DIR_PREFIX]) {
             Ok((s, None)) => Some(s),
             Ok((s, Some(why))) => {
-                eprintln!(
+                errln!(
                     "onecopy watch: fanotify names ({why}): watching writes only; \
                      files renamed into a PATH wait for a look every {}s",
                     a.interval
@@ -119,7 +119,7 @@ pub fn run(a: WatchArgs) -> anyhow::Result<u8> {
                 Some(s)
             }
             Err(e) => {
-                eprintln!("onecopy watch: {e}; looking every {}s instead", a.interval);
+                errln!("onecopy watch: {e}; looking every {}s instead", a.interval);
                 None
             }
         }
@@ -200,7 +200,7 @@ impl Watcher<'_> {
 
     fn note(&self, msg: &str) {
         if !self.a.quiet {
-            eprintln!("onecopy watch: {msg}");
+            errln!("onecopy watch: {msg}");
         }
     }
 

@@ -638,3 +638,41 @@ fn umount_then_at_once_fsck_gc_and_mount_work() {
         }
     }
 }
+
+/// Output that cannot be written is not a panic (it was exit 101 and a
+/// backtrace): stdout on a full disk is an I/O error, exit 4, in one
+/// line; a reader that went away ends the command by SIGPIPE, as it ends
+/// `ls | head`'s `ls`, without a word.
+#[test]
+fn output_to_a_full_disk_or_a_closed_pipe() {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Stdio;
+    let t = tmp();
+    let st = t.path().join("s");
+    init(&st);
+    let st = st.to_str().unwrap();
+    let full = std::fs::File::options()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let out = Command::new(BIN)
+        .args(["store", "stats", st])
+        .stdout(full)
+        .output()
+        .unwrap();
+    fails(&out, 4, "standard output: No space left on device");
+
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = Command::new(BIN)
+        .args(["store", "stats", st])
+        .stdout(Stdio::from(writer))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{:?}", out.status);
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -76,8 +76,8 @@ fn fatal(e: &ImportError) -> u8 {
         _ if e.is_no_space() => {
             errln!(
                 "onecopy: {e}; import stopped: the store keeps what was committed before \
-                 (consistent: after freeing space, `store fsck` finds nothing); import the \
-                 rest under a new name"
+                 (consistent: `store fsck` finds nothing); `store gc` gives back the room \
+                 the rest took; import the rest under a new name"
             );
             exit::FATAL
         }

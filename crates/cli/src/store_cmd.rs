@@ -382,6 +382,10 @@ fn gc(dir: &Path) -> Result<u8, StoreError> {
         r.containers_compacted,
         r.bytes_freed
     );
+    if let Some(why) = &r.compaction_stopped {
+        errln!("onecopy: compaction stopped: {why}");
+        return Ok(exit::PARTIAL);
+    }
     Ok(exit::OK)
 }
 

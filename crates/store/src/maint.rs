@@ -83,6 +83,10 @@ pub struct GcReport {
     pub containers_deleted: u64,
     pub containers_compacted: u64,
     pub bytes_freed: u64,
+    /// Why compaction stopped before the end (no room on a full disk:
+    /// the containers with nothing live are deleted first, and need none).
+    #[serde(default)]
+    pub compaction_stopped: Option<String>,
 }
 
 /// What `fsck` found (and, with repair, fixed).
@@ -276,7 +280,7 @@ impl Store {
             chunks_dropped: self.prune()?,
             ..GcReport::default()
         };
-        let sealed: Vec<(u64, u64, u64)> = {
+        let mut sealed: Vec<(u64, u64, u64)> = {
             let g = self.lock();
             let mut st = g.db.prepare(&format!(
                 "SELECT k.id, k.length, COALESCE(SUM({}), 0) FROM containers k
@@ -286,12 +290,22 @@ impl Store {
             let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
             rows.collect::<rusqlite::Result<_>>()?
         };
+        // The containers with nothing live first: deleting them needs no
+        // room, and on a full disk gives back the room compaction needs.
+        sealed.sort_by_key(|&(_, _, live)| live > 0);
         for (id, length, live) in sealed {
             let payload = length.saturating_sub(CONTAINER_HEADER).max(1);
             if live > 0 && live as f64 / payload as f64 >= COMPACT_BELOW {
                 continue;
             }
-            self.compact(id)?;
+            match self.compact(id) {
+                Ok(()) => {}
+                Err(e @ (StoreError::LowSpace { .. } | StoreError::NoSpace)) if live > 0 => {
+                    rep.compaction_stopped = Some(e.to_string());
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
             rep.bytes_freed += length.saturating_sub(live);
             if live == 0 {
                 rep.containers_deleted += 1;
@@ -299,7 +313,9 @@ impl Store {
                 rep.containers_compacted += 1;
             }
         }
-        rep.containers_deleted += self.delete_stray_containers()?;
+        let (stray, stray_bytes) = self.delete_stray_containers()?;
+        rep.containers_deleted += stray;
+        rep.bytes_freed += stray_bytes;
         // The rows dropped by gc and by the unlinks before it leave free
         // pages in meta.sqlite: give them back.
         let mut g = self.lock();
@@ -426,21 +442,24 @@ impl Store {
     }
 
     /// Deletes container files the database does not know (left by a crash
-    /// between creating a container and committing it).
-    fn delete_stray_containers(&self) -> Result<u64> {
+    /// between creating a container and committing it, or by a write that
+    /// failed before its commit): how many, and their bytes.
+    fn delete_stray_containers(&self) -> Result<(u64, u64)> {
         let g = self.lock();
-        let mut n = 0;
+        let (mut n, mut bytes) = (0, 0);
         for id in self.containers.list()? {
             let known: i64 =
                 g.db.query_row("SELECT COUNT(*) FROM containers WHERE id = ?1", [id], |r| {
                     r.get(0)
                 })?;
             if known == 0 && id != g.writer.id {
+                let len = self.containers.len(id)?.unwrap_or(0);
                 self.containers.delete(id)?;
                 n += 1;
+                bytes += len;
             }
         }
-        Ok(n)
+        Ok((n, bytes))
     }
 
     /// fsck of the fingerprint index against the chunk rows; with

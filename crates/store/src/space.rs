@@ -43,14 +43,15 @@ fn total(dir: &Path) -> Option<u64> {
 }
 
 impl Reserve {
-    /// The reserve of the store in `dir`, taken if there is room.
+    /// The reserve of the store in `dir`, taken if there is room, given
+    /// back if the file holds its blocks and there is not (a store opened
+    /// on a full disk: its commits, and gc's, need that room).
     pub fn open(dir: &Path) -> Reserve {
+        use std::os::unix::fs::MetadataExt;
         let size = total(dir).map_or(MIN, |t| (t / 32).clamp(MIN, MAX));
-        let mut r = Reserve {
-            path: dir.join("reserve"),
-            size,
-            held: false,
-        };
+        let path = dir.join("reserve");
+        let held = std::fs::metadata(&path).is_ok_and(|m| m.blocks() * 512 >= size);
+        let mut r = Reserve { path, size, held };
         r.adjust();
         r
     }

@@ -364,6 +364,9 @@ impl Store {
         lock: File,
     ) -> Result<Store> {
         let mut cfg = Self::read_config(dir)?;
+        // First: on a full disk it gives back the room that opening the
+        // database (replaying its last commit) needs.
+        let reserve = Reserve::open(dir);
         let db = open_db(&dir.join("meta.sqlite"), false)?;
         if cfg.format < FORMAT {
             // open_db migrated the database; the index is built below.
@@ -380,7 +383,6 @@ impl Store {
         let epoch = crate::snap::epoch(&db)?;
         let attrs = AttrCache::default();
         attrs.attach(&db);
-        let reserve = Reserve::open(dir);
         let low = AtomicBool::new(reserve.is_low());
         let store = Store {
             dir: dir.into(),

@@ -324,7 +324,7 @@ impl Store {
     ) -> Result<ImportReport, ImportError> {
         let to = &opts.to[..];
         let plan = self.plan_import(srcs, to)?;
-        let here = Path::new("<store>");
+        let here = self.dir.as_path();
         let dest = self.mkdir_p(to).map_err(store_err(here))?;
         let shared = Shared {
             progress,
@@ -417,7 +417,7 @@ impl Store {
             }
             plan.push((src.clone(), name));
         }
-        let here = Path::new("<store>");
+        let here = self.dir.as_path();
         let show = |parts: &[&[u8]]| {
             let mut s = String::new();
             for p in parts {
@@ -430,6 +430,22 @@ impl Store {
             s
         };
         let parts = components(to)?;
+        let meta = crate::view::META_DIR_NAME;
+        let clash = match parts.first() {
+            Some(&p) => (p == meta).then(|| PathBuf::from(OsStr::from_bytes(to))),
+            None => plan
+                .iter()
+                .find(|(_, n)| n == meta)
+                .map(|(src, _)| src.clone()),
+        };
+        if let Some(path) = clash {
+            return Err(ImportError::BadSource {
+                path,
+                why: "would be the store's `/.onecopy`, its directory of snapshots; import \
+                      it under another name (--to)"
+                    .into(),
+            });
+        }
         let mut dir = Some(1u64);
         for (i, part) in parts.iter().enumerate() {
             let Some(d) = dir else { break };
@@ -1121,6 +1137,39 @@ pub fn measure(srcs: &[PathBuf]) -> (u64, u64) {
 mod tests {
     use super::*;
     use crate::StoreConfig;
+
+    /// A source named `.onecopy` at the store's root, or `--to
+    /// /.onecopy`, is refused before anything is written: the name is the
+    /// snapshots' directory, and what was imported under it could not be
+    /// reached through the mount.
+    #[test]
+    fn nothing_is_imported_as_the_snapshots_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        Store::init(&dir.path().join("s"), &StoreConfig::default()).unwrap();
+        let s = Store::open(&dir.path().join("s")).unwrap();
+        let src = dir.path().join("d/.onecopy");
+        std::fs::create_dir_all(&src).unwrap();
+        std::fs::write(src.join("f"), b"hi").unwrap();
+        let import = |src: &Path, to: &[u8]| {
+            let opts = ImportOptions {
+                to: to.to_vec(),
+                ..ImportOptions::default()
+            };
+            s.import(&[src.to_path_buf()], &opts, &ImportProgress::default())
+        };
+        for (src, to) in [(&src, &b"/"[..]), (&src.with_file_name(""), b"/.onecopy/x")] {
+            let e = import(src, to).unwrap_err();
+            assert!(matches!(e, ImportError::BadSource { .. }), "{e}");
+        }
+        assert!(
+            s.lock().child(1, b".onecopy").unwrap().is_none(),
+            "nothing made"
+        );
+        import(&src, b"/x").unwrap();
+        assert!(s
+            .lookup(s.lookup(1, b"x").unwrap().ino, b".onecopy")
+            .is_ok());
+    }
 
     /// A file imported piece by piece (three 4 MiB pieces and a tail) is
     /// cut exactly where FastCDC cuts the whole file, and reads back.

@@ -61,6 +61,16 @@ pub(crate) const SET_META: &str = "INSERT OR REPLACE INTO meta (key, value) VALU
 /// the parser and malloc at 6% of the mount's CPU).
 const STATEMENT_CACHE: usize = 128;
 
+/// Whether the database has the store's `meta` table (read only).
+fn holds_store_metadata(conn: &Connection) -> Result<bool> {
+    let n: i64 = conn.query_row(
+        "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'meta'",
+        [],
+        |r| r.get(0),
+    )?;
+    Ok(n > 0)
+}
+
 /// Opens (or, with `create`, creates) the metadata database. An older
 /// version (1, 2 or 3) is migrated, one step per transaction.
 pub fn open_db(path: &std::path::Path, create: bool) -> Result<Connection> {
@@ -71,6 +81,14 @@ pub fn open_db(path: &std::path::Path, create: bool) -> Result<Connection> {
         });
     }
     let conn = Connection::open(path)?;
+    if !create && !holds_store_metadata(&conn)? {
+        // Checked before the first pragma below writes to the file: a
+        // database of another program (or an empty file) is left as it is.
+        return Err(StoreError::NotAStore {
+            path: path.into(),
+            why: "meta.sqlite holds no store's metadata".into(),
+        });
+    }
     if create {
         // Before anything is written (WAL mode writes the header): gc
         // can then give freed pages back ([`release_free_pages`]).
@@ -437,6 +455,32 @@ mod plan_tests {
                 p.contains("PRIMARY KEY") || p.contains("COVERING INDEX"),
                 "{p}"
             );
+        }
+    }
+}
+
+#[cfg(test)]
+mod open_tests {
+    use super::*;
+
+    /// An empty file or another program's database where meta.sqlite
+    /// should be: not a store, and the file not written (WAL mode was set
+    /// on it before anything was checked).
+    #[test]
+    fn a_foreign_database_is_not_a_store_and_is_left_alone() {
+        let d = tempfile::tempdir().unwrap();
+        let empty = d.path().join("empty.sqlite");
+        std::fs::write(&empty, b"").unwrap();
+        let other = d.path().join("other.sqlite");
+        Connection::open(&other)
+            .unwrap()
+            .execute_batch("CREATE TABLE notes (t TEXT); INSERT INTO notes VALUES ('mine');")
+            .unwrap();
+        for path in [empty, other] {
+            let before = std::fs::read(&path).unwrap();
+            let e = open_db(&path, false).unwrap_err();
+            assert!(matches!(e, StoreError::NotAStore { .. }), "{e}");
+            assert_eq!(std::fs::read(&path).unwrap(), before, "{}", path.display());
         }
     }
 }

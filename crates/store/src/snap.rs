@@ -135,17 +135,20 @@ pub fn split_view(ino: u64) -> Option<(u64, u64)> {
     (id != 0).then_some((id, ino & ((1 << VIEW_SHIFT) - 1)))
 }
 
-/// A snapshot name: 1 to 255 bytes of UTF-8, no `/`, no NUL, not `.` or
-/// `..` (it is a directory's name in the mount).
+/// A snapshot name: 1 to 255 bytes of UTF-8, no `/`, no control
+/// character (a newline split `snapshot list`'s lines), not `.` or `..`
+/// (it is a directory's name in the mount).
 pub fn check_snapshot_name(name: &str) -> Result<()> {
     let bad = name.is_empty()
         || name.len() > 255
         || name == "."
         || name == ".."
-        || name.contains(['/', '\0']);
+        || name.contains('/')
+        || name.contains(char::is_control);
     match bad {
         true => Err(StoreError::BadOption(format!(
-            "snapshot name {name:?}: 1 to 255 bytes, no '/', not '.' or '..'"
+            "snapshot name {name:?}: 1 to 255 bytes, no '/' or control character, not '.' \
+             or '..'"
         ))),
         false => Ok(()),
     }
@@ -406,4 +409,30 @@ fn only_held_by(db: &Connection, cond: &str, args: impl rusqlite::Params) -> Res
 /// snapshot sees hold.
 pub(crate) fn reclaimable_bytes(db: &Connection) -> Result<u64> {
     only_held_by(db, UNSEEN, [])
+}
+
+#[cfg(test)]
+mod name_tests {
+    use super::check_snapshot_name;
+
+    /// Names that cannot be a directory's name in the mount, or that
+    /// would split a line of `snapshot list`, are refused.
+    #[test]
+    fn snapshot_names() {
+        for good in ["daily-2026-12-07", "a b", "é", &"x".repeat(255)] {
+            check_snapshot_name(good).unwrap();
+        }
+        for bad in [
+            "",
+            ".",
+            "..",
+            "a/b",
+            "nl\nname",
+            "tab\there",
+            "nul\0",
+            &"x".repeat(256),
+        ] {
+            assert!(check_snapshot_name(bad).is_err(), "{bad:?}");
+        }
+    }
 }

@@ -82,6 +82,13 @@ pub struct ForgetArgs {
     json: bool,
 }
 
+impl ForgetArgs {
+    /// The store or mount point named.
+    pub fn store(&self) -> &std::path::Path {
+        &self.store
+    }
+}
+
 /// Runs `store forget`.
 pub fn forget(a: ForgetArgs) -> Result<u8, StoreError> {
     let keep = Keep {

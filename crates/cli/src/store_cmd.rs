@@ -248,9 +248,38 @@ fn fail(e: StoreError) -> ExitCode {
 }
 
 pub fn run(args: StoreArgs) -> ExitCode {
+    let target = target(&args.action).to_path_buf();
     match act(args.action) {
         Ok(c) => ExitCode::from(c),
+        // SQLite's messages name no file: say which store's it is.
+        Err(e @ StoreError::Db(_)) => {
+            errln!("onecopy: {}: {e}", target.display());
+            ExitCode::from(error_code(&e))
+        }
         Err(e) => fail(e),
+    }
+}
+
+/// The store (or, for the snapshot commands, the mount point) a command
+/// names.
+fn target(action: &StoreAction) -> &Path {
+    use crate::snapshot_cmd::SnapshotAction as S;
+    match action {
+        StoreAction::Init(a) => &a.dir,
+        StoreAction::Forget(a) => a.store(),
+        StoreAction::Snapshot { action } => match action {
+            S::Create { store, .. }
+            | S::List { store, .. }
+            | S::Delete { store, .. }
+            | S::Restore { store, .. }
+            | S::Diff { store, .. } => store,
+        },
+        StoreAction::Import(a) => &a.dir,
+        StoreAction::Stats { dir, .. }
+        | StoreAction::Gc { dir }
+        | StoreAction::Fsck { dir, .. }
+        | StoreAction::Scrub { dir }
+        | StoreAction::Prune { dir, .. } => dir,
     }
 }
 

@@ -471,12 +471,16 @@ fn io_err(path: &Path) -> impl Fn(std::io::Error) -> CatalogError + Copy + '_ {
     }
 }
 
-/// Creates the directory `path` goes in.
+/// Creates the directory `path` goes in (mode 0700: a catalog names the
+/// files of trees other users may not see, and their fingerprints).
 fn create_parent(path: &Path) -> Result<(), CatalogError> {
+    use std::os::unix::fs::DirBuilderExt;
     match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => {
-            std::fs::create_dir_all(dir).map_err(io_err(dir))
-        }
+        Some(dir) if !dir.as_os_str().is_empty() => std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(io_err(dir)),
         _ => Ok(()),
     }
 }
@@ -604,6 +608,21 @@ impl Catalog {
             Existing::Nothing => true,
             Existing::Catalog => false,
         };
+        if fresh {
+            // Made here, mode 0600, before SQLite makes it 0644 (its WAL
+            // and shared memory files take the database file's mode).
+            use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+            let f = std::fs::File::options()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .open(path)
+                .map_err(io_err(path))?;
+            // An empty file that was there already (counted as none).
+            f.set_permissions(std::fs::Permissions::from_mode(0o600))
+                .map_err(io_err(path))?;
+        }
         let (conn, version) = connect(path, fresh)?;
         if fresh || version == 0 {
             create_tables(&conn, path, block_size)?;
@@ -713,13 +732,22 @@ impl Catalog {
     ) -> Result<(Catalog, Option<CatalogError>), CatalogError> {
         match Catalog::open(path, block_size).and_then(|c| c.for_each(f).map(|()| c)) {
             Ok(c) => Ok((c, None)),
-            Err(e @ CatalogError::Io { .. }) => Err(e),
             Err(e @ CatalogError::NotACatalog { .. }) if !own => Err(e),
-            Err(why) => {
+            // Damage, another format, or a file in our place: rebuilt.
+            // Anything else (a full disk, I/O, a lock) says nothing against
+            // the catalog, which stays for the next run.
+            Err(why)
+                if why.is_damage()
+                    || matches!(
+                        why,
+                        CatalogError::Version { .. } | CatalogError::NotACatalog { .. }
+                    ) =>
+            {
                 Self::set_aside(path, own)?;
                 let c = Catalog::open(path, block_size)?;
                 Ok((c, Some(why)))
             }
+            Err(e) => Err(e),
         }
     }
 
@@ -972,6 +1000,64 @@ mod tests {
             settled: false,
             last_seen: 1,
         }
+    }
+
+    /// A catalog opened on a full disk is kept for the next run: a full
+    /// disk says nothing against it (it was renamed `.broken` and an
+    /// empty one made, so the next run read every file again). Needs root
+    /// (a 2 MiB tmpfs).
+    #[test]
+    fn a_full_disk_is_not_damage() {
+        let d = tempfile::tempdir().unwrap();
+        let m = d.path().join("m");
+        std::fs::create_dir(&m).unwrap();
+        let mount = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=2m", "tmpfs"])
+            .arg(&m)
+            .status()
+            .unwrap();
+        assert!(mount.success(), "mount tmpfs (needs root)");
+        struct Unmount<'a>(&'a Path);
+        impl Drop for Unmount<'_> {
+            fn drop(&mut self) {
+                let _ = std::process::Command::new("umount").arg(self.0).status();
+            }
+        }
+        let _u = Unmount(&m);
+        let p = m.join("c.sqlite");
+        let mut c = Catalog::open(&p, 65536).unwrap();
+        c.commit_run(&[], (1..50).map(rec).collect::<Vec<_>>(), &[])
+            .unwrap();
+        drop(c);
+        let before = std::fs::read(&p).unwrap();
+        let mut filler = std::fs::File::create(m.join("filler")).unwrap();
+        while std::io::Write::write_all(&mut filler, &[7; 4096]).is_ok() {}
+        drop(filler);
+        match Catalog::open_or_rebuild_own(&p, 65536) {
+            Err(e) => assert!(!e.is_damage(), "{e}"),
+            Ok((c, why)) => {
+                assert!(why.is_none(), "{why:?}");
+                assert_eq!(c.load_all().unwrap().len(), 49);
+            }
+        }
+        assert!(!m.join("c.sqlite.broken").exists(), "set aside");
+        assert_eq!(std::fs::read(&p).unwrap(), before);
+    }
+
+    /// A new catalog and the directories made for it are closed to other
+    /// users: it names files of trees they may not see.
+    #[test]
+    fn a_new_catalog_is_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("made/here/fs-1.sqlite");
+        let c = Catalog::open(&path, 4096).unwrap();
+        c.stats().unwrap();
+        drop(c);
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&path), 0o600);
+        assert_eq!(mode(path.parent().unwrap()), 0o700);
+        assert_eq!(mode(&d.path().join("made")), 0o700);
     }
 
     /// A failed update sets the catalog aside only when it is damage; an

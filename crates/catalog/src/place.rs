@@ -36,7 +36,13 @@ fn default_dir_from(var: impl Fn(&str) -> Option<OsString>, root: bool) -> PathB
     if let Some(x) = set("XDG_CACHE_HOME") {
         return x.join("onecopy");
     }
-    let home = var("HOME").map_or_else(|| PathBuf::from("."), PathBuf::from);
+    // Without HOME: the user's home from the password database (never
+    // the working directory, which may be the tree being deduped); a user
+    // with none gets a path that cannot be made, and runs without a
+    // catalog.
+    let home = set("HOME")
+        .or_else(std::env::home_dir)
+        .unwrap_or_else(|| PathBuf::from("/nonexistent"));
     home.join(".cache").join("onecopy")
 }
 
@@ -118,10 +124,10 @@ mod tests {
             default_dir_from(env(&e), false),
             Path::new("/h/.cache/onecopy")
         );
-        assert_eq!(
-            default_dir_from(env(&[]), false),
-            Path::new("./.cache/onecopy")
-        );
+        // Never relative: the working directory may be the tree deduped.
+        let without_home = default_dir_from(env(&[]), false);
+        assert!(without_home.is_absolute(), "{}", without_home.display());
+        assert!(without_home.ends_with(".cache/onecopy"));
     }
 
     #[test]

@@ -540,7 +540,7 @@ fn settled_free(paths: &[PathBuf]) -> Option<u64> {
     let mut seen = std::collections::HashSet::new();
     let mut total = 0u64;
     for p in paths {
-        let f = std::fs::File::open(p).ok()?;
+        let f = onecopy_scan::longpath::open_nonblocking(p).ok()?;
         let _ = onecopy_ioctl::fs::syncfs(f.as_fd());
         let i = fs_info(f.as_fd()).ok()?;
         if seen.insert(i.fsid) {

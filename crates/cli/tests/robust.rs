@@ -13,6 +13,7 @@ mod common;
 #[path = "adversarial/support.rs"]
 mod support;
 
+use std::ffi::OsStr;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -26,6 +27,7 @@ per_fs!(
     hashfile_damaged_catalog,
     read_only_files_are_sources_as_nobody,
     freed_excludes_reflinks_outside_roots,
+    fifos_are_never_waited_on,
 );
 
 mod freed_excludes_snapshot_extents {
@@ -343,4 +345,45 @@ fn freed_excludes_snapshot_extents() {
     let snap = fs.path().join("snap");
     btrfs(&["subvolume", "snapshot", "-r"], &[&vol, &snap]);
     assert_honest(&fs, &vol, &files, 0);
+}
+
+/// A FIFO named as a root, met in the tree or named as `--hashfile` is
+/// never waited on: its open blocked for want of a writer, for ever, and
+/// a first SIGINT or SIGTERM could not end it (`watch` then hung on its
+/// child). Each run here is killed after 120 s, so a regression fails
+/// instead of hanging the suite.
+fn fifos_are_never_waited_on(kind: FsKind) {
+    let (_fs, root, groups) = small_tree(kind);
+    let dir = scratch(kind, "fifo");
+    let (inside, named, hashfile) = (
+        root.join("fifo"),
+        root.with_file_name("root.fifo"),
+        dir.join("h.fifo"),
+    );
+    for f in [&inside, &named, &hashfile] {
+        let made = command("mkfifo").arg(f).status().unwrap();
+        assert!(made.success(), "mkfifo {}", f.display());
+    }
+    let sums = checksum_tree(&root);
+    let run = |args: &[&OsStr]| {
+        let out = command("timeout")
+            .args(["-s", "KILL", "120"])
+            .arg(env!("CARGO_BIN_EXE_onecopy"))
+            .args(args)
+            .output()
+            .unwrap();
+        Outcome::from_output(describe(args), out)
+    };
+    let (r, n, h) = (root.as_os_str(), named.as_os_str(), hashfile.as_os_str());
+    let r1 = run(&["dedupe".as_ref(), "--json".as_ref(), n, r]);
+    r1.assert_sane();
+    assert_eq!(r1.code(), Some(0), "{}: {:?}", r1.what, r1.stderr);
+    let rep: serde_json::Value = serde_json::from_str(&r1.stdout).unwrap();
+    assert_eq!(rep["files_skipped"]["not_regular"], 2, "{}", r1.stdout);
+    let r2 = run(&["duperemove".as_ref(), "-r".as_ref(), "-d".as_ref(), n, r]);
+    assert_eq!(r2.code(), Some(0), "{}: {:?}", r2.what, r2.stderr);
+    let r3 = run(&["dedupe".as_ref(), "--hashfile".as_ref(), h, r]);
+    assert_eq!(r3.code(), Some(EXIT_USAGE), "{}: {:?}", r3.what, r3.stderr);
+    assert_eq!(checksum_tree(&root), sums);
+    let _ = groups;
 }

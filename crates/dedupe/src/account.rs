@@ -59,7 +59,7 @@ impl Model {
     /// (root), byte ranges otherwise, or when the file can not be opened.
     pub fn probe(sample: &std::path::Path, ino: u64) -> Model {
         use std::os::fd::AsFd;
-        let Ok(f) = File::open(sample) else {
+        let Ok(f) = onecopy_scan::longpath::open_nonblocking(sample) else {
             return Model::Ranges;
         };
         match onecopy_ioctl::fs::fs_info(f.as_fd()) {

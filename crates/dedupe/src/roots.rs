@@ -58,7 +58,8 @@ pub fn judge(kind: FsKind, xfs_reflink: Option<bool>, read_only: bool) -> Option
 /// The filesystem of root `path`, if it can be deduped.
 pub fn check_root(path: &Path) -> Result<FsInfo, RootError> {
     let p = || path.to_path_buf();
-    let f = std::fs::File::open(path).map_err(|source| RootError::Open { path: p(), source })?;
+    let f = onecopy_scan::longpath::open_nonblocking(path)
+        .map_err(|source| RootError::Open { path: p(), source })?;
     let info = fs_info(f.as_fd()).map_err(|source| RootError::Identify { path: p(), source })?;
     let reflink = (info.kind == FsKind::Xfs)
         .then(|| onecopy_ioctl::fs::xfs_has_reflink(f.as_fd()).ok())

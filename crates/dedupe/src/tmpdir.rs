@@ -28,7 +28,7 @@ pub use onecopy_scan::TMP_DIR_PREFIX as PREFIX;
 pub fn parent_for(roots: &[PathBuf], fs: u64) -> PathBuf {
     use std::os::fd::AsFd;
     let on_fs = |p: &Path| {
-        File::open(p)
+        onecopy_scan::longpath::open_nonblocking(p)
             .ok()
             .and_then(|f| onecopy_ioctl::fs::fs_info(f.as_fd()).ok())
             .is_some_and(|i| i.fsid == fs)

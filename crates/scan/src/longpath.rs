@@ -17,13 +17,15 @@ use rustix::fs::{openat, statat, AtFlags, Dir, FileType, Mode, OFlags, Stat, CWD
 pub const LONG: usize = 3072;
 
 /// Opens `path` with `flags` (read-only plus e.g. O_NOATIME), whatever its
-/// length; the last component is never followed if it is a symlink.
+/// length; the last component is never followed if it is a symlink, and
+/// never waited on (O_NONBLOCK: a regular file replaced by a FIFO after
+/// the walk opens at once, and is then not a regular file).
 pub fn open(path: &Path, flags: OFlags) -> std::io::Result<File> {
     if path.as_os_str().len() < LONG {
         let fd = openat(
             CWD,
             path,
-            flags | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            flags | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
             Mode::empty(),
         )?;
         return Ok(File::from(fd));
@@ -61,10 +63,22 @@ pub fn open(path: &Path, flags: OFlags) -> std::io::Result<File> {
     let fd = openat(
         &dir,
         last.as_os_str(),
-        flags | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        flags | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
         Mode::empty(),
     )?;
     Ok(File::from(fd))
+}
+
+/// Opens a root or path named by the user, read-only, without blocking:
+/// a FIFO (or a device) there opens at once instead of waiting for a
+/// writer for ever; on regular files and directories O_NONBLOCK changes
+/// nothing.
+pub fn open_nonblocking(path: &Path) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    File::options()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
 }
 
 /// One entry found by [`walk`].

@@ -494,7 +494,7 @@ impl Collected {
 
 fn path_read_only(p: &Path) -> bool {
     use std::os::fd::AsFd;
-    std::fs::File::open(p)
+    crate::longpath::open_nonblocking(p)
         .ok()
         .and_then(|f| onecopy_ioctl::fs::on_read_only_mount(f.as_fd()).ok())
         .unwrap_or(false)

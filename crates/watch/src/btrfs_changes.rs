@@ -20,7 +20,7 @@ pub fn changed_files(
     min_ctime: u64,
     limit: usize,
 ) -> std::io::Result<Option<Vec<PathBuf>>> {
-    let dir = std::fs::File::open(root)?;
+    let dir = onecopy_scan::longpath::open_nonblocking(root)?;
     let fd = dir.as_fd();
     let rel = onecopy_ioctl::changed::dir_path_in_subvol(fd, dir.metadata()?.ino())?;
     let depth = Path::new(std::ffi::OsStr::from_bytes(&rel))

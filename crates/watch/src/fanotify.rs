@@ -248,7 +248,7 @@ fn ignored(p: &Path, prefixes: &[String]) -> bool {
 /// Opens root `r` and marks its whole filesystem for `mask` events;
 /// returns the open root.
 fn mark_filesystem(fan: &Fanotify, r: &Path, mask: MaskFlags) -> Result<std::fs::File, WatchError> {
-    let dir = std::fs::File::open(r).map_err(|source| WatchError::Open {
+    let dir = onecopy_scan::longpath::open_nonblocking(r).map_err(|source| WatchError::Open {
         path: r.to_path_buf(),
         source,
     })?;

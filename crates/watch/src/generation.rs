@@ -58,7 +58,7 @@ pub fn generation_file(dir: &Path, root: &Path) -> PathBuf {
 /// The UUID of `root`'s btrfs filesystem in lowercase hex (None: not
 /// btrfs, or unreadable).
 pub fn fs_uuid_hex(root: &Path) -> Option<String> {
-    let f = std::fs::File::open(root).ok()?;
+    let f = onecopy_scan::longpath::open_nonblocking(root).ok()?;
     let u = onecopy_ioctl::btrfs::fs_uuid(f.as_fd()).ok()?;
     Some(u.iter().map(|b| format!("{b:02x}")).collect())
 }

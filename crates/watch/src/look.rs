@@ -164,7 +164,7 @@ pub fn generations(roots: &[PathBuf]) -> Vec<Option<u64>> {
     roots
         .iter()
         .map(|r| {
-            let f = std::fs::File::open(r).ok()?;
+            let f = onecopy_scan::longpath::open_nonblocking(r).ok()?;
             onecopy_ioctl::btrfs::fs_generation(f.as_fd()).ok()
         })
         .collect()

@@ -96,6 +96,19 @@ pub struct WatchArgs {
 const TICK: Duration = Duration::from_millis(200);
 
 pub fn run(a: WatchArgs) -> anyhow::Result<u8> {
+    // Checked as `dedupe` checks them, with its exit codes: a root that
+    // is not there is a usage error, one that cannot be deduped is
+    // refused (watch used to say so and then wait for ever).
+    for p in &a.paths {
+        if let Err(e) = onecopy_dedupe::roots::check_root(p) {
+            errln!("onecopy watch: {e}");
+            return Ok(if e.is_usage() {
+                exit::USAGE
+            } else {
+                exit::REFUSED
+            });
+        }
+    }
     let roots = canonical_roots(&a.paths)?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {

@@ -520,3 +520,32 @@ fn a_restart_over_an_unchanged_btrfs_does_not_walk() {
     );
     eprintln!("{text}");
 }
+
+/// PATHs that cannot be watched end `watch` at once with `dedupe`'s exit
+/// codes: 2 for one that is not there (it was 4), 3 for one on a
+/// filesystem that cannot share extents (it said so, then waited for
+/// ever). Each run is killed after 60 s, so a regression fails.
+#[test]
+fn watch_refuses_what_it_cannot_watch() {
+    let scratch = tempfile::tempdir().unwrap();
+    let tmpfs = onecopy_testfs::LoopFs::new(FsKind::Tmpfs, 16 << 20).unwrap();
+    let run = |path: &Path| {
+        let out = Command::new("timeout")
+            .args(["-s", "KILL", "60"])
+            .arg(env!("CARGO_BIN_EXE_onecopy"))
+            .args(["watch", "--settle", "1"])
+            .arg(path)
+            .env("ONECOPY_CACHE_DIR", scratch.path())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = run(&scratch.path().join("not-there"));
+    assert_eq!(code, Some(2), "{err}");
+    let (code, err) = run(tmpfs.path());
+    assert_eq!(code, Some(3), "{err}");
+    assert!(err.contains("can not share extents"), "{err}");
+}

@@ -364,6 +364,7 @@ fn skip_name(k: SkipReason) -> &'static str {
         SkipReason::Vanished => "deleted while running",
         SkipReason::SwapFile => "active swap files",
         SkipReason::UnsupportedFilesystem => "on unsupported filesystems",
+        SkipReason::Interrupted => "left part-read by the interruption",
     }
 }
 

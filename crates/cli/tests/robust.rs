@@ -28,6 +28,7 @@ per_fs!(
     read_only_files_are_sources_as_nobody,
     freed_excludes_reflinks_outside_roots,
     fifos_are_never_waited_on,
+    a_huge_sparse_file_does_not_hold_an_interruption,
 );
 
 mod freed_excludes_snapshot_extents {
@@ -386,4 +387,30 @@ fn fifos_are_never_waited_on(kind: FsKind) {
     assert_eq!(r3.code(), Some(EXIT_USAGE), "{}: {:?}", r3.what, r3.stderr);
     assert_eq!(checksum_tree(&root), sums);
     let _ = groups;
+}
+
+/// SIGINT while a 100 GiB sparse file is being read ends the run within
+/// seconds, exit 130, the file counted as left part-read (the run waited
+/// for the whole file: a minute here, ten for 1 TiB).
+fn a_huge_sparse_file_does_not_hold_an_interruption(kind: FsKind) {
+    let (_fs, root, _groups) = small_tree(kind);
+    let big = root.join("sparse");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(100 << 30)
+        .unwrap();
+    let (child, what) = spawn_dedupe(&[&root], &["--no-catalog"]);
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let t = std::time::Instant::now();
+    send_signal(child.id(), libc::SIGINT);
+    let out = wait_outcome(child, what);
+    let took = t.elapsed();
+    out.assert_code(EXIT_INTERRUPTED);
+    assert!(took.as_secs() < 20, "SIGINT took {took:?} to end the run");
+    assert_eq!(
+        out.report()["files_skipped"]["interrupted"],
+        1,
+        "{}",
+        out.stdout
+    );
 }

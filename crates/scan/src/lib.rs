@@ -56,6 +56,9 @@ pub enum SkipReason {
     SwapFile,
     /// The filesystem cannot dedupe (not btrfs or XFS, or read-only).
     UnsupportedFilesystem,
+    /// Being read when the run was interrupted (SIGINT/SIGTERM): a large
+    /// file is left part way instead of holding the run until its end.
+    Interrupted,
 }
 
 /// A per-file problem: recorded, reported at the end, never fatal.

@@ -400,7 +400,23 @@ fn a_huge_sparse_file_does_not_hold_an_interruption(kind: FsKind) {
         .set_len(100 << 30)
         .unwrap();
     let (child, what) = spawn_dedupe(&[&root], &["--no-catalog"]);
-    std::thread::sleep(std::time::Duration::from_secs(3));
+    // Signalled once it is inside the big file: 256 MiB read (the rest
+    // of the tree is a few MiB).
+    let rchar = || {
+        let io = std::fs::read_to_string(format!("/proc/{}/io", child.id())).unwrap_or_default();
+        io.lines()
+            .find_map(|l| l.strip_prefix("rchar: "))
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let start = std::time::Instant::now();
+    while rchar() < 256 << 20 {
+        assert!(
+            start.elapsed().as_secs() < 120,
+            "the big file was never read"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     let t = std::time::Instant::now();
     send_signal(child.id(), libc::SIGINT);
     let out = wait_outcome(child, what);

@@ -147,6 +147,29 @@ pub enum CatalogError {
 }
 
 impl CatalogError {
+    /// A failure of the machine, not of the catalog's bytes: I/O, a full
+    /// disk, a lock held, no permission, no memory.
+    pub fn is_circumstance(&self) -> bool {
+        use rusqlite::ErrorCode as C;
+        match self {
+            CatalogError::Io { .. } => true,
+            CatalogError::Sqlite { source, .. } => matches!(
+                source.sqlite_error_code(),
+                Some(
+                    C::DiskFull
+                        | C::SystemIoFailure
+                        | C::DatabaseBusy
+                        | C::DatabaseLocked
+                        | C::CannotOpen
+                        | C::ReadOnly
+                        | C::PermissionDenied
+                        | C::OutOfMemory
+                )
+            ),
+            _ => false,
+        }
+    }
+
     /// The catalog file itself is damaged (not an I/O or usage error):
     /// it should be set aside and rebuilt.
     pub fn is_damage(&self) -> bool {
@@ -733,21 +756,16 @@ impl Catalog {
         match Catalog::open(path, block_size).and_then(|c| c.for_each(f).map(|()| c)) {
             Ok(c) => Ok((c, None)),
             Err(e @ CatalogError::NotACatalog { .. }) if !own => Err(e),
-            // Damage, another format, or a file in our place: rebuilt.
-            // Anything else (a full disk, I/O, a lock) says nothing against
-            // the catalog, which stays for the next run.
-            Err(why)
-                if why.is_damage()
-                    || matches!(
-                        why,
-                        CatalogError::Version { .. } | CatalogError::NotACatalog { .. }
-                    ) =>
-            {
+            // A full disk, I/O, a lock or a permission says nothing
+            // against the catalog: it stays for the next run.
+            Err(e) if e.is_circumstance() => Err(e),
+            // Damage (whatever form SQLite or decoding gives it), another
+            // format, a file in our place: rebuilt.
+            Err(why) => {
                 Self::set_aside(path, own)?;
                 let c = Catalog::open(path, block_size)?;
                 Ok((c, Some(why)))
             }
-            Err(e) => Err(e),
         }
     }
 

@@ -34,14 +34,9 @@ pub enum Existing {
 
 /// Looks at `path` without modifying it.
 pub fn identify(path: &Path) -> std::io::Result<Existing> {
-    use std::os::unix::fs::OpenOptionsExt;
-    // O_NONBLOCK: a FIFO named as the catalog opens at once (and is then
-    // foreign) instead of waiting for a writer.
-    let opened = std::fs::File::options()
-        .read(true)
-        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
-        .open(path);
-    let mut f = match opened {
+    // A FIFO named as the catalog opens at once (and is then foreign)
+    // instead of waiting for a writer.
+    let mut f = match onecopy_scan::longpath::open_nonblocking(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Existing::Nothing),
         Err(e) => return Err(e),

@@ -154,18 +154,10 @@ fn check_args(a: &DedupeArgs) -> Result<u64, u8> {
     if a.threads == 0 {
         return Err(usage("--threads must be at least 1".into()));
     }
-    let mut infos = Vec::new();
-    for p in &a.paths {
-        let info = roots::check_root(p).map_err(|e| {
-            errln!("onecopy: {e}");
-            if e.is_usage() {
-                exit::USAGE
-            } else {
-                exit::REFUSED
-            }
-        })?;
-        infos.push(info.block_size);
-    }
+    let infos: Vec<u64> = check_roots(&a.paths, "onecopy")?
+        .iter()
+        .map(|i| i.block_size)
+        .collect();
     let fs_max = infos.iter().copied().max().unwrap_or(0);
     let block = a.block_size.unwrap_or(fs_max.max(DEFAULT_BLOCK));
     for fs_block in infos {
@@ -532,6 +524,26 @@ fn foreign_hashfile(a: &DedupeArgs) -> Option<String> {
     let path = a.hashfile.as_ref().filter(|_| !a.no_catalog)?;
     (onecopy_catalog::identify(path).ok()? == onecopy_catalog::Existing::Foreign)
         .then(|| onecopy_catalog::CatalogError::NotACatalog { path: path.clone() }.to_string())
+}
+
+/// The filesystem of every root, checked for deduping (`dedupe` and
+/// `watch`); or the exit code of the first that fails, said on stderr
+/// after `who`: 2 for a path that cannot be opened, 3 for a filesystem
+/// that refuses.
+pub fn check_roots(paths: &[PathBuf], who: &str) -> Result<Vec<onecopy_ioctl::fs::FsInfo>, u8> {
+    paths
+        .iter()
+        .map(|p| {
+            roots::check_root(p).map_err(|e| {
+                errln!("{who}: {e}");
+                if e.is_usage() {
+                    exit::USAGE
+                } else {
+                    exit::REFUSED
+                }
+            })
+        })
+        .collect()
 }
 
 /// Free bytes summed over the distinct filesystems of `paths`, after

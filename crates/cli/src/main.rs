@@ -28,10 +28,9 @@ macro_rules! out {
 /// `eprintln!` that never panics: a message that cannot be written (a
 /// mount's log on a full disk, stderr closed) is lost, never fatal.
 macro_rules! errln {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), $($arg)*);
-    }};
+    ($($arg:tt)*) => {
+        onecopy_store::warn!($($arg)*)
+    };
 }
 
 mod args;

@@ -99,15 +99,8 @@ pub fn run(a: WatchArgs) -> anyhow::Result<u8> {
     // Checked as `dedupe` checks them, with its exit codes: a root that
     // is not there is a usage error, one that cannot be deduped is
     // refused (watch used to say so and then wait for ever).
-    for p in &a.paths {
-        if let Err(e) = onecopy_dedupe::roots::check_root(p) {
-            errln!("onecopy watch: {e}");
-            return Ok(if e.is_usage() {
-                exit::USAGE
-            } else {
-                exit::REFUSED
-            });
-        }
+    if let Err(code) = crate::dedupe_cmd::check_roots(&a.paths, "onecopy watch") {
+        return Ok(code);
     }
     let roots = canonical_roots(&a.paths)?;
     let stop = Arc::new(AtomicBool::new(false));

@@ -21,6 +21,14 @@ pub const FATAL: u8 = 4;
 /// Interrupted (SIGINT/SIGTERM); what was done so far is reported.
 pub const INTERRUPTED: u8 = 130;
 
+/// Writes a command's output to stdout ([`stdout_failed`] on failure).
+pub fn write_out(args: std::fmt::Arguments) {
+    use std::io::Write as _;
+    if let Err(e) = std::io::stdout().lock().write_fmt(args) {
+        stdout_failed(e);
+    }
+}
+
 /// Writing a command's output failed: a reader that went away ends the
 /// process by SIGPIPE, as it ends `ls | head`'s `ls` (Rust ignores the
 /// signal, so it is raised again here); any other failure is an I/O

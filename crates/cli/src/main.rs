@@ -5,24 +5,19 @@
 /// the process as SIGPIPE ends `ls`; any other failure (stdout on a full
 /// disk) is reported on stderr, exit 4 ([`exit::stdout_failed`]).
 macro_rules! outln {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let mut out = std::io::stdout().lock();
-        if let Err(e) = writeln!(out, $($arg)*) {
-            $crate::exit::stdout_failed(e);
-        }
-    }};
+    () => {
+        $crate::exit::write_out(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::exit::write_out(format_args!("{}\n", format_args!($($arg)*)))
+    };
 }
 
 /// `print!` as [`outln!`] is `println!`.
 macro_rules! out {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let mut out = std::io::stdout().lock();
-        if let Err(e) = write!(out, $($arg)*) {
-            $crate::exit::stdout_failed(e);
-        }
-    }};
+    ($($arg:tt)*) => {
+        $crate::exit::write_out(format_args!($($arg)*))
+    };
 }
 
 /// `eprintln!` that never panics: a message that cannot be written (a

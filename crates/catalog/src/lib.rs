@@ -1026,22 +1026,9 @@ mod tests {
     /// (a 2 MiB tmpfs).
     #[test]
     fn a_full_disk_is_not_damage() {
-        let d = tempfile::tempdir().unwrap();
-        let m = d.path().join("m");
-        std::fs::create_dir(&m).unwrap();
-        let mount = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "size=2m", "tmpfs"])
-            .arg(&m)
-            .status()
-            .unwrap();
-        assert!(mount.success(), "mount tmpfs (needs root)");
-        struct Unmount<'a>(&'a Path);
-        impl Drop for Unmount<'_> {
-            fn drop(&mut self) {
-                let _ = std::process::Command::new("umount").arg(self.0).status();
-            }
-        }
-        let _u = Unmount(&m);
+        let fs = onecopy_testfs::LoopFs::new(onecopy_testfs::FsKind::Tmpfs, 2 << 20)
+            .expect("a 2 MiB tmpfs (needs root)");
+        let m = fs.path();
         let p = m.join("c.sqlite");
         let mut c = Catalog::open(&p, 65536).unwrap();
         c.commit_run(&[], (1..50).map(rec).collect::<Vec<_>>(), &[])

@@ -241,6 +241,11 @@ fn extend(
     let k = src.block as usize;
     let mut source = BlockCursor::new(g.blocks);
     let mut len = 1usize;
+    // Trailing zero blocks add nothing a run needs: it ends after its last
+    // other block (the first is one: zero blocks start no run). Kept as
+    // the run grows, not found by walking back: a paged list read
+    // backwards costs a batch per block.
+    let mut end = 1usize;
     while len < limit && k + len < g.blocks.len() {
         let Some(d) = win(len) else { break };
         let at = BlockRef {
@@ -252,12 +257,11 @@ fn extend(
             break;
         }
         len += 1;
+        if d != zero {
+            end = len;
+        }
     }
-    // Trailing zero blocks add nothing a run needs.
-    while len > 1 && win(len - 1) == Some(zero) {
-        len -= 1;
-    }
-    len
+    end
 }
 
 /// The digests of the block-sized windows of one file, by position: a
@@ -704,6 +708,17 @@ mod tests {
     fn runs_continue_through_zero_blocks() {
         let a = [1, Z, 2, 5];
         let b = [1, Z, 2, 6];
+        let p = plan(&[pf(&a), pf(&b)], &opts());
+        assert_eq!(p.ops.len(), 1);
+        assert_eq!(p.ops[0].len, 3 * BS);
+    }
+
+    /// A run ends at its last non-zero block, however many zero blocks
+    /// follow before the files differ.
+    #[test]
+    fn runs_end_before_trailing_zero_blocks() {
+        let a = [1, Z, 2, Z, Z, Z, 5];
+        let b = [1, Z, 2, Z, Z, Z, 6];
         let p = plan(&[pf(&a), pf(&b)], &opts());
         assert_eq!(p.ops.len(), 1);
         assert_eq!(p.ops[0].len, 3 * BS);

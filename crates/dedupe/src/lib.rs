@@ -805,6 +805,16 @@ fn share(
             .filter(|&k| pending[k].done == done)
             .take(MAX_DESTS_PER_CALL)
             .collect();
+        let len = match next_span(op, src, done, group.iter().map(|&k| &pending[k])) {
+            Span::Data(len) => len,
+            Span::Holes(n) => {
+                for &k in &group {
+                    pending[k].done += n;
+                }
+                ids.retain(|&k| pending[k].done < op.len);
+                continue;
+            }
+        };
         let dests: Vec<DedupeDest<'_>> = group
             .iter()
             .map(|&k| DedupeDest {
@@ -813,7 +823,7 @@ fn share(
             })
             .collect();
         rep.stats.dedupe_ioctls += 1;
-        let res = dedupe_range(src.as_fd(), op.src_offset + done, op.len - done, &dests);
+        let res = dedupe_range(src.as_fd(), op.src_offset + done, len, &dests);
         drop(dests);
         let statuses = match res {
             Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN)) => continue,
@@ -837,6 +847,52 @@ fn share(
             }
         }
         ids.retain(|k| !finished.contains(k));
+    }
+}
+
+/// What `op`'s range holds from `done` on, in `src` and the
+/// destinations of a group.
+#[derive(Debug, PartialEq, Eq)]
+enum Span {
+    /// Bytes that are a hole in all of them: there is nothing to share
+    /// there, and the kernel would only compare zeros (a minute per 100
+    /// GiB).
+    Holes(u64),
+    /// Bytes to share in one call: up to where each of them has reached a
+    /// hole (holes in only some of them are shared as any range is: a
+    /// destination's zeros become the source's hole).
+    Data(u64),
+}
+
+/// [`Span`] at `done`, from `SEEK_DATA` and `SEEK_HOLE` (the whole rest
+/// of the range where a filesystem does not tell). A file written
+/// meanwhile only loses a range to share: the kernel compares the bytes.
+fn next_span<'a>(op: &Op, src: &File, done: u64, group: impl Iterator<Item = &'a Pending>) -> Span {
+    use rustix::fs::{seek, SeekFrom};
+    let left = op.len - done;
+    // (bytes of hole at `at`, bytes to the first hole from `at`)
+    let look = |f: &File, at: u64| {
+        let hole = match seek(f, SeekFrom::Data(at)) {
+            Ok(data) => data.saturating_sub(at).min(left),
+            Err(rustix::io::Errno::NXIO) => left,
+            Err(_) => 0,
+        };
+        let data = match (hole, seek(f, SeekFrom::Hole(at))) {
+            (0, Ok(h)) => h.saturating_sub(at).min(left),
+            (0, Err(_)) => left,
+            _ => 0,
+        };
+        (hole, data)
+    };
+    let (mut holes, mut data) = look(src, op.src_offset + done);
+    for p in group {
+        let (h, d) = look(&p.f, p.offset + done);
+        holes = holes.min(h);
+        data = data.max(d);
+    }
+    match holes {
+        0 => Span::Data(data.max(1).min(left)),
+        n => Span::Holes(n),
     }
 }
 

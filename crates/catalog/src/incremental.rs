@@ -49,7 +49,9 @@ pub fn consult(
     mut classifier: Classifier<'_>,
 ) -> Consulted {
     classifier.one_sub_blocks = block_size == classifier.fs_block;
-    let opened = Catalog::open_and_scan(path, block_size, own, &mut |r| classifier.offer(r));
+    let spill = classifier.store.spill_handle();
+    let offer = &mut |r| classifier.offer(r);
+    let opened = Catalog::open_and_scan(path, block_size, (own, spill), offer);
     match opened {
         Ok((catalog, rebuilt)) => {
             if rebuilt.is_some() {
@@ -79,7 +81,8 @@ impl FileRecord {
     /// filesystem `fs_key`, as run `last_seen` leaves it (`settled`);
     /// `None` if `store` could not give all its digests back (its scratch
     /// file failed): no record is better than one with digests missing,
-    /// the file is then read again by a later run.
+    /// the file is then read again by a later run. A long list stays in
+    /// the scratch file: the catalog reads it from there in pieces.
     pub fn of(
         fs_key: &str,
         f: &HashedFile,
@@ -98,7 +101,11 @@ impl FileRecord {
             ctime_ns: f.entry.ctime_ns,
             nlink: f.entry.nlink.into(),
             whole: f.whole(),
-            blocks: f.blocks(store).to_vec_checked()?,
+            blocks: match f.digests.is_long() {
+                true => Vec::new(),
+                false => f.blocks(store).to_vec_checked()?,
+            },
+            long: f.digests.is_long().then_some(f.digests),
             flags: f.inode_flags,
             settled,
             last_seen,
@@ -183,7 +190,7 @@ impl Hit {
             // damaged record) only fails to match.
             generation: rec.generation as u32,
             whole: rec.whole,
-            blocks: store.push(&rec.blocks, &[]),
+            blocks: rec.long.unwrap_or_else(|| store.push(&rec.blocks, &[])),
         }
     }
 }
@@ -332,7 +339,12 @@ impl<'a> Classifier<'a> {
 
     /// Whether `rec`'s digests are of the scheme this run computes.
     fn current_scheme(&self, rec: &FileRecord) -> bool {
-        !self.one_sub_blocks || rec.blocks.iter().all(|&b| sub_of_block(b).is_some())
+        match rec.long {
+            _ if !self.one_sub_blocks => true,
+            // Read as a packed blob, or it is not trusted.
+            Some(d) => d.one_sub(),
+            None => rec.blocks.iter().all(|&b| sub_of_block(b).is_some()),
+        }
     }
 
     /// Forgets every record offered so far (the catalog turned out
@@ -406,6 +418,7 @@ mod tests {
             nlink: e.nlink.into(),
             whole: e.ino as u128,
             blocks: vec![e.ino as u128],
+            long: None,
             flags: 0,
             settled: true,
             last_seen: 1,

@@ -1,7 +1,7 @@
 //! The persistent catalog: what onecopy learned about each file, so that an
 //! unchanged file is never read twice.
 //!
-//! # On-disk format (version 5)
+//! # On-disk format (version 6)
 //!
 //! One SQLite database (WAL journal, `synchronous=NORMAL`) per catalog file.
 //! `PRAGMA user_version` holds [`FORMAT_VERSION`] and the `meta` table holds
@@ -32,7 +32,19 @@
 //!   last_seen INTEGER,                      -- run number
 //!   checksum INTEGER,                       -- XXH3-64 of all fields above
 //!   UNIQUE (fs, subvol, ino));              -- a rowid table: see below
+//! CREATE TABLE lists (                      -- since version 6
+//!   fs TEXT, subvol INTEGER, ino INTEGER,   -- a record's key
+//!   blocks BLOB,                            -- as `files.blocks`, when that is 0x02
+//!   UNIQUE (fs, subvol, ino));
 //! ```
+//!
+//! A list of more than [`LONG_LIST`](onecopy_scan::LONG_LIST) blocks is kept in `lists`, and its
+//! record's `blocks` is the single byte 0x02: there the blob is a row's
+//! last column, so SQLite writes it in pieces (`zeroblob`, then
+//! incremental blob I/O) without first making it whole in RAM, as it
+//! would for a column followed by others. Every transaction that changes
+//! `files` drops the `lists` rows no record refers to. Format 6 only adds
+//! the table: a format 4 or 5 catalog opens as one.
 //!
 //! A rowid table with a unique index, not a `WITHOUT ROWID` table keyed by
 //! the identity: records carry digest blobs that overflow their pages, and
@@ -50,6 +62,15 @@
 //! the kernel verifies every dedupe byte by byte anyway. SQLite's journal makes
 //! the commit atomic. Each record carries a checksum, so a damaged page that
 //! SQLite itself does not notice is still detected on load.
+//!
+//! # Memory
+//!
+//! A record's digests are held whole only up to [`LONG_LIST`](onecopy_scan::LONG_LIST) blocks. A
+//! longer list (a file of more than 256 MiB at 4 KiB blocks) goes between
+//! its `lists` blob and the run's scratch file ([`SpillHandle`]) in
+//! pieces, so that a 1 TiB file costs the run no more RAM than a small
+//! one. A blob longer than SQLite allows (1 GB: a file over about 476 GiB
+//! at 4 KiB blocks) is not written: that file is read again by each run.
 
 mod identify;
 mod incremental;
@@ -60,12 +81,13 @@ pub use incremental::{classify, consult, Classified, Classifier, Consulted};
 
 use std::path::{Path, PathBuf};
 
-use onecopy_digest::{block_of_sub, sub_of_block};
+use onecopy_digest::{block_of_sub, sub_of_block, Blocks};
+use onecopy_scan::{Digests, SpillHandle};
 use rusqlite::{params, Connection, OpenFlags};
 use xxhash_rust::xxh3::Xxh3;
 
 /// The catalog format this build reads and writes.
-pub const FORMAT_VERSION: i64 = 5;
+pub const FORMAT_VERSION: i64 = 6;
 const MAGIC: &str = "onecopy-catalog";
 
 /// A catalog, its records, and why it was rebuilt if it was
@@ -85,7 +107,11 @@ pub struct FileRecord {
     pub ctime_ns: i64,
     pub nlink: u64,
     pub whole: u128,
+    /// Its block digests; empty when they are `long`.
     pub blocks: Vec<u128>,
+    /// A list of more than [`LONG_LIST`](onecopy_scan::LONG_LIST) blocks, in the run's scratch
+    /// file instead of `blocks` (see the module's "Memory").
+    pub long: Option<Digests>,
     pub flags: u32,
     pub settled: bool,
     pub last_seen: u64,
@@ -93,6 +119,16 @@ pub struct FileRecord {
 
 impl FileRecord {
     fn checksum(&self) -> i64 {
+        let mut h = self.checksum_head();
+        for d in &self.blocks {
+            h.update(&d.to_le_bytes());
+        }
+        self.checksum_tail(h)
+    }
+
+    /// The checksum's hash over the fields before the digests; they follow,
+    /// then [`FileRecord::checksum_tail`].
+    fn checksum_head(&self) -> Xxh3 {
         use std::os::unix::ffi::OsStrExt;
         let mut h = Xxh3::new();
         h.update(self.fs.as_bytes());
@@ -112,9 +148,10 @@ impl FileRecord {
         h.update(&self.whole.to_le_bytes());
         // Over the 16-byte digests whatever the blob's packing, so that
         // format 4 records keep their checksums.
-        for d in &self.blocks {
-            h.update(&d.to_le_bytes());
-        }
+        h
+    }
+
+    fn checksum_tail(&self, mut h: Xxh3) -> i64 {
         h.update(&self.flags.to_le_bytes());
         h.update(&[self.settled as u8]);
         h.update(&self.last_seen.to_le_bytes());
@@ -243,6 +280,10 @@ pub struct Catalog {
     run: u64,
     /// `meta.records` as read at open (`None`: written before it existed).
     records: Option<u64>,
+    /// Where long lists go as they are read, and come from as they are
+    /// written ([`Catalog::open_and_scan`]); without it they are read into
+    /// RAM, and records that have them are not written.
+    spill: Option<SpillHandle>,
 }
 
 /// An order-independent summary of `(key, rowid)` pairs: the table and
@@ -327,11 +368,17 @@ fn one_number(path: &Path, name: &str, rows: &[String]) -> Result<Option<u64>, C
     }
 }
 
-/// Counts `files` (SQLite counts through the smallest index, the unique
-/// key, a structure apart from the table that loading scans) and records
-/// the count in `meta`. Called inside each transaction that changes
-/// `files`.
+/// Drops the `lists` rows no record refers to, counts `files` (SQLite
+/// counts through the smallest index, the unique key, a structure apart
+/// from the table that loading scans) and records the count in `meta`.
+/// Called inside each transaction that changes `files`.
 fn store_record_count(conn: &Connection) -> rusqlite::Result<u64> {
+    conn.execute(
+        "DELETE FROM lists WHERE NOT EXISTS (SELECT 1 FROM files f
+           WHERE f.fs = lists.fs AND f.subvol = lists.subvol AND f.ino = lists.ino
+             AND f.blocks = ?1)",
+        [IN_LISTS],
+    )?;
     let n: i64 = conn.query_row("SELECT count(*) FROM files", [], |r| r.get(0))?;
     conn.execute(
         "INSERT OR REPLACE INTO meta VALUES ('records', ?1)",
@@ -345,6 +392,10 @@ fn store_record_count(conn: &Connection) -> rusqlite::Result<u64> {
 /// sub-digest. A packed blob is 1 + 8n bytes, never a multiple of 16,
 /// so it cannot be mistaken for a blob of 16-byte digests.
 const PACKED: u8 = 1;
+
+/// The whole `blocks` blob of a record whose list is in `lists` (format
+/// 6).
+const IN_LISTS: &[u8] = &[2];
 
 /// The `blocks` blob of `v`: packed (8 B per block) when every digest is
 /// a single filesystem block's ([`sub_of_block`]; all of them at the
@@ -387,14 +438,19 @@ pub fn blob_to_digests(b: &[u8]) -> Option<Vec<u128>> {
 }
 
 /// The record in row `r` of [`Catalog::scan_each`]'s query, its
-/// checksum checked.
-fn row_record(r: &rusqlite::Row<'_>, path: &Path) -> Result<FileRecord, CatalogError> {
+/// checksum checked; a list kept in `lists` goes to `spill` in pieces, or,
+/// without one, into `blocks`.
+fn row_record(
+    r: &rusqlite::Row<'_>,
+    path: &Path,
+    (conn, spill): (&Connection, Option<&SpillHandle>),
+) -> Result<FileRecord, CatalogError> {
     use std::os::unix::ffi::OsStringExt;
     let sq = sqlite_err(path);
     let corrupt = |what: &str| corrupt_err(path, what);
     let whole: Vec<u8> = r.get(8).map_err(sq)?;
     let blocks: Vec<u8> = r.get(9).map_err(sq)?;
-    let rec = FileRecord {
+    let mut rec = FileRecord {
         fs: r.get(0).map_err(sq)?,
         subvol: r.get::<_, i64>(1).map_err(sq)? as u64,
         ino: r.get::<_, i64>(2).map_err(sq)? as u64,
@@ -412,28 +468,131 @@ fn row_record(r: &rusqlite::Row<'_>, path: &Path) -> Result<FileRecord, CatalogE
                 .try_into()
                 .map_err(|_| corrupt("whole digest"))?,
         ),
-        blocks: blob_to_digests(&blocks).ok_or_else(|| corrupt("block digests"))?,
+        blocks: Vec::new(),
+        long: None,
         flags: r.get::<_, i64>(10).map_err(sq)? as u32,
         settled: r.get::<_, i64>(11).map_err(sq)? != 0,
         last_seen: r.get::<_, i64>(12).map_err(sq)? as u64,
     };
     let sum: i64 = r.get(13).map_err(sq)?;
-    if sum != rec.checksum() {
+    let found = if blocks == IN_LISTS {
+        read_list(conn, spill, &mut rec, path)?
+    } else {
+        rec.blocks = blob_to_digests(&blocks).ok_or_else(|| corrupt("block digests"))?;
+        rec.checksum()
+    };
+    if sum != found {
         return Err(corrupt("checksum mismatch"));
     }
     Ok(rec)
 }
 
-/// Writes `upserts`, replacing the records of the same keys.
+/// Blocks moved between a `lists` blob and the scratch file at once.
+const PIECE: usize = 1 << 14;
+
+/// Whether a `blocks` blob of `len` bytes is packed, and its blocks.
+fn blob_shape(len: u64) -> Option<(bool, u64)> {
+    if len.is_multiple_of(16) {
+        Some((false, len / 16))
+    } else if len > 1 && (len - 1).is_multiple_of(8) {
+        Some((true, (len - 1) / 8))
+    } else {
+        None
+    }
+}
+
+/// Reads `rec`'s list from `lists` in pieces, into `spill` (then
+/// `rec.long`) or, without one, into `rec.blocks`; `rec`'s checksum over
+/// it.
+fn read_list(
+    conn: &Connection,
+    spill: Option<&SpillHandle>,
+    rec: &mut FileRecord,
+    path: &Path,
+) -> Result<i64, CatalogError> {
+    use rusqlite::OptionalExtension;
+    use std::io::Read;
+    let sq = sqlite_err(path);
+    let corrupt = || corrupt_err(path, "block digests");
+    let io = |source| io_err(path)(source);
+    let found: Option<(i64, i64)> = conn
+        .query_row(
+            "SELECT rowid, length(blocks) FROM lists WHERE fs = ?1 AND subvol = ?2 AND ino = ?3",
+            params![rec.fs, rec.subvol as i64, rec.ino as i64],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()
+        .map_err(sq)?;
+    let (rowid, len) = found.ok_or_else(corrupt)?;
+    let (packed, n) = blob_shape(len as u64).ok_or_else(corrupt)?;
+    let mut blob = conn
+        .blob_open(rusqlite::MAIN_DB, "lists", "blocks", rowid, true)
+        .map_err(sq)?;
+    let per = if packed {
+        let mut tag = [0u8];
+        blob.read_exact(&mut tag).map_err(io)?;
+        if tag[0] != PACKED {
+            return Err(corrupt());
+        }
+        8
+    } else {
+        16
+    };
+    let no_room = || io(std::io::Error::other("no room in the scratch file"));
+    let mut w = match spill {
+        Some(s) => Some((s, s.begin(n, packed).ok_or_else(no_room)?)),
+        None => None,
+    };
+    let mut h = rec.checksum_head();
+    let (mut bytes, mut piece) = (Vec::new(), Vec::new());
+    let mut left = n as usize;
+    while left > 0 {
+        let k = left.min(PIECE);
+        bytes.resize(k * per, 0);
+        blob.read_exact(&mut bytes).map_err(io)?;
+        piece.clear();
+        piece.extend(bytes.chunks_exact(per).map(|c| match c.len() {
+            8 => block_of_sub(u64::from_le_bytes(c.try_into().unwrap())),
+            _ => u128::from_le_bytes(c.try_into().unwrap()),
+        }));
+        piece.iter().for_each(|d| h.update(&d.to_le_bytes()));
+        match &mut w {
+            Some((s, w)) => s.write(w, &piece).map_err(io)?,
+            None => rec.blocks.extend_from_slice(&piece),
+        }
+        left -= k;
+    }
+    if let Some((s, w)) = w {
+        rec.long = Some(s.finish(w).ok_or_else(no_room)?);
+    }
+    Ok(rec.checksum_tail(h))
+}
+
+/// Writes `upserts`, replacing the records of the same keys. A record
+/// with a long list is written from `spill` in pieces, or, when that can
+/// not be (no scratch file, a list it could not give back, a blob longer
+/// than SQLite allows), not at all: its old record goes, and its file is
+/// read again by the next run.
 fn upsert_records(
     conn: &Connection,
     upserts: impl IntoIterator<Item = FileRecord>,
+    spill: Option<&SpillHandle>,
 ) -> rusqlite::Result<()> {
     use std::os::unix::ffi::OsStrExt;
     let mut ins = conn.prepare(
         "INSERT OR REPLACE INTO files (fs, subvol, ino, generation, path, size, mtime_ns, ctime_ns, whole, blocks, flags, settled, last_seen, checksum, nlink) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
     )?;
     for r in upserts {
+        let long = r.long.and_then(|d| spill.map(|s| s.blocks(&d)));
+        let (blob, sum) = match (r.long, long.as_ref().and_then(list_blob_len)) {
+            (None, _) => (digests_to_blob(&r.blocks), r.checksum()),
+            // Its checksum once its list is written.
+            (Some(_), Some(_)) => (IN_LISTS.to_vec(), 0),
+            (Some(_), None) => {
+                delete_records(conn, &[(r.fs.clone(), r.subvol, r.ino)])?;
+                continue;
+            }
+        };
         ins.execute(params![
             r.fs,
             r.subvol as i64,
@@ -444,15 +603,89 @@ fn upsert_records(
             r.mtime_ns,
             r.ctime_ns,
             &r.whole.to_le_bytes()[..],
-            digests_to_blob(&r.blocks),
+            blob,
             r.flags as i64,
             r.settled as i64,
             r.last_seen as i64,
-            r.checksum(),
+            sum,
             r.nlink as i64,
         ])?;
+        if let Some(b) = long {
+            write_list(conn, conn.last_insert_rowid(), b, &r)?;
+        }
     }
     Ok(())
+}
+
+/// SQLite's longest blob (its default `SQLITE_MAX_LENGTH`, which the
+/// bundled build keeps).
+const MAX_BLOB: u64 = 1_000_000_000;
+
+/// The length of the `lists` blob of `b` (packed when it is a list of
+/// single sub-blocks), if SQLite can hold it.
+fn list_blob_len(b: &Blocks<'_>) -> Option<i64> {
+    let n = b.len() as u64;
+    let len = match b {
+        Blocks::Paged { one_sub: true, .. } => 1 + 8 * n,
+        _ => 16 * n,
+    };
+    (len <= MAX_BLOB).then_some(len as i64)
+}
+
+/// Writes `b`, the long list of `r` (the record in `files` row `rowid`),
+/// into `lists` in pieces, then `r`'s checksum; the record goes if the
+/// list can not be read whole (its file is read again by the next run).
+fn write_list(
+    conn: &Connection,
+    rowid: i64,
+    b: Blocks<'_>,
+    r: &FileRecord,
+) -> rusqlite::Result<()> {
+    use std::io::Write;
+    let packed = matches!(b, Blocks::Paged { one_sub: true, .. });
+    conn.execute(
+        "INSERT OR REPLACE INTO lists (fs, subvol, ino, blocks) VALUES (?1, ?2, ?3, zeroblob(?4))",
+        params![r.fs, r.subvol as i64, r.ino as i64, list_blob_len(&b)],
+    )?;
+    let list = conn.last_insert_rowid();
+    let mut blob = conn.blob_open(rusqlite::MAIN_DB, "lists", "blocks", list, false)?;
+    let mut h = r.checksum_head();
+    let mut bytes = Vec::new();
+    if packed {
+        bytes.push(PACKED);
+    }
+    let mut piece = Vec::new();
+    let mut at = 0;
+    while at < b.len() {
+        piece.clear();
+        let got = b.read(at, &mut piece, PIECE);
+        if got == 0 {
+            drop(blob);
+            conn.execute("DELETE FROM files WHERE rowid = ?1", [rowid])?;
+            return Ok(());
+        }
+        for d in &piece {
+            h.update(&d.to_le_bytes());
+            match packed {
+                true => bytes.extend_from_slice(&(*d as u64).to_le_bytes()),
+                false => bytes.extend_from_slice(&d.to_le_bytes()),
+            }
+        }
+        blob.write_all(&bytes).map_err(io_to_sqlite)?;
+        bytes.clear();
+        at += got;
+    }
+    drop(blob);
+    let sum = r.checksum_tail(h);
+    conn.execute(
+        "UPDATE files SET checksum = ?1 WHERE rowid = ?2",
+        params![sum, rowid],
+    )?;
+    Ok(())
+}
+
+fn io_to_sqlite(e: std::io::Error) -> rusqlite::Error {
+    rusqlite::Error::ToSqlConversionFailure(Box::new(e))
 }
 
 /// Deletes the records of the keys (fs, subvol, ino) in `deletes`.
@@ -576,6 +809,9 @@ fn create_tables(conn: &Connection, path: &Path, block_size: u64) -> Result<(), 
            settled INTEGER NOT NULL, last_seen INTEGER NOT NULL, checksum INTEGER NOT NULL,
            UNIQUE (fs, subvol, ino));
          CREATE TABLE runs (run INTEGER PRIMARY KEY, started INTEGER NOT NULL, roots TEXT NOT NULL);
+         CREATE TABLE lists (
+           fs TEXT NOT NULL, subvol INTEGER NOT NULL, ino INTEGER NOT NULL, blocks BLOB NOT NULL,
+           UNIQUE (fs, subvol, ino));
          COMMIT;",
     )
     .map_err(sq)?;
@@ -649,11 +885,19 @@ impl Catalog {
         let (conn, version) = connect(path, fresh)?;
         if fresh || version == 0 {
             create_tables(&conn, path, block_size)?;
-        } else if version == 4 {
-            // Format 5 only adds packed blobs: a format 4 catalog is one
-            // already (older binaries then see 5 and rebuild theirs).
-            conn.pragma_update(None, "user_version", FORMAT_VERSION)
-                .map_err(sq)?;
+        } else if version == 4 || version == 5 {
+            // Format 5 only adds packed blobs, 6 the `lists` table: older
+            // catalogs are one once it is there (older binaries then see
+            // 6 and rebuild theirs).
+            conn.execute_batch(
+                "BEGIN;
+                 CREATE TABLE IF NOT EXISTS lists (
+                   fs TEXT NOT NULL, subvol INTEGER NOT NULL, ino INTEGER NOT NULL,
+                   blocks BLOB NOT NULL, UNIQUE (fs, subvol, ino));
+                 PRAGMA user_version = 6;
+                 COMMIT;",
+            )
+            .map_err(sq)?;
         } else if version != FORMAT_VERSION {
             return Err(CatalogError::Version {
                 path: path.to_path_buf(),
@@ -674,6 +918,7 @@ impl Catalog {
             path: path.to_path_buf(),
             run,
             records,
+            spill: None,
         })
     }
 
@@ -725,7 +970,8 @@ impl Catalog {
 
     fn rebuild_if(path: &Path, block_size: u64, own: bool) -> Result<Loaded, CatalogError> {
         let mut records = Vec::new();
-        let (c, why) = Self::scan_or_rebuild(path, block_size, own, &mut |r| records.push(r))?;
+        let keep = &mut |r| records.push(r);
+        let (c, why) = Self::scan_or_rebuild(path, block_size, (own, None), keep)?;
         if why.is_some() {
             records = Vec::new();
         }
@@ -737,23 +983,31 @@ impl Catalog {
     /// run reads the catalog once and keeps no list of records. When a
     /// record fails its check part way, the catalog is set aside and
     /// rebuilt, and the reason is returned: `f` has then seen some records
-    /// of the old catalog, which the caller must forget.
+    /// of the old catalog, which the caller must forget. Long lists go to
+    /// `spill` as they are read, and come from it when the catalog is
+    /// written (see the module's "Memory").
     pub fn open_and_scan(
         path: &Path,
         block_size: u64,
-        own: bool,
+        (own, spill): (bool, Option<SpillHandle>),
         f: &mut dyn FnMut(FileRecord),
     ) -> Result<(Catalog, Option<CatalogError>), CatalogError> {
-        Self::scan_or_rebuild(path, block_size, own, f)
+        Self::scan_or_rebuild(path, block_size, (own, spill), f)
     }
 
     fn scan_or_rebuild(
         path: &Path,
         block_size: u64,
-        own: bool,
+        (own, spill): (bool, Option<SpillHandle>),
         f: &mut dyn FnMut(FileRecord),
     ) -> Result<(Catalog, Option<CatalogError>), CatalogError> {
-        match Catalog::open(path, block_size).and_then(|c| c.for_each(f).map(|()| c)) {
+        let open = |path| {
+            Catalog::open(path, block_size).map(|c| Catalog {
+                spill: spill.clone(),
+                ..c
+            })
+        };
+        match open(path).and_then(|c| c.for_each(f).map(|()| c)) {
             Ok(c) => Ok((c, None)),
             Err(e @ CatalogError::NotACatalog { .. }) if !own => Err(e),
             // A full disk, I/O, a lock or a permission says nothing
@@ -763,8 +1017,7 @@ impl Catalog {
             // format, a file in our place: rebuilt.
             Err(why) => {
                 Self::set_aside(path, own)?;
-                let c = Catalog::open(path, block_size)?;
-                Ok((c, Some(why)))
+                Ok((open(path)?, Some(why)))
             }
         }
     }
@@ -863,10 +1116,11 @@ impl Catalog {
                         flags, settled, last_seen, checksum, nlink, rowid FROM files NOT INDEXED",
             )
             .map_err(sq)?;
+        let long = (&self.conn, self.spill.as_ref());
         let mut rows = st.query([]).map_err(sq)?;
         let mut keys = KeySum::default();
         while let Some(r) = rows.next().map_err(sq)? {
-            let rec = row_record(r, &self.path)?;
+            let rec = row_record(r, &self.path, long)?;
             keys.add(&rec.fs, rec.subvol, rec.ino, r.get(15).map_err(sq)?);
             f(rec);
         }
@@ -917,7 +1171,7 @@ impl Catalog {
     ) -> Result<(), CatalogError> {
         let sq = sqlite_err(&self.path);
         let tx = self.conn.transaction().map_err(sq)?;
-        upsert_records(&tx, upserts).map_err(sq)?;
+        upsert_records(&tx, upserts, self.spill.as_ref()).map_err(sq)?;
         delete_records(&tx, deletes).map_err(sq)?;
         record_run(&tx, self.run, roots).map_err(sq)?;
         let records = store_record_count(&tx).map_err(sq)?;
@@ -942,15 +1196,7 @@ impl Catalog {
             source,
         };
         let tx = self.conn.transaction().map_err(sq)?;
-        {
-            let mut del = tx
-                .prepare("DELETE FROM files WHERE fs = ?1 AND subvol = ?2 AND ino = ?3")
-                .map_err(sq)?;
-            for (fs, sv, ino) in &gone {
-                del.execute(params![fs, *sv as i64, *ino as i64])
-                    .map_err(sq)?;
-            }
-        }
+        delete_records(&tx, &gone).map_err(sq)?;
         let records = store_record_count(&tx).map_err(sq)?;
         tx.commit().map_err(sq)?;
         self.records = Some(records);
@@ -1000,6 +1246,7 @@ impl Catalog {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use onecopy_scan::DigestStore;
 
     fn rec(ino: u64) -> FileRecord {
         FileRecord {
@@ -1014,6 +1261,7 @@ mod tests {
             nlink: 1,
             whole: 0xdead_beef,
             blocks: vec![1, 2, u128::MAX],
+            long: None,
             flags: 0,
             settled: false,
             last_seen: 1,
@@ -1255,9 +1503,9 @@ mod tests {
         assert!(blob_to_digests(&[PACKED, 0, 0]).is_none());
     }
 
-    /// A format 4 catalog (16-byte blobs only) opens as format 5 with its
-    /// records, checksums included; new records of 4 KiB matching are
-    /// then written packed, next to the old ones.
+    /// A format 4 catalog (16-byte blobs only, no `lists`) opens as the
+    /// current format with its records, checksums included; new records
+    /// of 4 KiB matching are then written packed, next to the old ones.
     #[test]
     fn format_4_catalogs_are_read_and_upgraded() {
         let d = tempfile::tempdir().unwrap();
@@ -1283,6 +1531,7 @@ mod tests {
             )
             .unwrap();
         store_record_count(&c.conn).unwrap();
+        c.conn.execute_batch("DROP TABLE lists").unwrap();
         c.conn.pragma_update(None, "user_version", 4).unwrap();
         drop(c);
         let mut c = Catalog::open(&p, 4096).unwrap();
@@ -1305,6 +1554,152 @@ mod tests {
             .unwrap();
         assert_eq!(len, 1 + 8 * 64);
         assert_eq!(c.load_all().unwrap().len(), 3);
+        let lists: i64 = c
+            .conn
+            .query_row("SELECT count(*) FROM lists", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(lists, 0);
+    }
+
+    /// `blocks` written to a scratch file in `dir` as a long list: the
+    /// store (kept alive), its handle, and where the list is.
+    fn long_list(
+        dir: &Path,
+        blocks: &[u128],
+        one_sub: bool,
+    ) -> (DigestStore, SpillHandle, Digests) {
+        let store = DigestStore::spilling_to(dir).unwrap();
+        let h = store.spill_handle().unwrap();
+        let mut w = h.begin(blocks.len() as u64, one_sub).unwrap();
+        for piece in blocks.chunks(1000) {
+            h.write(&mut w, piece).unwrap();
+        }
+        let d = h.finish(w).unwrap();
+        assert!(d.is_long());
+        (store, h, d)
+    }
+
+    fn long_digests(one_sub: bool) -> Vec<u128> {
+        let n = onecopy_scan::LONG_LIST + 10;
+        (0..n)
+            .map(|i| match one_sub {
+                true => block_of_sub(i * 77),
+                false => (i as u128) << 70 | 5,
+            })
+            .collect()
+    }
+
+    /// A record's long list goes to `lists` and back in pieces: read into
+    /// a scratch file by a run (a long list there, the same digests), or
+    /// into RAM by `load_all`; packed at 4 KiB matching, 16 B otherwise.
+    #[test]
+    fn long_lists_go_to_the_catalog_and_back_in_pieces() {
+        let d = tempfile::tempdir().unwrap();
+        for one_sub in [true, false] {
+            let p = d.path().join(format!("c-{one_sub}.sqlite"));
+            let want = long_digests(one_sub);
+            let (_store, h, list) = long_list(d.path(), &want, one_sub);
+            let mut long = rec(1);
+            long.blocks = Vec::new();
+            long.long = Some(list);
+            let (mut c, _) =
+                Catalog::open_and_scan(&p, 4096, (true, Some(h)), &mut |_| ()).unwrap();
+            c.commit_run(&[], [long.clone(), rec(2)], &[]).unwrap();
+            let (inline, listed): (Vec<u8>, i64) = c
+                .conn
+                .query_row(
+                    "SELECT f.blocks, length(l.blocks) FROM files f JOIN lists l USING (fs, subvol, ino)",
+                    [],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .unwrap();
+            assert_eq!(inline, IN_LISTS);
+            let n = want.len() as i64;
+            assert_eq!(listed, if one_sub { 1 + 8 * n } else { 16 * n });
+            drop(c);
+
+            let store2 = DigestStore::spilling_to(d.path()).unwrap();
+            let h2 = store2.spill_handle().unwrap();
+            let mut seen = Vec::new();
+            let (_c, why) =
+                Catalog::open_and_scan(&p, 4096, (true, Some(h2.clone())), &mut |r| seen.push(r))
+                    .unwrap();
+            assert!(why.is_none());
+            seen.sort_by_key(|r| r.ino);
+            assert_eq!(seen[1], rec(2));
+            let got = seen[0].long.expect("a long list in the scratch file");
+            assert!(seen[0].blocks.is_empty());
+            assert_eq!(h2.blocks(&got).to_vec(), want);
+
+            let mut all = Catalog::open(&p, 4096).unwrap().load_all().unwrap();
+            all.sort_by_key(|r| r.ino);
+            assert_eq!(all[0].blocks, want);
+            assert_eq!(all[0].long, None);
+        }
+    }
+
+    /// A list no record refers to goes in the same transaction: its record
+    /// rewritten short, or deleted, or forgotten.
+    #[test]
+    fn lists_without_their_record_go() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("c.sqlite");
+        let want = long_digests(true);
+        let (_store, h, list) = long_list(d.path(), &want, true);
+        let lists = |c: &Catalog| -> i64 {
+            c.conn
+                .query_row("SELECT count(*) FROM lists", [], |r| r.get(0))
+                .unwrap()
+        };
+        let (mut c, _) = Catalog::open_and_scan(&p, 4096, (true, Some(h)), &mut |_| ()).unwrap();
+        let long = |ino| FileRecord {
+            blocks: Vec::new(),
+            long: Some(list),
+            ..rec(ino)
+        };
+        c.commit_run(&[], [long(1), long(2), long(3)], &[]).unwrap();
+        assert_eq!(lists(&c), 3);
+        c.commit_run(&[], [rec(1)], &[]).unwrap();
+        assert_eq!(lists(&c), 2);
+        c.commit_run(&[], [], &[("uuid:ab".into(), 5, 2)]).unwrap();
+        assert_eq!(lists(&c), 1);
+        assert_eq!(c.forget(Path::new("/data/f3")).unwrap(), 1);
+        assert_eq!(lists(&c), 0);
+        assert_eq!(c.load_all().unwrap(), vec![rec(1)]);
+    }
+
+    /// A flipped byte in a list is found by its record's checksum, read
+    /// into a scratch file or into RAM; a record whose list is missing is
+    /// damage too.
+    #[test]
+    fn a_damaged_list_is_found() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("c.sqlite");
+        let (_store, h, list) = long_list(d.path(), &long_digests(false), false);
+        let (mut c, _) =
+            Catalog::open_and_scan(&p, 4096, (true, Some(h.clone())), &mut |_| ()).unwrap();
+        let long = FileRecord {
+            blocks: Vec::new(),
+            long: Some(list),
+            ..rec(1)
+        };
+        c.commit_run(&[], [long], &[]).unwrap();
+        {
+            use std::io::{Seek, SeekFrom, Write};
+            let mut b = c
+                .conn
+                .blob_open(rusqlite::MAIN_DB, "lists", "blocks", 1, false)
+                .unwrap();
+            b.seek(SeekFrom::Start(100)).unwrap();
+            b.write_all(&[0xff]).unwrap();
+        }
+        assert!(matches!(c.load_all(), Err(CatalogError::Corrupt { .. })));
+        assert!(matches!(
+            c.for_each(&mut |_| ()),
+            Err(CatalogError::Corrupt { .. })
+        ));
+        c.conn.execute("DELETE FROM lists", []).unwrap();
+        assert!(matches!(c.load_all(), Err(CatalogError::Corrupt { .. })));
     }
 
     /// Lists of single-filesystem-block digests are stored at 8 bytes per

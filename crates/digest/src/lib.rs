@@ -318,12 +318,25 @@ pub fn zero_block_digest(block_size: u64, sub_size: u64) -> BlockDigest {
 
 /// The digest of a whole file: of its block digests and its size.
 pub fn whole_digest(blocks: &[BlockDigest], size: u64) -> u128 {
-    let mut h = Xxh3::new();
-    for b in blocks {
-        h.update(&b.to_le_bytes());
+    let mut w = WholeDigest::default();
+    blocks.iter().for_each(|&b| w.add(b));
+    w.finish(size)
+}
+
+/// [`whole_digest`] taken a block at a time, for a list never held
+/// whole: equal to it over the same blocks and size.
+#[derive(Default)]
+pub struct WholeDigest(Xxh3);
+
+impl WholeDigest {
+    pub fn add(&mut self, b: BlockDigest) {
+        self.0.update(&b.to_le_bytes());
     }
-    h.update(&size.to_le_bytes());
-    h.digest128()
+
+    pub fn finish(mut self, size: u64) -> u128 {
+        self.0.update(&size.to_le_bytes());
+        self.0.digest128()
+    }
 }
 
 #[cfg(test)]

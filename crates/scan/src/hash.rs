@@ -6,14 +6,14 @@ use std::io::Read;
 use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::Ordering;
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
 use crate::{FileEntry, Marks, Progress, ScanError, SkipReason, Tree};
 
 // The digest scheme lives in `onecopy_digest`; re-exported for
 // callers of the reader.
 use onecopy_digest::sub_of_block;
-use onecopy_digest::{digest_block, whole_digest};
+use onecopy_digest::{digest_block, sub_digest, WholeDigest};
 pub use onecopy_digest::{
     window_digest, zero_block_digest, BlockDigest, Blocks, PagedDigests, SubDigest,
 };
@@ -140,6 +140,24 @@ pub struct Digests {
     subs: u32,
 }
 
+/// Blocks above which a list is long: written to the scratch file as it
+/// is made ([`SpillHandle::begin`]) and moved to and from the catalog in
+/// pieces, never held whole (64 Ki blocks: 256 MiB of file at 4 KiB).
+pub const LONG_LIST: u64 = 1 << 16;
+
+impl Digests {
+    /// A long list in the scratch file (see [`LONG_LIST`]): the catalog
+    /// moves it in pieces through a [`SpillHandle`].
+    pub fn is_long(&self) -> bool {
+        self.chunk == SPILLED && u64::from(self.blocks.max(self.subs)) > LONG_LIST
+    }
+
+    /// Every block is a single sub-block's ([`onecopy_digest::block_of_sub`]).
+    pub fn one_sub(&self) -> bool {
+        self.blocks == 0 && self.subs > 0
+    }
+}
+
 /// Every file's digests in one run, in chunks of 1 MiB that never move
 /// (a list longer than a chunk gets a chunk of its own): a file's digests
 /// cost their 16 B slots and no allocation of their own, and a chunk's
@@ -156,7 +174,7 @@ pub struct Digests {
 #[derive(Debug, Default)]
 pub struct DigestStore {
     chunks: Vec<Vec<u128>>,
-    spill: Option<Spill>,
+    spill: Option<Arc<Spill>>,
 }
 
 /// `Digests::chunk` of a list in the scratch file (`at` is then its
@@ -179,8 +197,14 @@ impl DigestStore {
     pub fn spilling_to(dir: &std::path::Path) -> std::io::Result<DigestStore> {
         Ok(DigestStore {
             chunks: Vec::new(),
-            spill: Some(Spill::create(dir)?),
+            spill: Some(Arc::new(Spill::create(dir)?)),
         })
+    }
+
+    /// The scratch file, for lists written and read in pieces; `None` for
+    /// a store in RAM.
+    pub fn spill_handle(&self) -> Option<SpillHandle> {
+        self.spill.clone().map(SpillHandle)
     }
 
     /// Stores `blocks` and `subs` (packed two to a slot in native byte
@@ -191,7 +215,7 @@ impl DigestStore {
     pub fn push(&mut self, blocks: &[BlockDigest], subs: &[SubDigest]) -> Digests {
         let one_sub = subs.is_empty() && blocks.iter().all(|&b| sub_of_block(b).is_some());
         if subs.is_empty() && !blocks.is_empty() {
-            if let Some(d) = self.spill.as_mut().and_then(|s| s.push(blocks, one_sub)) {
+            if let Some(d) = self.spill.as_ref().and_then(|s| s.push(blocks, one_sub)) {
                 return d;
             }
         }
@@ -206,12 +230,7 @@ impl DigestStore {
     /// Why the scratch file failed, if it did (lists it could not give
     /// back were seen as shorter: matches missed, nothing wrong).
     pub fn spill_error(&self) -> Option<String> {
-        let s = self.spill.as_ref()?;
-        s.file
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .error
-            .clone()
+        self.spill.as_ref()?.lock().error.clone()
     }
 
     /// Stores `blocks` then `nsubs` sub-digests, `sub(i)` the i-th.
@@ -261,12 +280,7 @@ impl DigestStore {
     pub fn blocks(&self, d: &Digests) -> Blocks<'_> {
         if d.chunk == SPILLED {
             if let Some(s) = &self.spill {
-                return Blocks::Paged {
-                    src: s,
-                    at: u64::from(d.at),
-                    len: d.blocks.max(d.subs),
-                    one_sub: d.blocks == 0,
-                };
+                return s.blocks(d);
             }
         }
         if d.blocks == 0 {
@@ -303,8 +317,6 @@ impl DigestStore {
 #[derive(Debug)]
 struct Spill {
     file: Mutex<SpillFile>,
-    /// A write failed: later lists stay in RAM.
-    broken: bool,
 }
 
 #[derive(Debug)]
@@ -318,6 +330,8 @@ struct SpillFile {
     /// Page `p` is in slot `p % SLOTS` if anywhere.
     pages: Vec<Option<Page>>,
     error: Option<String>,
+    /// A write failed: later lists stay in RAM.
+    broken: bool,
 }
 
 impl Spill {
@@ -349,19 +363,32 @@ impl Spill {
                 pending: Vec::new(),
                 pages: Vec::new(),
                 error: None,
+                broken: false,
             }),
-            broken: false,
         })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, SpillFile> {
+        self.file.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn blocks(&self, d: &Digests) -> Blocks<'_> {
+        Blocks::Paged {
+            src: self,
+            at: u64::from(d.at),
+            len: d.blocks.max(d.subs),
+            one_sub: d.blocks == 0,
+        }
     }
 
     /// Appends `blocks` (as one word each when `one_sub`, else two); where
     /// they are, or `None` (the caller keeps them in RAM) when the file
     /// failed or its word numbers would not fit a `Digests`.
-    fn push(&mut self, blocks: &[BlockDigest], one_sub: bool) -> Option<Digests> {
-        if self.broken {
+    fn push(&self, blocks: &[BlockDigest], one_sub: bool) -> Option<Digests> {
+        let mut f = self.lock();
+        if f.broken {
             return None;
         }
-        let f = self.file.get_mut().unwrap_or_else(|e| e.into_inner());
         let at = (f.written + f.pending.len() as u64) / 8;
         let words = blocks.len() as u64 * if one_sub { 1 } else { 2 };
         if at + words > u64::from(SPILLED) || blocks.len() > u32::MAX as usize {
@@ -375,17 +402,7 @@ impl Spill {
             }
         }
         if f.pending.len() >= Self::WRITE {
-            use std::os::unix::fs::FileExt;
-            match f.file.write_all_at(&f.pending, f.written) {
-                Ok(()) => {
-                    f.written += f.pending.len() as u64;
-                    f.pending.clear();
-                }
-                Err(e) => {
-                    f.error = Some(format!("scratch file of block digests: {e}"));
-                    self.broken = true;
-                }
-            }
+            f.flush();
         }
         let n = blocks.len() as u32;
         Some(Digests {
@@ -407,6 +424,44 @@ struct Page {
 }
 
 impl SpillFile {
+    /// Writes the pending words; false (and broken) if that failed.
+    fn flush(&mut self) -> bool {
+        use std::os::unix::fs::FileExt;
+        if self.broken {
+            return false;
+        }
+        match self.file.write_all_at(&self.pending, self.written) {
+            Ok(()) => {
+                self.written += self.pending.len() as u64;
+                self.pending.clear();
+                true
+            }
+            Err(e) => {
+                self.fail(&e);
+                false
+            }
+        }
+    }
+
+    fn fail(&mut self, e: &std::io::Error) {
+        self.error
+            .get_or_insert_with(|| format!("scratch file of block digests: {e}"));
+        self.broken = true;
+    }
+
+    /// Forgets cached pages that overlap bytes `start..end`.
+    fn forget_pages(&mut self, start: u64, end: u64) {
+        let page = Spill::PAGE as u64;
+        for slot in &mut self.pages {
+            if slot
+                .as_ref()
+                .is_some_and(|p| p.n * page < end && (p.n + 1) * page > start)
+            {
+                *slot = None;
+            }
+        }
+    }
+
     /// The word at byte `off`, through the page cache.
     fn word(&mut self, off: u64) -> Option<u64> {
         let word = |b: &[u8]| Some(u64::from_le_bytes(b.get(..8)?.try_into().ok()?));
@@ -452,8 +507,112 @@ impl SpillFile {
 
 impl PagedDigests for Spill {
     fn words(&self, i: u64, out: &mut [u64]) -> usize {
-        let mut f = self.file.lock().unwrap_or_else(|e| e.into_inner());
+        let mut f = self.lock();
         onecopy_digest::fill_words(out, |n| f.word((i + n) * 8))
+    }
+}
+
+/// The scratch file of a spilling [`DigestStore`], shared: a long list
+/// ([`LONG_LIST`]) is written to it in pieces as a file is read or a
+/// catalog record is loaded, and read from it in pieces as the catalog
+/// is written, so that no list is ever held whole in RAM.
+#[derive(Debug, Clone)]
+pub struct SpillHandle(Arc<Spill>);
+
+/// A list being written into its room in the scratch file
+/// ([`SpillHandle::begin`]).
+#[derive(Debug)]
+pub struct ListWriter {
+    /// First word of its room.
+    at: u64,
+    /// Blocks it has room for, and blocks written.
+    len: u64,
+    done: u64,
+    one_sub: bool,
+    buf: Vec<u8>,
+}
+
+impl SpillHandle {
+    /// Room for a list of `len` blocks (one word each when `one_sub`, else
+    /// two), written in order by [`SpillHandle::write`]; `None` when the
+    /// file failed or the list would not fit a [`Digests`]. The room is a
+    /// hole in the file until it is written; nobody reads it before
+    /// [`SpillHandle::finish`] hands out its `Digests`.
+    pub fn begin(&self, len: u64, one_sub: bool) -> Option<ListWriter> {
+        let mut f = self.0.lock();
+        if !f.flush() {
+            return None;
+        }
+        let at = f.written / 8;
+        let words = len * if one_sub { 1 } else { 2 };
+        if len > u64::from(u32::MAX) || at + words > u64::from(SPILLED) {
+            return None;
+        }
+        let end = f.written + words * 8;
+        if let Err(e) = f.file.set_len(end) {
+            f.fail(&e);
+            return None;
+        }
+        f.written = end;
+        Some(ListWriter {
+            at,
+            len,
+            done: 0,
+            one_sub,
+            buf: Vec::new(),
+        })
+    }
+
+    /// Writes the next `blocks` of `w`'s list. An error if they do not fit
+    /// its room, if a block of a `one_sub` list is not a single
+    /// sub-block's, or if the write failed.
+    pub fn write(&self, w: &mut ListWriter, blocks: &[BlockDigest]) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what);
+        if w.done + blocks.len() as u64 > w.len {
+            return Err(bad("digest list longer than its room"));
+        }
+        w.buf.clear();
+        for &b in blocks {
+            if w.one_sub {
+                let sub = sub_of_block(b).ok_or_else(|| bad("not a single sub-block's digest"))?;
+                w.buf.extend_from_slice(&sub.to_le_bytes());
+            } else {
+                w.buf.extend_from_slice(&b.to_le_bytes());
+            }
+        }
+        let per = if w.one_sub { 1 } else { 2 };
+        let mut f = self.0.lock();
+        if let Err(e) = f.file.write_all_at(&w.buf, (w.at + w.done * per) * 8) {
+            f.fail(&e);
+            return Err(e);
+        }
+        w.done += blocks.len() as u64;
+        Ok(())
+    }
+
+    /// Where `w`'s list is, once every block it had room for is written;
+    /// `None` if some were not.
+    pub fn finish(&self, w: ListWriter) -> Option<Digests> {
+        if w.done != w.len {
+            return None;
+        }
+        let per = if w.one_sub { 1 } else { 2 };
+        self.0
+            .lock()
+            .forget_pages(w.at * 8, (w.at + w.len * per) * 8);
+        let n = w.len as u32;
+        Some(Digests {
+            chunk: SPILLED,
+            at: w.at as u32,
+            blocks: if w.one_sub { 0 } else { n },
+            subs: if w.one_sub { n } else { 0 },
+        })
+    }
+
+    /// The blocks of a list in the scratch file ([`Digests::is_long`]).
+    pub fn blocks(&self, d: &Digests) -> Blocks<'_> {
+        self.0.blocks(d)
     }
 }
 
@@ -628,11 +787,13 @@ pub fn hash_files_with(
         ..HashOutput::default()
     });
     let layouts = Layouts::default();
+    let spill = store.lock().unwrap().spill_handle();
     let reader = Reader {
         tree,
         bs,
         layouts: &layouts,
         store: &store,
+        spill: spill.as_ref(),
         known,
         progress,
     };
@@ -679,6 +840,53 @@ pub fn hash_files_with(
 struct Scratch {
     blocks: Vec<BlockDigest>,
     subs: Vec<SubDigest>,
+}
+
+/// Where one file's digests go as they are made: into `scratch`, or, for
+/// a long list, through `scratch` into its room in the scratch file.
+struct Sink<'a> {
+    scratch: &'a mut Scratch,
+    whole: WholeDigest,
+    keep_subs: bool,
+    long: Option<(&'a SpillHandle, ListWriter)>,
+}
+
+impl Sink<'_> {
+    /// Blocks a long list gathers before they are written.
+    const PIECE: usize = 1 << 14;
+
+    fn push(&mut self, b: BlockDigest) -> std::io::Result<()> {
+        self.whole.add(b);
+        self.scratch.blocks.push(b);
+        if !self.keep_subs {
+            self.scratch.subs.clear();
+        }
+        if self.scratch.blocks.len() >= Self::PIECE {
+            self.write_out()?;
+        }
+        Ok(())
+    }
+
+    /// A long list's gathered blocks go to the scratch file.
+    fn write_out(&mut self) -> std::io::Result<()> {
+        if let Some((spill, w)) = &mut self.long {
+            spill.write(w, &self.scratch.blocks)?;
+            self.scratch.blocks.clear();
+        }
+        Ok(())
+    }
+
+    /// The whole-file digest, and where a long list is.
+    fn finish(mut self, size: u64) -> std::io::Result<(u128, Option<Digests>)> {
+        self.write_out()?;
+        let long = match self.long {
+            None => None,
+            Some((spill, w)) => Some(spill.finish(w).ok_or_else(|| {
+                std::io::Error::new(std::io::ErrorKind::InvalidData, "digest list cut short")
+            })?),
+        };
+        Ok((self.whole.finish(size), long))
+    }
 }
 
 /// The entries still to read, last first; shrinks as they are taken.
@@ -742,6 +950,8 @@ struct Reader<'a, 's> {
     bs: usize,
     layouts: &'a Layouts,
     store: &'a Mutex<&'s mut DigestStore>,
+    /// The store's scratch file, where long lists are written as read.
+    spill: Option<&'a SpillHandle>,
     known: &'a dyn KnownCopies,
     progress: &'a Progress,
 }
@@ -775,18 +985,17 @@ impl Reader<'_, '_> {
                 return self.unread(entry, (e.digests, e.whole), ids, false);
             }
         }
-        let (total, whole) = match self.read(&mut f, &entry, device, (buf, scratch)) {
+        let (total, whole, long) = match self.read(&mut f, &entry, device, (buf, scratch)) {
             Ok(read) => read,
             Err(outcome) => return outcome,
         };
         let racy = entry.mtime_ns.max(entry.ctime_ns) >= read_start - RACY_MARGIN_NS;
         entry.marks.set(Marks::RACY, racy);
         // Only files read whole get digests in the store.
-        let digests = self
-            .store
-            .lock()
-            .unwrap()
-            .push(&scratch.blocks, &scratch.subs);
+        let digests = long.unwrap_or_else(|| {
+            let mut store = self.store.lock().unwrap();
+            store.push(&scratch.blocks, &scratch.subs)
+        });
         if let (Some(Claim::Mine(c)), false) = (claim, racy) {
             // A racy file's digests are not lent to others.
             c.fill(Earlier {
@@ -799,23 +1008,38 @@ impl Reader<'_, '_> {
         Outcome::Done(f, total)
     }
 
-    /// Reads `f` whole into `scratch`'s digest lists: the bytes read and
-    /// the whole-file digest, or the outcome when it fails or changes.
+    /// Reads `f` whole into `scratch`'s digest lists (a long list into
+    /// the scratch file, see [`LONG_LIST`]): the bytes read, the
+    /// whole-file digest and where a long list went, or the outcome when
+    /// it fails or changes.
     fn read(
         &self,
         f: &mut File,
         entry: &FileEntry,
         device: &crate::Device,
         (buf, scratch): (&mut [u8], &mut Scratch),
-    ) -> Result<(u64, u128), Outcome> {
+    ) -> Result<(u64, u128, Option<Digests>), Outcome> {
         let path = || self.tree.path(entry.name);
         advise_sequential(f);
         let sub = (device.block as usize).clamp(512, self.bs);
+        let blocks = entry.size.div_ceil(self.bs as u64);
+        let long = self
+            .spill
+            .filter(|_| blocks > LONG_LIST)
+            .and_then(|s| Some((s, s.begin(blocks, sub == self.bs)?)));
         // At a block of one sub-block, a window at a sub-block offset is a
-        // block: the sub-digests would only repeat what `blocks` says.
-        let keep_subs = sub < self.bs;
-        let shape = (self.bs, sub, keep_subs);
-        let total = digest_all(f, buf, shape, scratch, self.progress).map_err(|source| {
+        // block: the sub-digests would only repeat what `blocks` says. A
+        // long list keeps none (they would be 8 B per sub-block in RAM):
+        // shifted copies inside such a file are not looked for.
+        let keep_subs = sub < self.bs && long.is_none();
+        let shape = (self.bs, sub, entry.size);
+        let mut sink = Sink {
+            scratch,
+            whole: WholeDigest::default(),
+            keep_subs,
+            long,
+        };
+        let failed = |source: std::io::Error| {
             if self.progress.cancelled() {
                 return Outcome::Skip(SkipReason::Interrupted);
             }
@@ -823,7 +1047,8 @@ impl Reader<'_, '_> {
                 path: path(),
                 source,
             })
-        })?;
+        };
+        let total = digest_all(f, buf, shape, &mut sink, self.progress).map_err(failed)?;
         match f.metadata() {
             Ok(m) if entry.unchanged(device.dev, &m) && total == entry.size => {}
             Ok(_) => return Err(Outcome::Skip(SkipReason::ChangedWhileReading)),
@@ -834,11 +1059,8 @@ impl Reader<'_, '_> {
                 }))
             }
         }
-        let whole = whole_digest(&scratch.blocks, total);
-        if !keep_subs {
-            scratch.subs.clear();
-        }
-        Ok((total, whole))
+        let (whole, long) = sink.finish(total).map_err(failed)?;
+        Ok((total, whole, long))
     }
 
     /// The outcome of a file not read: `digests` and `whole` are those of
@@ -940,26 +1162,29 @@ fn open_listed(
 }
 
 /// Reads `f` to its end through `buf`, digesting every block of `bs`
-/// bytes (sub-blocks of `sub`) into `scratch` (its sub-digests only
-/// with `keep_subs`); the bytes read.
+/// bytes (sub-blocks of `sub`) into `sink`; the bytes covered. Whole
+/// blocks in holes (`SEEK_DATA`) are not read: they are zeros, and get
+/// the zero block's digests.
 fn digest_all(
     f: &mut File,
     buf: &mut [u8],
-    (bs, sub, keep_subs): (usize, usize, bool),
-    scratch: &mut Scratch,
+    (bs, sub, size): (usize, usize, u64),
+    sink: &mut Sink<'_>,
     progress: &Progress,
 ) -> std::io::Result<u64> {
-    let Scratch { blocks, subs } = scratch;
-    blocks.clear();
-    subs.clear();
+    sink.scratch.blocks.clear();
+    sink.scratch.subs.clear();
+    // Whole blocks end here: a partial tail is always read.
+    let full_end = size - size % bs as u64;
     let mut total = 0u64;
     loop {
+        if total < full_end {
+            total = skip_hole(f, (total, full_end), (bs, sub), sink, progress)?;
+        }
         let n = read_full(f, buf)?;
         for chunk in buf[..n].chunks(bs) {
-            blocks.push(digest_block(chunk, bs, sub, subs));
-            if !keep_subs {
-                subs.clear();
-            }
+            let b = digest_block(chunk, bs, sub, &mut sink.scratch.subs);
+            sink.push(b)?;
         }
         total += n as u64;
         progress.bytes_done.fetch_add(n as u64, Ordering::Relaxed);
@@ -972,6 +1197,51 @@ fn digest_all(
             return Err(std::io::Error::from(std::io::ErrorKind::Interrupted));
         }
     }
+}
+
+/// Digests the whole blocks of the hole at `pos` (before `full_end`) as
+/// zeros, unread, and leaves `f`'s offset where the hole ends (`pos` if
+/// there is none): that offset.
+fn skip_hole(
+    f: &mut File,
+    (pos, full_end): (u64, u64),
+    (bs, sub): (usize, usize),
+    sink: &mut Sink<'_>,
+    progress: &Progress,
+) -> std::io::Result<u64> {
+    use std::io::{Seek, SeekFrom};
+    let end = hole_end(f, pos, full_end, bs as u64).unwrap_or(pos);
+    if end > pos {
+        let zero = zero_block_digest(bs as u64, sub as u64);
+        let zero_sub = sub_digest(&vec![0u8; sub]);
+        for _ in 0..(end - pos) / bs as u64 {
+            if sink.keep_subs {
+                let subs = &mut sink.scratch.subs;
+                subs.extend(std::iter::repeat_n(zero_sub, bs / sub));
+            }
+            sink.push(zero)?;
+        }
+        progress.bytes_done.fetch_add(end - pos, Ordering::Relaxed);
+    }
+    // SEEK_DATA moved the offset.
+    f.seek(SeekFrom::Start(end))
+}
+
+/// Where the hole of whole blocks at `pos` ends, if there is one (and
+/// `pos` is before `full_end`, the end of the file's whole blocks).
+/// `None` where the filesystem does not tell, or says data.
+fn hole_end(f: &File, pos: u64, full_end: u64, bs: u64) -> Option<u64> {
+    if pos >= full_end {
+        return None;
+    }
+    let end = match rustix::fs::seek(f, rustix::fs::SeekFrom::Data(pos)) {
+        Ok(data) => data - data % bs,
+        // No data from `pos` on.
+        Err(rustix::io::Errno::NXIO) => full_end,
+        Err(_) => return None,
+    };
+    let end = end.min(full_end);
+    (end > pos).then_some(end)
 }
 
 /// Reads until `buf` is full or end of file; returns the bytes read.
@@ -1023,6 +1293,102 @@ mod tests {
         assert_eq!(out.bytes_read, 3 * 65536 + 100);
         assert_eq!(progress.bytes_done.load(Ordering::Relaxed), out.bytes_read);
         assert_eq!(progress.files_done.load(Ordering::Relaxed), 1);
+    }
+
+    /// A sparse file of `size` bytes at `path` with data at `at` (a few
+    /// KiB each, unaligned) and a partial tail.
+    fn sparse_file(path: &std::path::Path, size: u64, at: &[u64]) -> Vec<(u64, Vec<u8>)> {
+        use std::os::unix::fs::FileExt;
+        let f = File::create(path).unwrap();
+        f.set_len(size).unwrap();
+        let mut put = Vec::new();
+        for (n, &a) in at.iter().chain([size - 10].iter()).enumerate() {
+            let data: Vec<u8> = (0..(size - a).min(9000))
+                .map(|i| (i as usize * 31 + n) as u8 | 1)
+                .collect();
+            f.write_all_at(&data, a).unwrap();
+            put.push((a, data));
+        }
+        f.sync_all().unwrap();
+        put
+    }
+
+    /// The digests of reading `path` whole, block by block.
+    fn digests_of_reading(path: &std::path::Path, bs: usize) -> (Vec<u128>, Vec<u64>, u128) {
+        let bytes = std::fs::read(path).unwrap();
+        let mut subs = Vec::new();
+        let blocks: Vec<u128> = bytes
+            .chunks(bs)
+            .map(|c| digest_block(c, bs, 4096, &mut subs))
+            .collect();
+        let whole = onecopy_digest::whole_digest(&blocks, bytes.len() as u64);
+        (blocks, subs, whole)
+    }
+
+    /// Hashes `path` with a block of `bs` into `store`: the file.
+    fn hash_one_file(path: &std::path::Path, bs: u64, store: &mut DigestStore) -> HashedFile {
+        let meta = std::fs::metadata(path).unwrap();
+        let mut tree = Tree::new();
+        let e = tree.add_file(path, &meta, 1, 0, 4096).unwrap();
+        let opts = HashOptions {
+            block_size: bs,
+            threads: 1,
+            read_size: 1 << 20,
+        };
+        let out = hash_files(vec![e], &tree, store, &opts, &Progress::default());
+        assert!(out.errors.is_empty(), "{:?}", out.errors);
+        out.files.into_iter().next().expect("the file hashed")
+    }
+
+    /// Holes are digested as the zeros they read as, without being read:
+    /// the same block and sub-block digests, and whole digest, as reading
+    /// every byte gives, at a block of one sub-block and of several.
+    #[test]
+    fn holes_digest_as_zeros() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sparse");
+        sparse_file(
+            &path,
+            (40 << 20) + 100,
+            &[5000, 3 << 20, (17 << 20) + 65536],
+        );
+        for bs in [4096, 65536] {
+            let want = digests_of_reading(&path, bs as usize);
+            let mut store = DigestStore::new();
+            let f = hash_one_file(&path, bs, &mut store);
+            assert_eq!(f.blocks(&store).to_vec(), want.0, "blocks at {bs}");
+            if bs > 4096 {
+                assert_eq!(f.subs(&store), &want.1[..], "sub-blocks at {bs}");
+            }
+            assert_eq!(f.whole(), want.2, "whole at {bs}");
+        }
+    }
+
+    /// A list of more than LONG_LIST blocks is written to the scratch file
+    /// as it is made, never held whole: the same digests as a store in
+    /// RAM gives, and a long list in the store. At a block of several
+    /// sub-blocks it keeps no sub-digests.
+    #[test]
+    fn long_lists_go_to_the_scratch_file_as_they_are_made() {
+        let dir = tempfile::tempdir().unwrap();
+        for bs in [4096u64, 65536] {
+            let path = dir.path().join(format!("long-{bs}"));
+            let size = (LONG_LIST + 5) * bs + 123;
+            sparse_file(&path, size, &[7 * bs + 5, (LONG_LIST - 2) * bs]);
+            let mut ram = DigestStore::new();
+            let want = hash_one_file(&path, bs, &mut ram);
+            assert!(!want.digests.is_long());
+            let mut spilling = DigestStore::spilling_to(dir.path()).unwrap();
+            let got = hash_one_file(&path, bs, &mut spilling);
+            assert!(got.digests.is_long(), "a long list at {bs}");
+            assert_eq!(got.digests.one_sub(), bs == 4096);
+            assert_eq!(spilling.used_bytes(), 0, "nothing of it in RAM");
+            assert_eq!(got.blocks(&spilling).to_vec(), want.blocks(&ram).to_vec());
+            assert!(got.subs(&spilling).is_empty());
+            assert_eq!(got.whole(), want.whole());
+            let h = spilling.spill_handle().unwrap();
+            assert_eq!(h.blocks(&got.digests).to_vec(), want.blocks(&ram).to_vec());
+        }
     }
 
     /// Sub-digests are kept only when a block spans several sub-blocks.

@@ -15,8 +15,8 @@ mod walk;
 
 pub use hash::{
     hash_files, hash_files_with, window_digest, zero_block_digest, BlockDigest, Blocks,
-    DigestStore, Digests, HashOptions, HashOutput, HashedFile, KnownCopies, NoKnownCopies,
-    SubDigest, RACY_MARGIN_NS,
+    DigestStore, Digests, HashOptions, HashOutput, HashedFile, KnownCopies, ListWriter,
+    NoKnownCopies, SpillHandle, SubDigest, LONG_LIST, RACY_MARGIN_NS,
 };
 pub use snapdiff::SnapshotDiff;
 pub use tree::{DevId, Device, NameId, Tree};

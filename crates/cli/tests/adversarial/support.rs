@@ -313,6 +313,66 @@ pub fn wait_outcome(child: Child, what: String) -> Outcome {
     Outcome::from_output(what, out)
 }
 
+/// What a finished child cost: the bytes it read (`rchar`: from files,
+/// pipes, anything) and its peak resident memory.
+#[derive(Debug, Clone, Copy)]
+pub struct Cost {
+    pub rchar: u64,
+    pub max_rss: u64,
+}
+
+/// Waits for a child from [`spawn_dedupe`], with what it cost: its
+/// `/proc/PID/io` read while it is a zombie, then its `rusage` as it is
+/// reaped.
+pub fn wait_costed(mut child: Child, what: String) -> (Outcome, Cost) {
+    fn drain(r: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            if let Some(mut r) = r {
+                r.read_to_end(&mut v).expect("read the child's output");
+            }
+            v
+        })
+    }
+    let (out, err) = (drain(child.stdout.take()), drain(child.stderr.take()));
+    let pid = child.id() as libc::pid_t;
+    // SAFETY: waitid(2) on our own unreaped child, into a zeroed siginfo;
+    // WNOWAIT leaves it a zombie.
+    let r = unsafe {
+        let mut info: libc::siginfo_t = std::mem::zeroed();
+        libc::waitid(
+            libc::P_PID,
+            pid as libc::id_t,
+            &mut info,
+            libc::WEXITED | libc::WNOWAIT,
+        )
+    };
+    assert_eq!(r, 0, "waitid: {}", std::io::Error::last_os_error());
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).expect("the zombie's io");
+    let rchar = io
+        .lines()
+        .find_map(|l| l.strip_prefix("rchar: "))
+        .and_then(|n| n.parse().ok())
+        .expect("rchar in /proc/PID/io");
+    let mut status = 0;
+    // SAFETY: wait4(2) reaps our own child, into a zeroed rusage.
+    let (r, ru) = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        (libc::wait4(pid, &mut status, 0, &mut ru), ru)
+    };
+    assert_eq!(r, pid, "wait4: {}", std::io::Error::last_os_error());
+    let output = Output {
+        status: ExitStatus::from_raw(status),
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
+    };
+    let cost = Cost {
+        rchar,
+        max_rss: ru.ru_maxrss as u64 * 1024,
+    };
+    (Outcome::from_output(what, output), cost)
+}
+
 /// Sends `sig` to process `pid`.
 pub fn send_signal(pid: u32, sig: i32) {
     // SAFETY: kill(2) with a pid this test spawned and has not reaped yet.

@@ -54,7 +54,8 @@ pub struct MountArgs {
     #[arg(short = 'f', long)]
     pub foreground: bool,
     /// FUSE worker threads (default: one per CPU, at least 2, at most 16).
-    #[arg(long, default_value_t = onecopy_fuse::default_threads())]
+    #[arg(long, default_value_t = onecopy_fuse::default_threads(),
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024))]
     pub threads: usize,
     /// Mount options, comma-separated: ro, nosuid, nodev, noexec, noatime,
     /// sync, dirsync, threads=N, transport=dev|uring (default: uring when the kernel's fuse
@@ -149,10 +150,11 @@ pub fn run(mut a: MountArgs) -> ExitCode {
         return ExitCode::from(exit::USAGE);
     }
     if !mnt(&a).is_dir() {
-        errln!(
-            "onecopy: {}: mount point is not a directory",
-            mnt(&a).display()
-        );
+        let why = match std::fs::symlink_metadata(mnt(&a)) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => "no such directory",
+            _ => "mount point is not a directory",
+        };
+        errln!("onecopy: {}: {why}", mnt(&a).display());
         return ExitCode::from(exit::USAGE);
     }
     if let Some(why) = tangled(&a.dir, mnt(&a)) {

@@ -233,6 +233,7 @@ pub fn error_code(e: &StoreError) -> u8 {
         | StoreError::Exists { .. }
         | StoreError::DestExists { .. }
         | StoreError::NotEmptyDir { .. }
+        | StoreError::NotADirectory { .. }
         | StoreError::BucketInUse { .. }
         | StoreError::WrongPassword
         | StoreError::PasswordNeeded
@@ -358,6 +359,12 @@ fn import(a: ImportArgs) -> Result<u8, StoreError> {
     Ok(crate::import_cmd::run(&a.dir, &a.srcs, &opts, a.json))
 }
 
+/// `--container-size` bounds: a container smaller than a few records
+/// only makes files (or objects) by the thousand, and one is read or
+/// fetched whole.
+const CONTAINER_MIN: u64 = 64 << 10;
+const CONTAINER_MAX: u64 = 1 << 30;
+
 /// The settings `store init` was given.
 fn init_config(
     chunking: &str,
@@ -373,12 +380,20 @@ fn init_config(
         ));
     }
     let (codec, zstd_level) = onecopy_store::config::parse_compress(compress)?;
+    let container_size = onecopy_store::config::parse_size(container_size)? as u64;
+    if !(CONTAINER_MIN..=CONTAINER_MAX).contains(&container_size) {
+        return Err(StoreError::BadOption(format!(
+            "--container-size must be between {}K and {}G",
+            CONTAINER_MIN >> 10,
+            CONTAINER_MAX >> 30
+        )));
+    }
     Ok(StoreConfig {
         chunking: chunking.parse::<Chunking>()?,
         compress: codec,
         zstd_level,
         verify,
-        container_size: onecopy_store::config::parse_size(container_size)? as u64,
+        container_size,
         index_quota,
         index_memtable,
         ..StoreConfig::default()

@@ -308,6 +308,28 @@ fn errors_are_one_liners_with_exit_codes() {
         "directory is not empty",
     );
     assert!(!p("plain").join("store.json").exists());
+    // A file in the way is the user's: refused, untouched.
+    fails(
+        &onecopy(&["store", "init", &s("plain/data")]),
+        2,
+        "not a directory; a store needs a new or empty directory",
+    );
+    assert_eq!(std::fs::read(p("plain").join("data")).unwrap(), b"x");
+    // Containers of no size (a file per chunk) or of gigabytes are refused.
+    for size in ["0", "1", "2G", "2048M"] {
+        fails(
+            &onecopy(&["store", "init", &s("sized"), "--container-size", size]),
+            2,
+            "--container-size must be between 64K and 1G",
+        );
+        assert!(!p("sized").join("store.json").exists());
+    }
+    // A mount point that is not there is named as such.
+    fails(
+        &onecopy(&["mount", &s("fresh"), &s("nowhere")]),
+        2,
+        "no such directory",
+    );
     std::fs::create_dir_all(p("fresh").join("lost+found")).unwrap();
     init(&p("fresh"));
     fails(
@@ -386,9 +408,9 @@ fn errors_are_one_liners_with_exit_codes() {
         "not an onecopy store",
     );
     fails(
-        &onecopy(&["mount", &s("fresh"), &s("nowhere")]),
+        &onecopy(&["mount", &s("fresh"), &s("plain/data")]),
         2,
-        "not a directory",
+        "mount point is not a directory",
     );
     fails(
         &onecopy(&["mount", &s("fresh"), &s("mnt2"), "-o", "bogus"]),

@@ -31,14 +31,16 @@ impl Default for Chunking {
 
 /// Parses a size such as `4096`, `64K`, `1M`.
 pub fn parse_size(s: &str) -> Result<u32> {
-    let bad = || StoreError::BadOption(format!("'{s}' is not a size (e.g. 4096, 64K, 1M)"));
+    let bad = || StoreError::BadOption(format!("'{s}' is not a size (e.g. 4096, 64K, 1M, 1G)"));
     let (num, mul) = match s.as_bytes().last() {
-        Some(b'k' | b'K') => (&s[..s.len() - 1], 1024),
-        Some(b'm' | b'M') => (&s[..s.len() - 1], 1024 * 1024),
+        Some(b'k' | b'K') => (&s[..s.len() - 1], 1 << 10),
+        Some(b'm' | b'M') => (&s[..s.len() - 1], 1 << 20),
+        Some(b'g' | b'G') => (&s[..s.len() - 1], 1 << 30),
         _ => (s, 1),
     };
     let n: u64 = num.parse().map_err(|_| bad())?;
-    u32::try_from(n * mul).map_err(|_| bad())
+    let bytes = n.checked_mul(mul).ok_or_else(bad)?;
+    u32::try_from(bytes).map_err(|_| bad())
 }
 
 impl std::str::FromStr for Chunking {
@@ -288,6 +290,25 @@ impl Default for StoreConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parses_sizes() {
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("64K").unwrap(), 64 << 10);
+        assert_eq!(parse_size("1m").unwrap(), 1 << 20);
+        assert_eq!(parse_size("1G").unwrap(), 1 << 30);
+        // Over 4 GiB, and a product past u64 (it used to wrap or panic).
+        for bad in [
+            "4G",
+            "x",
+            "",
+            "K",
+            "99999999999999999M",
+            "18446744073709551615K",
+        ] {
+            assert!(parse_size(bad).is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn parses_chunking() {

@@ -38,6 +38,8 @@ pub enum StoreError {
         "{path}: directory is not empty ({entry} is there); a store needs a new or empty directory"
     )]
     NotEmptyDir { path: PathBuf, entry: String },
+    #[error("{path}: not a directory; a store needs a new or empty directory")]
+    NotADirectory { path: PathBuf },
     #[error("{path}: the store is in use by another process (mounted?)")]
     Locked { path: PathBuf },
     #[error("container {container} offset {offset}: damaged chunk ({why})")]

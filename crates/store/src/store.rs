@@ -1186,6 +1186,10 @@ fn inode_seq(db: &Connection) -> Result<i64> {
 /// store, `NotEmptyDir` if it holds anything else).
 pub(crate) fn make_store_dir(dir: &Path) -> Result<()> {
     use std::os::unix::fs::DirBuilderExt;
+    // A file (or a link to one) in the way: the user's, left alone.
+    if std::fs::metadata(dir).is_ok_and(|m| !m.is_dir()) {
+        return Err(StoreError::NotADirectory { path: dir.into() });
+    }
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)

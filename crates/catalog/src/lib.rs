@@ -925,6 +925,12 @@ impl Catalog {
     /// Opens an existing catalog with whatever block size it was made for
     /// (for inspection and pruning).
     pub fn open_existing(path: &Path) -> Result<Catalog, CatalogError> {
+        // Another program's file is never opened by SQLite.
+        if identify(path).map_err(io_err(path))? != Existing::Catalog {
+            return Err(CatalogError::NotACatalog {
+                path: path.to_path_buf(),
+            });
+        }
         let conn = Connection::open_with_flags(
             path,
             OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,

@@ -30,6 +30,12 @@ pub fn run(a: CatalogArgs) -> Result<u8> {
         // depend on it, and opening never rewrites records.
         let cat = match Catalog::open_existing(p) {
             Ok(c) => c,
+            // A file the user named that is not a catalog: refused, as
+            // `dedupe --hashfile` refuses it.
+            Err(e @ onecopy_catalog::CatalogError::NotACatalog { .. }) if a.hashfile.is_some() => {
+                errln!("onecopy: {e}");
+                return Ok(exit::USAGE);
+            }
             Err(e) => {
                 errln!("onecopy: {e}");
                 failed = true;

@@ -44,8 +44,12 @@ pub struct Report {
     /// not listed at all (the same inode, unchanged, as in the subvolume
     /// they were taken of, whose file stands for them).
     pub snapshots_by_difference: SnapshotDiff,
-    /// Files whose fingerprints came from the catalog (not read).
+    /// Files under the PATHs whose fingerprints came from the catalog
+    /// (not read).
     pub files_known: u64,
+    /// Files outside the PATHs, known from the catalog and unchanged,
+    /// used as sources only.
+    pub files_known_outside: u64,
     /// Of those, files found under a new path (renamed or moved).
     pub files_renamed: u64,
     /// Catalog files used.
@@ -278,6 +282,12 @@ fn print_files(r: &Report) {
             "Known from the catalog, not read: {} files ({} renamed or moved)",
             r.files_known,
             r.files_renamed
+        );
+    }
+    if r.files_known_outside > 0 {
+        outln!(
+            "Known from the catalog outside the PATHs, used as sources: {} files",
+            r.files_known_outside
         );
     }
     if !r.files_skipped.is_empty() {

@@ -1393,12 +1393,6 @@ fn out_of_space(kind: FsKind) {
 
 /// Asserts two checksum maps are equal, naming the paths that differ.
 #[track_caller]
-/// The catalog does not remember files modified within a second of being
-/// read ("racily clean"); tests that expect records wait that long first.
-fn past_racy_window() {
-    std::thread::sleep(std::time::Duration::from_millis(1100));
-}
-
 fn assert_same(ctx: &str, got: &BTreeMap<PathBuf, u128>, want: &BTreeMap<PathBuf, u128>) {
     let differ: Vec<&PathBuf> = got
         .keys()

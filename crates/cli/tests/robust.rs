@@ -29,6 +29,8 @@ per_fs!(
     freed_excludes_reflinks_outside_roots,
     fifos_are_never_waited_on,
     huge_sparse_files_are_neither_read_nor_held,
+    repeated_roots_are_walked_once,
+    a_catalog_that_cannot_be_updated_is_an_error,
 );
 
 mod freed_excludes_snapshot_extents {
@@ -197,6 +199,20 @@ fn hashfile_text_file(kind: FsKind) {
     assert_refused(&r, &h, &before, &root);
     assert_eq!(checksum_tree(&root), sums);
     assert_unshared("nothing is deduped after a refusal", &groups[0]);
+    // `catalog` refuses it the same way (it exited 1, "file is not a
+    // database"), for each action.
+    for action in [&["stats"][..], &["forget", "/x"]] {
+        let mut args: Vec<&OsStr> = vec!["catalog".as_ref(), "--hashfile".as_ref(), h.as_ref()];
+        args.extend(action.iter().map(OsStr::new));
+        let r = onecopy(&args);
+        r.assert_code(EXIT_USAGE);
+        assert!(
+            r.stderr.contains("is not an onecopy catalog"),
+            "{}",
+            r.stderr
+        );
+        assert_eq!(fingerprint(&h), before, "{action:?} changed the file");
+    }
 }
 
 /// Item 4: `--hashfile` naming another program's SQLite database in WAL
@@ -385,6 +401,64 @@ fn freed_excludes_snapshot_extents() {
     assert_honest(&fs, &vol, &files, 0);
 }
 
+/// A catalog that cannot take the run's records (its disk full) is kept
+/// as it was, and the run says so with exit 1: its work would otherwise
+/// be lost to every later run without a sign in the exit code. The files
+/// are deduped all the same.
+fn a_catalog_that_cannot_be_updated_is_an_error(kind: FsKind) {
+    let (fs, root, groups) = small_tree(kind);
+    for i in 0..2000u64 {
+        let p = fs.path().join(format!(
+            "many/{:02}/file-with-a-longish-name-{i:06}",
+            i % 50
+        ));
+        mkparent(&p);
+        onecopy_testfs::write_random(&p, 5000, 1000 + i).unwrap();
+    }
+    let sums = checksum_tree(&root);
+    // Files changed within the last second are not recorded.
+    past_racy_window();
+    // 160 KiB free: room for an empty catalog, not for 2,000 records.
+    let small = onecopy_testfs::LoopFs::new(FsKind::Tmpfs, 1 << 20).expect("a 1 MiB tmpfs");
+    std::fs::write(
+        small.path().join("ballast"),
+        vec![1u8; (1 << 20) - (160 << 10)],
+    )
+    .unwrap();
+    let h = small.path().join("catalog.sqlite");
+    let r = dedupe(&[fs.path()], &["--hashfile", h.to_str().unwrap()]);
+    r.assert_code(1);
+    assert!(
+        r.stderr.contains("cannot update the catalog"),
+        "{}",
+        r.stderr
+    );
+    let errors = r.report()["errors"].to_string();
+    assert!(errors.contains("catalog.sqlite"), "{errors}");
+    assert!(h.exists(), "the catalog is kept");
+    assert_eq!(checksum_tree(&root), sums, "file contents changed");
+    assert_groups_shared("the group", &groups);
+}
+
+/// A root named twice, or below another root, is walked once: each file
+/// counted once, none taken for a hard link of itself.
+fn repeated_roots_are_walked_once(kind: FsKind) {
+    let (_fs, root, groups) = small_tree(kind);
+    let sums = checksum_tree(&root);
+    let sub = groups[0][0].parent().unwrap().to_path_buf();
+    let r = dedupe(&[&root, &root, &sub], &["--no-catalog"]);
+    r.assert_ok();
+    assert_eq!(r.u("files_scanned"), 3, "{}", r.stdout);
+    assert_eq!(
+        r.report()["files_skipped"]["hardlink"],
+        serde_json::Value::Null,
+        "{}",
+        r.stdout
+    );
+    assert_eq!(checksum_tree(&root), sums, "file contents changed");
+    assert_groups_shared("the group", &groups);
+}
+
 /// A FIFO named as a root, met in the tree or named as `--hashfile` is
 /// never waited on: its open blocked for want of a writer, for ever, and
 /// a first SIGINT or SIGTERM could not end it (`watch` then hung on its
@@ -454,8 +528,7 @@ fn huge_sparse_files_are_neither_read_nor_held(kind: FsKind) {
     let sums = (checksum_tree(&root), big.each_ref().map(|p| sparse_sum(p)));
     let h = scratch(kind, "sparse").join("catalog.sqlite");
     let hashfile = ["--hashfile", h.to_str().unwrap()];
-    // Files modified within the last second are read again next run.
-    std::thread::sleep(std::time::Duration::from_millis(1100));
+    past_racy_window();
 
     let (child, what) = spawn_dedupe(&[&root, &sparse], &hashfile);
     let (first, cost) = wait_costed(child, what);

@@ -373,6 +373,12 @@ pub fn wait_costed(mut child: Child, what: String) -> (Outcome, Cost) {
     (Outcome::from_output(what, output), cost)
 }
 
+/// The catalog does not remember files modified within a second of being
+/// read ("racily clean"); tests that expect records wait that long first.
+pub fn past_racy_window() {
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+}
+
 /// Sends `sig` to process `pid`.
 pub fn send_signal(pid: u32, sig: i32) {
     // SAFETY: kill(2) with a pid this test spawned and has not reaped yet.

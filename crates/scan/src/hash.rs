@@ -1048,9 +1048,12 @@ impl Reader<'_, '_> {
                 source,
             })
         };
-        let total = digest_all(f, buf, shape, &mut sink, self.progress).map_err(failed)?;
+        let read = digest_all(f, buf, shape, &mut sink, self.progress);
+        // A file changed while read is skipped as such, whatever the read
+        // made of it (one that grew past its long list's room failed it).
+        let whole_read = !matches!(read, Ok(total) if total != entry.size);
         match f.metadata() {
-            Ok(m) if entry.unchanged(device.dev, &m) && total == entry.size => {}
+            Ok(m) if entry.unchanged(device.dev, &m) && whole_read => {}
             Ok(_) => return Err(Outcome::Skip(SkipReason::ChangedWhileReading)),
             Err(source) => {
                 return Err(Outcome::Error(ScanError::Stat {
@@ -1059,6 +1062,7 @@ impl Reader<'_, '_> {
                 }))
             }
         }
+        let total = read.map_err(failed)?;
         let (whole, long) = sink.finish(total).map_err(failed)?;
         Ok((total, whole, long))
     }

@@ -448,16 +448,23 @@ fn fsck(dir: &Path, repair: bool) -> Result<u8, StoreError> {
 
 fn scrub(dir: &Path) -> Result<u8, StoreError> {
     let r = crate::control::open_store(dir)?.scrub()?;
-    for d in &r.damaged {
+    for d in r.damaged.iter().chain(&r.index_problems) {
         outln!("{d}");
     }
-    outln!(
+    out!(
         "checked {} chunks ({} bytes), {} damaged",
         r.chunks_checked,
         r.bytes_checked,
         r.damaged.len()
     );
-    Ok(if r.damaged.is_empty() {
+    if !r.index_problems.is_empty() {
+        out!(
+            "; fingerprint index: {} problems (stored data is not affected; the next open rebuilds it)",
+            r.index_problems.len()
+        );
+    }
+    outln!();
+    Ok(if r.damaged.is_empty() && r.index_problems.is_empty() {
         exit::OK
     } else {
         exit::PARTIAL

@@ -553,6 +553,11 @@ fn flipped_index_bytes_cost_dedupe_never_data() {
         let text = String::from_utf8_lossy(&scrub.stdout);
         assert_eq!(scrub.status.code(), Some(1), "{name}: scrub: {scrub:?}");
         assert!(text.contains("fingerprint index"), "{name}: scrub: {text}");
+        // Not counted as damaged chunks: every chunk reads back exactly.
+        assert!(
+            text.contains(", 0 damaged; fingerprint index: "),
+            "{name}: scrub: {text}"
+        );
         std::fs::remove_dir_all(&copy).unwrap();
         let fsck = onecopy(&["store", "fsck", st]);
         let text = String::from_utf8_lossy(&fsck.stdout);

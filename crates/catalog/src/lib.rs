@@ -502,19 +502,53 @@ fn blob_shape(len: u64) -> Option<(bool, u64)> {
 }
 
 /// Reads `rec`'s list from `lists` in pieces, into `spill` (then
-/// `rec.long`) or, without one, into `rec.blocks`; `rec`'s checksum over
-/// it.
+/// `rec.long`) or, without one or when the scratch file fails, into
+/// `rec.blocks`; `rec`'s checksum over it.
 fn read_list(
     conn: &Connection,
     spill: Option<&SpillHandle>,
     rec: &mut FileRecord,
     path: &Path,
 ) -> Result<i64, CatalogError> {
+    if let Some(s) = spill {
+        match read_list_into(conn, Some(s), rec, path) {
+            Err(ListError::Scratch) => {}
+            Err(ListError::Catalog(e)) => return Err(e),
+            Ok(sum) => return Ok(sum),
+        }
+    }
+    match read_list_into(conn, None, rec, path) {
+        Ok(sum) => Ok(sum),
+        Err(ListError::Catalog(e)) => Err(e),
+        Err(ListError::Scratch) => unreachable!("no scratch file was used"),
+    }
+}
+
+/// Why [`read_list_into`] stopped.
+enum ListError {
+    /// The catalog: damaged, or its disk.
+    Catalog(CatalogError),
+    /// The scratch file (full, broken): read into RAM instead.
+    Scratch,
+}
+
+impl From<CatalogError> for ListError {
+    fn from(e: CatalogError) -> Self {
+        ListError::Catalog(e)
+    }
+}
+
+/// [`read_list`] into `spill` if given, else into `rec.blocks`.
+fn read_list_into(
+    conn: &Connection,
+    spill: Option<&SpillHandle>,
+    rec: &mut FileRecord,
+    path: &Path,
+) -> Result<i64, ListError> {
     use rusqlite::OptionalExtension;
     use std::io::Read;
     let sq = sqlite_err(path);
     let corrupt = || corrupt_err(path, "block digests");
-    let io = |source| io_err(path)(source);
     let found: Option<(i64, i64)> = conn
         .query_row(
             "SELECT rowid, length(blocks) FROM lists WHERE fs = ?1 AND subvol = ?2 AND ino = ?3",
@@ -530,26 +564,26 @@ fn read_list(
         .map_err(sq)?;
     let per = if packed {
         let mut tag = [0u8];
-        blob.read_exact(&mut tag).map_err(io)?;
+        blob.read_exact(&mut tag).map_err(blob_err(path))?;
         if tag[0] != PACKED {
-            return Err(corrupt());
+            return Err(corrupt().into());
         }
         8
     } else {
         16
     };
-    let no_room = || io(std::io::Error::other("no room in the scratch file"));
     let mut w = match spill {
-        Some(s) => Some((s, s.begin(n, packed).ok_or_else(no_room)?)),
+        Some(s) => Some((s, s.begin(n, packed).ok_or(ListError::Scratch)?)),
         None => None,
     };
+    rec.blocks.clear();
     let mut h = rec.checksum_head();
     let (mut bytes, mut piece) = (Vec::new(), Vec::new());
     let mut left = n as usize;
     while left > 0 {
         let k = left.min(PIECE);
         bytes.resize(k * per, 0);
-        blob.read_exact(&mut bytes).map_err(io)?;
+        blob.read_exact(&mut bytes).map_err(blob_err(path))?;
         piece.clear();
         piece.extend(bytes.chunks_exact(per).map(|c| match c.len() {
             8 => block_of_sub(u64::from_le_bytes(c.try_into().unwrap())),
@@ -557,15 +591,24 @@ fn read_list(
         }));
         piece.iter().for_each(|d| h.update(&d.to_le_bytes()));
         match &mut w {
-            Some((s, w)) => s.write(w, &piece).map_err(io)?,
+            Some((s, w)) => s.write(w, &piece).map_err(|_| ListError::Scratch)?,
             None => rec.blocks.extend_from_slice(&piece),
         }
         left -= k;
     }
     if let Some((s, w)) = w {
-        rec.long = Some(s.finish(w).ok_or_else(no_room)?);
+        rec.long = Some(s.finish(w).ok_or(ListError::Scratch)?);
     }
     Ok(rec.checksum_tail(h))
+}
+
+/// An error of reading a blob: SQLite's own (damage is then seen as
+/// damage, and the catalog rebuilt), else I/O.
+fn blob_err(path: &Path) -> impl Fn(std::io::Error) -> CatalogError + '_ {
+    move |e: std::io::Error| match e.downcast::<rusqlite::Error>() {
+        Ok(source) => sqlite_err(path)(source),
+        Err(e) => io_err(path)(e),
+    }
 }
 
 /// Writes `upserts`, replacing the records of the same keys. A record
@@ -617,9 +660,10 @@ fn upsert_records(
     Ok(())
 }
 
-/// SQLite's longest blob (its default `SQLITE_MAX_LENGTH`, which the
-/// bundled build keeps).
-const MAX_BLOB: u64 = 1_000_000_000;
+/// The longest `lists` blob written: SQLite's longest row (its default
+/// `SQLITE_MAX_LENGTH`, which the bundled build keeps) less room for the
+/// row's other columns and header.
+const MAX_BLOB: u64 = 1_000_000_000 - (64 << 10);
 
 /// The length of the `lists` blob of `b` (packed when it is a list of
 /// single sub-blocks), if SQLite can hold it.
@@ -1642,6 +1686,37 @@ mod tests {
             assert_eq!(all[0].blocks, want);
             assert_eq!(all[0].long, None);
         }
+    }
+
+    /// A scratch file that fails (its disk full) while a long list is read
+    /// into it costs RAM, not the catalog: the list is read into the
+    /// record instead (the whole catalog used to be dropped for the run).
+    /// Needs root (a 1 MiB tmpfs).
+    #[test]
+    fn a_full_scratch_file_reads_long_lists_into_ram() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("c.sqlite");
+        let want = long_digests(true);
+        let (_store, h, list) = long_list(d.path(), &want, true);
+        let (mut c, _) = Catalog::open_and_scan(&p, 4096, (true, Some(h)), &mut |_| ()).unwrap();
+        let long = FileRecord {
+            blocks: Vec::new(),
+            long: Some(list),
+            ..rec(1)
+        };
+        c.commit_run(&[], [long], &[]).unwrap();
+        drop(c);
+        let fs = onecopy_testfs::LoopFs::new(onecopy_testfs::FsKind::Tmpfs, 1 << 20).unwrap();
+        let full = DigestStore::spilling_to(fs.path()).unwrap();
+        std::fs::write(fs.path().join("ballast"), vec![1u8; 2 << 20]).unwrap_err();
+        let mut seen = Vec::new();
+        let spill = full.spill_handle();
+        let (_c, why) =
+            Catalog::open_and_scan(&p, 4096, (true, spill), &mut |r| seen.push(r)).unwrap();
+        assert!(why.is_none(), "{why:?}");
+        assert_eq!(seen.len(), 1);
+        assert_eq!(seen[0].long, None);
+        assert_eq!(seen[0].blocks, want);
     }
 
     /// A list no record refers to goes in the same transaction: its record

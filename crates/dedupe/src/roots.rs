@@ -75,30 +75,6 @@ pub fn check_root(path: &Path) -> Result<FsInfo, RootError> {
     }
 }
 
-/// The roots to walk, in order, without those another root's walk covers:
-/// a repeated root, and one below an earlier or later root on the same
-/// device (`dev`, its `st_dev`; a root on another device is walked only
-/// if named, unless `cross` says walks cross devices). Walked twice, a
-/// file would be counted twice, and its two visits taken for hard links.
-pub fn distinct(
-    roots: &[PathBuf],
-    dev: impl Fn(&Path) -> Option<u64>,
-    cross: bool,
-) -> Vec<PathBuf> {
-    let covers = |outer: &Path, inner: &Path| {
-        inner.starts_with(outer) && (outer == inner || cross || dev(outer) == dev(inner))
-    };
-    let mut out: Vec<PathBuf> = Vec::new();
-    for r in roots {
-        let later_covers = |q: &PathBuf| q != r && covers(q, r) && !covers(r, q);
-        if out.iter().any(|q| covers(q, r)) || roots.iter().any(later_covers) {
-            continue;
-        }
-        out.push(r.clone());
-    }
-    out
-}
-
 /// Whether `block_size` (`--block-size`) suits a filesystem of blocks of
 /// `fs_block` bytes: a non-zero multiple of it, at most `u32::MAX`.
 pub fn check_block_size(block_size: u64, fs_block: u64) -> Result<(), String> {
@@ -139,24 +115,6 @@ mod tests {
         assert!(check_block_size(1 << 33, 4096)
             .unwrap_err()
             .contains("too large"));
-    }
-
-    #[test]
-    fn roots_walked_once() {
-        let p = |s: &str| PathBuf::from(s);
-        let dev = |x: &Path| Some(if x.starts_with("/m/other") { 2 } else { 1 });
-        let roots = [
-            p("/d"),
-            p("/d"),
-            p("/d/sub"),
-            p("/e/f"),
-            p("/e"),
-            p("/d/other"),
-        ];
-        assert_eq!(distinct(&roots, dev, false), [p("/d"), p("/e")]);
-        let mounted = [p("/m"), p("/m/other"), p("/m/x")];
-        assert_eq!(distinct(&mounted, dev, false), [p("/m"), p("/m/other")]);
-        assert_eq!(distinct(&mounted, dev, true), [p("/m")]);
     }
 
     #[test]

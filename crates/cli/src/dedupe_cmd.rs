@@ -11,8 +11,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::fd::AsFd;
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -88,14 +87,11 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
     }
     let free_before = settled_free(&a.paths);
     // Absolute, symlink-free roots: catalog records hold absolute paths.
-    // Each walked once (`dedupe D D` walked D twice).
-    let canonical: Vec<PathBuf> = a
+    let roots_abs: Vec<PathBuf> = a
         .paths
         .iter()
         .map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()))
         .collect();
-    let dev = |p: &Path| std::fs::metadata(p).ok().map(|m| m.dev());
-    let roots_abs = roots::distinct(&canonical, dev, a.cross_filesystems);
     let mut report = Report::new(&a);
     let (walked, mut tree) = walk(&a, &roots_abs, &ui, &sig, &mut report);
     // Every file's digests, known or read; the lists without sub-digests
@@ -446,17 +442,16 @@ fn remember(
     if let Err(e) = cat.commit_run(roots, records, &deletes) {
         let cat = run.catalog.take().expect("the catalog just written");
         let path = cat.path().display().to_string();
-        // Damage is set aside and rebuilt (a warning); anything else (a
-        // full disk, a permission) loses this run's work to every later
-        // run until it is fixed: an error (exit 1).
+        // Damage set aside is rebuilt (a warning); anything else (a full
+        // disk, a permission, damage that could not be set aside) loses
+        // this run's work to every later run until it is fixed: an error
+        // (exit 1).
         match cat.after_failed_update(e) {
-            failed @ onecopy_catalog::FailedUpdate::Kept { .. } => {
-                report.errors.push(ErrorRecord {
-                    path,
-                    error: failed.to_string(),
-                })
-            }
-            failed => ui.warn(&failed.to_string()),
+            failed @ onecopy_catalog::FailedUpdate::SetAside { .. } => ui.warn(&failed.to_string()),
+            failed => report.errors.push(ErrorRecord {
+                path,
+                error: failed.to_string(),
+            }),
         }
     }
     *report.phases.entry("catalog").or_default() += t.elapsed().as_secs_f64();

@@ -375,6 +375,7 @@ fn skip_name(k: SkipReason) -> &'static str {
         SkipReason::SwapFile => "active swap files",
         SkipReason::UnsupportedFilesystem => "on unsupported filesystems",
         SkipReason::Interrupted => "left part-read by the interruption",
+        SkipReason::TooManyBlocks => "over 2^32 blocks (use a larger --block-size)",
     }
 }
 

@@ -870,7 +870,9 @@ impl Sink<'_> {
     /// A long list's gathered blocks go to the scratch file.
     fn write_out(&mut self) -> std::io::Result<()> {
         if let Some((spill, w)) = &mut self.long {
-            spill.write(w, &self.scratch.blocks)?;
+            spill.write(w, &self.scratch.blocks).map_err(|e| {
+                std::io::Error::new(e.kind(), format!("scratch file of block digests: {e}"))
+            })?;
             self.scratch.blocks.clear();
         }
         Ok(())
@@ -1023,6 +1025,9 @@ impl Reader<'_, '_> {
         advise_sequential(f);
         let sub = (device.block as usize).clamp(512, self.bs);
         let blocks = entry.size.div_ceil(self.bs as u64);
+        if blocks > u64::from(u32::MAX) {
+            return Err(Outcome::Skip(SkipReason::TooManyBlocks));
+        }
         let long = self
             .spill
             .filter(|_| blocks > LONG_LIST)
@@ -1218,12 +1223,17 @@ fn skip_hole(
     if end > pos {
         let zero = zero_block_digest(bs as u64, sub as u64);
         let zero_sub = sub_digest(&vec![0u8; sub]);
-        for _ in 0..(end - pos) / bs as u64 {
+        for n in 0..(end - pos) / bs as u64 {
             if sink.keep_subs {
                 let subs = &mut sink.scratch.subs;
                 subs.extend(std::iter::repeat_n(zero_sub, bs / sub));
             }
             sink.push(zero)?;
+            // A hole of terabytes is millions of blocks: the run stops
+            // within a few of them, as within one buffer of data.
+            if n % (1 << 20) == 0 && progress.cancelled() {
+                return Err(std::io::Error::from(std::io::ErrorKind::Interrupted));
+            }
         }
         progress.bytes_done.fetch_add(end - pos, Ordering::Relaxed);
     }

@@ -59,6 +59,9 @@ pub enum SkipReason {
     /// Being read when the run was interrupted (SIGINT/SIGTERM): a large
     /// file is left part way instead of holding the run until its end.
     Interrupted,
+    /// More blocks than a digest list holds (2^32: 16 TiB at 4 KiB); a
+    /// larger `--block-size` takes it.
+    TooManyBlocks,
 }
 
 /// A per-file problem: recorded, reported at the end, never fatal.

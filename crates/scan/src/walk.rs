@@ -587,7 +587,14 @@ impl Drop for Sink {
 pub fn walk(opts: &WalkOptions, progress: &Progress) -> WalkOutput {
     let filters = Arc::new(Filters::new(opts, active_swap_files()));
     let mut out = Collected::default();
+    let mut walked = std::collections::HashSet::new();
     for root in &opts.roots {
+        // Named twice: walked once (a root inside another is walked
+        // again, as excludes and subvolumes decide; its entries are
+        // merged by `one_entry_per_inode`).
+        if !walked.insert(root) {
+            continue;
+        }
         let (root_dev, root_ino) = match std::fs::symlink_metadata(root) {
             Ok(m) => (m.dev(), m.ino()),
             Err(source) => {
@@ -619,11 +626,13 @@ pub fn walk(opts: &WalkOptions, progress: &Progress) -> WalkOutput {
             f.dev = map[f.dev.0 as usize];
         }
     });
-    let links = one_entry_per_inode(&mut out.files, &tree);
+    let (repeats, links) = one_entry_per_inode(&mut out.files, &tree);
     if links > 0 {
         *out.skipped.entry(SkipReason::Hardlink).or_default() += links;
-        progress.files_found.fetch_sub(links, Ordering::Relaxed);
     }
+    progress
+        .files_found
+        .fetch_sub(repeats + links, Ordering::Relaxed);
     // The list grew by doubling: give the slack back before it is kept.
     out.files.shrink_to_fit();
     WalkOutput {
@@ -898,13 +907,21 @@ fn walk_long(
 /// Sorts by (device, inode) and keeps one entry per inode (further names
 /// are hardlinks), preferring a name on a writable mount (a read-only bind
 /// mount of the same files would make it a source only). Returns how many
-/// names were dropped.
-fn one_entry_per_inode(files: &mut Vec<FileEntry>, tree: &Tree) -> u64 {
+/// entries were a name met again, and how many further names (hard links)
+/// were dropped.
+fn one_entry_per_inode(files: &mut Vec<FileEntry>, tree: &Tree) -> (u64, u64) {
     files.sort_unstable_by(|a, b| {
         (a.dev, a.ino)
             .cmp(&(b.dev, b.ino))
             .then_with(|| tree.path(a.name).cmp(&tree.path(b.name)))
     });
+    // The same name met twice (a root named twice, or inside another
+    // root): one entry, not a hard link of itself.
+    let listed = files.len();
+    files.dedup_by(|b, a| {
+        (a.dev, a.ino) == (b.dev, b.ino) && tree.path(a.name) == tree.path(b.name)
+    });
+    let repeats = (listed - files.len()) as u64;
     let mut i = 0;
     while i < files.len() {
         let mut j = i + 1;
@@ -921,7 +938,7 @@ fn one_entry_per_inode(files: &mut Vec<FileEntry>, tree: &Tree) -> u64 {
     }
     let before = files.len();
     files.dedup_by(|b, a| a.dev == b.dev && a.ino == b.ino);
-    (before - files.len()) as u64
+    (repeats, (before - files.len()) as u64)
 }
 
 #[cfg(test)]

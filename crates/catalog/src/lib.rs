@@ -1629,6 +1629,29 @@ mod tests {
         (store, h, d)
     }
 
+    /// A catalog at `p` scanned with a scratch file in `dir`, and a long
+    /// list written there (kept by the store returned): the list's digests
+    /// and where they are.
+    fn with_long_list(
+        p: &Path,
+        dir: &Path,
+        one_sub: bool,
+    ) -> (Catalog, DigestStore, Vec<u128>, Digests) {
+        let want = long_digests(one_sub);
+        let (store, h, list) = long_list(dir, &want, one_sub);
+        let (c, _) = Catalog::open_and_scan(p, 4096, (true, Some(h)), &mut |_| ()).unwrap();
+        (c, store, want, list)
+    }
+
+    /// `rec(ino)` with the long list `list`.
+    fn long_rec(ino: u64, list: Digests) -> FileRecord {
+        FileRecord {
+            blocks: Vec::new(),
+            long: Some(list),
+            ..rec(ino)
+        }
+    }
+
     fn long_digests(one_sub: bool) -> Vec<u128> {
         let n = onecopy_scan::LONG_LIST + 10;
         (0..n)
@@ -1647,14 +1670,8 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         for one_sub in [true, false] {
             let p = d.path().join(format!("c-{one_sub}.sqlite"));
-            let want = long_digests(one_sub);
-            let (_store, h, list) = long_list(d.path(), &want, one_sub);
-            let mut long = rec(1);
-            long.blocks = Vec::new();
-            long.long = Some(list);
-            let (mut c, _) =
-                Catalog::open_and_scan(&p, 4096, (true, Some(h)), &mut |_| ()).unwrap();
-            c.commit_run(&[], [long.clone(), rec(2)], &[]).unwrap();
+            let (mut c, _store, want, list) = with_long_list(&p, d.path(), one_sub);
+            c.commit_run(&[], [long_rec(1, list), rec(2)], &[]).unwrap();
             let (inline, listed): (Vec<u8>, i64) = c
                 .conn
                 .query_row(
@@ -1696,15 +1713,8 @@ mod tests {
     fn a_full_scratch_file_reads_long_lists_into_ram() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("c.sqlite");
-        let want = long_digests(true);
-        let (_store, h, list) = long_list(d.path(), &want, true);
-        let (mut c, _) = Catalog::open_and_scan(&p, 4096, (true, Some(h)), &mut |_| ()).unwrap();
-        let long = FileRecord {
-            blocks: Vec::new(),
-            long: Some(list),
-            ..rec(1)
-        };
-        c.commit_run(&[], [long], &[]).unwrap();
+        let (mut c, _store, want, list) = with_long_list(&p, d.path(), true);
+        c.commit_run(&[], [long_rec(1, list)], &[]).unwrap();
         drop(c);
         let fs = onecopy_testfs::LoopFs::new(onecopy_testfs::FsKind::Tmpfs, 1 << 20).unwrap();
         let full = DigestStore::spilling_to(fs.path()).unwrap();
@@ -1725,19 +1735,13 @@ mod tests {
     fn lists_without_their_record_go() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("c.sqlite");
-        let want = long_digests(true);
-        let (_store, h, list) = long_list(d.path(), &want, true);
         let lists = |c: &Catalog| -> i64 {
             c.conn
                 .query_row("SELECT count(*) FROM lists", [], |r| r.get(0))
                 .unwrap()
         };
-        let (mut c, _) = Catalog::open_and_scan(&p, 4096, (true, Some(h)), &mut |_| ()).unwrap();
-        let long = |ino| FileRecord {
-            blocks: Vec::new(),
-            long: Some(list),
-            ..rec(ino)
-        };
+        let (mut c, _store, _, list) = with_long_list(&p, d.path(), true);
+        let long = |ino| long_rec(ino, list);
         c.commit_run(&[], [long(1), long(2), long(3)], &[]).unwrap();
         assert_eq!(lists(&c), 3);
         c.commit_run(&[], [rec(1)], &[]).unwrap();
@@ -1756,15 +1760,8 @@ mod tests {
     fn a_damaged_list_is_found() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("c.sqlite");
-        let (_store, h, list) = long_list(d.path(), &long_digests(false), false);
-        let (mut c, _) =
-            Catalog::open_and_scan(&p, 4096, (true, Some(h.clone())), &mut |_| ()).unwrap();
-        let long = FileRecord {
-            blocks: Vec::new(),
-            long: Some(list),
-            ..rec(1)
-        };
-        c.commit_run(&[], [long], &[]).unwrap();
+        let (mut c, _store, _, list) = with_long_list(&p, d.path(), false);
+        c.commit_run(&[], [long_rec(1, list)], &[]).unwrap();
         {
             use std::io::{Seek, SeekFrom, Write};
             let mut b = c

@@ -868,16 +868,16 @@ enum Span {
 /// of the range where a filesystem does not tell). A file written
 /// meanwhile only loses a range to share: the kernel compares the bytes.
 fn next_span<'a>(op: &Op, src: &File, done: u64, group: impl Iterator<Item = &'a Pending>) -> Span {
-    use rustix::fs::{seek, SeekFrom};
+    use onecopy_ioctl::fs::{next_data, next_hole};
     let left = op.len - done;
     // (bytes of hole at `at`, bytes to the first hole from `at`)
     let look = |f: &File, at: u64| {
-        let hole = match seek(f, SeekFrom::Data(at)) {
-            Ok(data) => data.saturating_sub(at).min(left),
-            Err(rustix::io::Errno::NXIO) => left,
+        let hole = match next_data(f.as_fd(), at) {
+            Ok(Some(data)) => data.saturating_sub(at).min(left),
+            Ok(None) => left,
             Err(_) => 0,
         };
-        let data = match (hole, seek(f, SeekFrom::Hole(at))) {
+        let data = match (hole, next_hole(f.as_fd(), at)) {
             (0, Ok(h)) => h.saturating_sub(at).min(left),
             (0, Err(_)) => left,
             _ => 0,

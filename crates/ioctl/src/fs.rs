@@ -161,6 +161,33 @@ pub enum Advice {
     DontNeed,
 }
 
+/// `lseek(fd, at, SEEK_DATA)`: where the first data at or after `at`
+/// starts, or `None` when there is none before the end (`ENXIO`). Moves
+/// the descriptor's offset there.
+pub fn next_data(fd: BorrowedFd<'_>, at: u64) -> io::Result<Option<u64>> {
+    match seek(fd, at, libc::SEEK_DATA) {
+        Err(e) if e.raw_os_error() == Some(libc::ENXIO) => Ok(None),
+        r => r.map(Some),
+    }
+}
+
+/// `lseek(fd, at, SEEK_HOLE)`: where the first hole at or after `at`
+/// starts (the end of the file is one). Moves the descriptor's offset
+/// there.
+pub fn next_hole(fd: BorrowedFd<'_>, at: u64) -> io::Result<u64> {
+    seek(fd, at, libc::SEEK_HOLE)
+}
+
+fn seek(fd: BorrowedFd<'_>, at: u64, whence: i32) -> io::Result<u64> {
+    let at = i64::try_from(at).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: plain syscall on an open descriptor; no memory is passed.
+    let r = unsafe { libc::lseek(fd.as_raw_fd(), at, whence) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(r as u64)
+}
+
 /// `posix_fadvise(fd, 0, 0, advice)` over the whole file.
 pub fn fadvise(fd: BorrowedFd<'_>, advice: Advice) -> io::Result<()> {
     fadvise_range(fd, 0, 0, advice)
@@ -265,6 +292,20 @@ mod tests {
         assert!(!info.read_only);
         assert_eq!(FsKind::from_magic(0x9123_683E), FsKind::Btrfs);
         assert!(FsKind::Xfs.supports_dedupe() && !FsKind::Ext4.supports_dedupe());
+    }
+
+    #[test]
+    fn data_and_holes() {
+        use std::os::unix::fs::FileExt;
+        let f = tempfile::tempfile().unwrap();
+        f.set_len(1 << 20).unwrap();
+        f.write_all_at(&[1u8; 4096], 512 << 10).unwrap();
+        // Filesystems without holes report all of it as data.
+        let data = next_data(f.as_fd(), 0).unwrap().unwrap();
+        assert!(data <= 512 << 10);
+        assert!(next_hole(f.as_fd(), data).unwrap() > data);
+        assert_eq!(next_data(f.as_fd(), 1 << 20).unwrap(), None);
+        assert_eq!(next_hole(f.as_fd(), 0).unwrap() % 4096, 0);
     }
 
     #[test]

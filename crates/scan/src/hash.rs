@@ -156,6 +156,39 @@ impl Digests {
     pub fn one_sub(&self) -> bool {
         self.blocks == 0 && self.subs > 0
     }
+
+    /// `n` blocks from word `at` of the scratch file, one word each when
+    /// `one_sub`, else two.
+    fn spilled(at: u64, n: u64, one_sub: bool) -> Digests {
+        let (at, n) = (at as u32, n as u32);
+        Digests {
+            chunk: SPILLED,
+            at,
+            blocks: if one_sub { 0 } else { n },
+            subs: if one_sub { n } else { 0 },
+        }
+    }
+}
+
+/// Words per block in the scratch file: a single sub-block's digest is
+/// its sub-digest, any other the low then the high half.
+fn words_per_block(one_sub: bool) -> u64 {
+    if one_sub {
+        1
+    } else {
+        2
+    }
+}
+
+/// Appends `blocks` to `out` as scratch-file words (little-endian; see
+/// [`words_per_block`]).
+fn put_words(out: &mut Vec<u8>, blocks: &[BlockDigest], one_sub: bool) {
+    for &b in blocks {
+        out.extend_from_slice(&(b as u64).to_le_bytes());
+        if !one_sub {
+            out.extend_from_slice(&((b >> 64) as u64).to_le_bytes());
+        }
+    }
 }
 
 /// Every file's digests in one run, in chunks of 1 MiB that never move
@@ -390,27 +423,15 @@ impl Spill {
             return None;
         }
         let at = (f.written + f.pending.len() as u64) / 8;
-        let words = blocks.len() as u64 * if one_sub { 1 } else { 2 };
+        let words = blocks.len() as u64 * words_per_block(one_sub);
         if at + words > u64::from(SPILLED) || blocks.len() > u32::MAX as usize {
             return None;
         }
-        for &b in blocks {
-            f.pending.extend_from_slice(&(b as u64).to_le_bytes());
-            if !one_sub {
-                f.pending
-                    .extend_from_slice(&((b >> 64) as u64).to_le_bytes());
-            }
-        }
+        put_words(&mut f.pending, blocks, one_sub);
         if f.pending.len() >= Self::WRITE {
             f.flush();
         }
-        let n = blocks.len() as u32;
-        Some(Digests {
-            chunk: SPILLED,
-            at: at as u32,
-            blocks: if one_sub { 0 } else { n },
-            subs: if one_sub { n } else { 0 },
-        })
+        Some(Digests::spilled(at, blocks.len() as u64, one_sub))
     }
 }
 
@@ -544,7 +565,7 @@ impl SpillHandle {
             return None;
         }
         let at = f.written / 8;
-        let words = len * if one_sub { 1 } else { 2 };
+        let words = len * words_per_block(one_sub);
         if len > u64::from(u32::MAX) || at + words > u64::from(SPILLED) {
             return None;
         }
@@ -572,16 +593,12 @@ impl SpillHandle {
         if w.done + blocks.len() as u64 > w.len {
             return Err(bad("digest list longer than its room"));
         }
-        w.buf.clear();
-        for &b in blocks {
-            if w.one_sub {
-                let sub = sub_of_block(b).ok_or_else(|| bad("not a single sub-block's digest"))?;
-                w.buf.extend_from_slice(&sub.to_le_bytes());
-            } else {
-                w.buf.extend_from_slice(&b.to_le_bytes());
-            }
+        if w.one_sub && !blocks.iter().all(|&b| sub_of_block(b).is_some()) {
+            return Err(bad("not a single sub-block's digest"));
         }
-        let per = if w.one_sub { 1 } else { 2 };
+        w.buf.clear();
+        put_words(&mut w.buf, blocks, w.one_sub);
+        let per = words_per_block(w.one_sub);
         let mut f = self.0.lock();
         if let Err(e) = f.file.write_all_at(&w.buf, (w.at + w.done * per) * 8) {
             f.fail(&e);
@@ -597,17 +614,11 @@ impl SpillHandle {
         if w.done != w.len {
             return None;
         }
-        let per = if w.one_sub { 1 } else { 2 };
+        let per = words_per_block(w.one_sub);
         self.0
             .lock()
             .forget_pages(w.at * 8, (w.at + w.len * per) * 8);
-        let n = w.len as u32;
-        Some(Digests {
-            chunk: SPILLED,
-            at: w.at as u32,
-            blocks: if w.one_sub { 0 } else { n },
-            subs: if w.one_sub { n } else { 0 },
-        })
+        Some(Digests::spilled(w.at, w.len, w.one_sub))
     }
 
     /// The blocks of a list in the scratch file ([`Digests::is_long`]).
@@ -1248,11 +1259,9 @@ fn hole_end(f: &File, pos: u64, full_end: u64, bs: u64) -> Option<u64> {
     if pos >= full_end {
         return None;
     }
-    let end = match rustix::fs::seek(f, rustix::fs::SeekFrom::Data(pos)) {
-        Ok(data) => data - data % bs,
-        // No data from `pos` on.
-        Err(rustix::io::Errno::NXIO) => full_end,
-        Err(_) => return None,
+    let end = match onecopy_ioctl::fs::next_data(f.as_fd(), pos).ok()? {
+        Some(data) => data - data % bs,
+        None => full_end,
     };
     let end = end.min(full_end);
     (end > pos).then_some(end)

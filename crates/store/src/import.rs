@@ -1024,23 +1024,25 @@ fn read_full(f: &File, buf: &mut [u8], off: u64) -> std::io::Result<usize> {
 /// or when its allocated blocks, `blocks` of 512 bytes, cover its size:
 /// no hole worth two more system calls per file).
 fn data_regions(f: &File, size: u64, blocks: u64) -> std::io::Result<Vec<(u64, u64)>> {
-    use rustix::fs::{seek, SeekFrom};
+    use onecopy_ioctl::fs::{next_data, next_hole};
+    use std::os::fd::AsFd;
     if blocks.saturating_mul(512) >= size {
         return Ok(vec![(0, size)]);
     }
+    let errno = |e: &std::io::Error, n| e.raw_os_error() == Some(n);
     let mut out = Vec::new();
     let mut pos = 0u64;
     while pos < size {
-        let start = match seek(f, SeekFrom::Data(pos)) {
-            Ok(s) => s,
-            Err(rustix::io::Errno::NXIO) => break,
-            Err(rustix::io::Errno::INVAL) if pos == 0 => return Ok(vec![(0, size)]),
-            Err(e) => return Err(e.into()),
+        let start = match next_data(f.as_fd(), pos) {
+            Ok(Some(s)) => s,
+            Ok(None) => break,
+            Err(e) if errno(&e, libc::EINVAL) && pos == 0 => return Ok(vec![(0, size)]),
+            Err(e) => return Err(e),
         };
-        let end = match seek(f, SeekFrom::Hole(start)) {
+        let end = match next_hole(f.as_fd(), start) {
             Ok(e) => e.min(size),
-            Err(rustix::io::Errno::NXIO) => size,
-            Err(e) => return Err(e.into()),
+            Err(e) if errno(&e, libc::ENXIO) => size,
+            Err(e) => return Err(e),
         };
         if end <= start {
             break;

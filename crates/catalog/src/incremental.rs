@@ -90,6 +90,11 @@ impl FileRecord {
         settled: bool,
         last_seen: u64,
     ) -> Option<Self> {
+        let long = f.digests.is_long().then_some(f.digests);
+        let blocks = match long {
+            Some(_) => Vec::new(),
+            None => f.blocks(store).to_vec_checked()?,
+        };
         Some(FileRecord {
             fs: fs_key.to_string(),
             subvol: tree.device(f.entry.dev).subvol,
@@ -101,11 +106,8 @@ impl FileRecord {
             ctime_ns: f.entry.ctime_ns,
             nlink: f.entry.nlink.into(),
             whole: f.whole(),
-            blocks: match f.digests.is_long() {
-                true => Vec::new(),
-                false => f.blocks(store).to_vec_checked()?,
-            },
-            long: f.digests.is_long().then_some(f.digests),
+            blocks,
+            long,
             flags: f.inode_flags,
             settled,
             last_seen,

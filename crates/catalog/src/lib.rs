@@ -401,40 +401,56 @@ const IN_LISTS: &[u8] = &[2];
 /// a single filesystem block's ([`sub_of_block`]; all of them at the
 /// default 4 KiB matching), else 16 B per block.
 pub fn digests_to_blob(v: &[u128]) -> Vec<u8> {
-    if !v.is_empty() && v.iter().all(|&d| sub_of_block(d).is_some()) {
-        let mut b = Vec::with_capacity(1 + v.len() * 8);
+    let packed = !v.is_empty() && v.iter().all(|&d| sub_of_block(d).is_some());
+    let mut b = Vec::with_capacity(1 + v.len() * digest_bytes(packed));
+    if packed {
         b.push(PACKED);
-        for &d in v {
-            b.extend_from_slice(&(d as u64).to_le_bytes());
-        }
-        return b;
     }
-    let mut b = Vec::with_capacity(v.len() * 16);
-    for d in v {
-        b.extend_from_slice(&d.to_le_bytes());
-    }
+    v.iter().for_each(|&d| put_digest(&mut b, d, packed));
     b
 }
 
 /// Decodes a `blocks` blob: 16-byte digests, or a packed blob of 8-byte
 /// sub-digests ([`digests_to_blob`]); `None` if it is neither.
 pub fn blob_to_digests(b: &[u8]) -> Option<Vec<u128>> {
-    if b.len().is_multiple_of(16) {
-        return Some(
-            b.chunks_exact(16)
-                .map(|c| u128::from_le_bytes(c.try_into().unwrap()))
-                .collect(),
-        );
-    }
-    let subs = b.strip_prefix(&[PACKED])?;
-    if subs.is_empty() || !subs.len().is_multiple_of(8) {
-        return None;
-    }
+    let (packed, _) = blob_shape(b.len() as u64)?;
+    let digests = if packed {
+        b.strip_prefix(&[PACKED])?
+    } else {
+        b
+    };
     Some(
-        subs.chunks_exact(8)
-            .map(|c| block_of_sub(u64::from_le_bytes(c.try_into().unwrap())))
+        digests
+            .chunks_exact(digest_bytes(packed))
+            .map(digest_from)
             .collect(),
     )
+}
+
+/// Bytes of one digest in a `blocks` blob.
+fn digest_bytes(packed: bool) -> usize {
+    if packed {
+        8
+    } else {
+        16
+    }
+}
+
+/// Appends `d` to a `blocks` blob, little-endian: its sub-digest when the
+/// blob is `packed`, else all 16 bytes.
+fn put_digest(out: &mut Vec<u8>, d: u128, packed: bool) {
+    match packed {
+        true => out.extend_from_slice(&(d as u64).to_le_bytes()),
+        false => out.extend_from_slice(&d.to_le_bytes()),
+    }
+}
+
+/// The digest in `c`: 8 bytes of a packed blob, or 16.
+fn digest_from(c: &[u8]) -> u128 {
+    match c.len() {
+        8 => block_of_sub(u64::from_le_bytes(c.try_into().unwrap())),
+        _ => u128::from_le_bytes(c.try_into().unwrap()),
+    }
 }
 
 /// The record in row `r` of [`Catalog::scan_each`]'s query, its
@@ -562,16 +578,14 @@ fn read_list_into(
     let mut blob = conn
         .blob_open(rusqlite::MAIN_DB, "lists", "blocks", rowid, true)
         .map_err(sq)?;
-    let per = if packed {
+    if packed {
         let mut tag = [0u8];
         blob.read_exact(&mut tag).map_err(blob_err(path))?;
         if tag[0] != PACKED {
             return Err(corrupt().into());
         }
-        8
-    } else {
-        16
-    };
+    }
+    let per = digest_bytes(packed);
     let mut w = match spill {
         Some(s) => Some((s, s.begin(n, packed).ok_or(ListError::Scratch)?)),
         None => None,
@@ -585,10 +599,7 @@ fn read_list_into(
         bytes.resize(k * per, 0);
         blob.read_exact(&mut bytes).map_err(blob_err(path))?;
         piece.clear();
-        piece.extend(bytes.chunks_exact(per).map(|c| match c.len() {
-            8 => block_of_sub(u64::from_le_bytes(c.try_into().unwrap())),
-            _ => u128::from_le_bytes(c.try_into().unwrap()),
-        }));
+        piece.extend(bytes.chunks_exact(per).map(digest_from));
         piece.iter().for_each(|d| h.update(&d.to_le_bytes()));
         match &mut w {
             Some((s, w)) => s.write(w, &piece).map_err(|_| ListError::Scratch)?,
@@ -626,15 +637,20 @@ fn upsert_records(
         "INSERT OR REPLACE INTO files (fs, subvol, ino, generation, path, size, mtime_ns, ctime_ns, whole, blocks, flags, settled, last_seen, checksum, nlink) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
     )?;
     for r in upserts {
-        let long = r.long.and_then(|d| spill.map(|s| s.blocks(&d)));
-        let (blob, sum) = match (r.long, long.as_ref().and_then(list_blob_len)) {
-            (None, _) => (digests_to_blob(&r.blocks), r.checksum()),
+        let list = match r.long {
+            None => None,
+            Some(d) => match spill.map(|s| s.blocks(&d)).and_then(list_blob) {
+                Some(list) => Some(list),
+                None => {
+                    delete_records(conn, &[(r.fs.clone(), r.subvol, r.ino)])?;
+                    continue;
+                }
+            },
+        };
+        let (blob, sum) = match list {
+            None => (digests_to_blob(&r.blocks), r.checksum()),
             // Its checksum once its list is written.
-            (Some(_), Some(_)) => (IN_LISTS.to_vec(), 0),
-            (Some(_), None) => {
-                delete_records(conn, &[(r.fs.clone(), r.subvol, r.ino)])?;
-                continue;
-            }
+            Some(_) => (IN_LISTS.to_vec(), 0),
         };
         ins.execute(params![
             r.fs,
@@ -653,8 +669,8 @@ fn upsert_records(
             sum,
             r.nlink as i64,
         ])?;
-        if let Some(b) = long {
-            write_list(conn, conn.last_insert_rowid(), b, &r)?;
+        if let Some(list) = list {
+            write_list(conn, conn.last_insert_rowid(), list, &r)?;
         }
     }
     Ok(())
@@ -665,31 +681,44 @@ fn upsert_records(
 /// row's other columns and header.
 const MAX_BLOB: u64 = 1_000_000_000 - (64 << 10);
 
-/// The length of the `lists` blob of `b` (packed when it is a list of
-/// single sub-blocks), if SQLite can hold it.
-fn list_blob_len(b: &Blocks<'_>) -> Option<i64> {
-    let n = b.len() as u64;
-    let len = match b {
-        Blocks::Paged { one_sub: true, .. } => 1 + 8 * n,
-        _ => 16 * n,
-    };
-    (len <= MAX_BLOB).then_some(len as i64)
+/// A long list as its `lists` blob will hold it.
+struct ListBlob<'a> {
+    blocks: Blocks<'a>,
+    /// Packed (a list of single sub-blocks), and the blob's length.
+    packed: bool,
+    len: i64,
 }
 
-/// Writes `b`, the long list of `r` (the record in `files` row `rowid`),
-/// into `lists` in pieces, then `r`'s checksum; the record goes if the
-/// list can not be read whole (its file is read again by the next run).
+/// `b` as a `lists` blob, if SQLite can hold it.
+fn list_blob(b: Blocks<'_>) -> Option<ListBlob<'_>> {
+    let packed = matches!(b, Blocks::Paged { one_sub: true, .. });
+    let len = u64::from(packed) + (b.len() * digest_bytes(packed)) as u64;
+    (len <= MAX_BLOB).then_some(ListBlob {
+        blocks: b,
+        packed,
+        len: len as i64,
+    })
+}
+
+/// Writes `list`, the long list of `r` (the record in `files` row
+/// `rowid`), into `lists` in pieces, then `r`'s checksum; the record goes
+/// if the list can not be read whole (its file is read again by the next
+/// run).
 fn write_list(
     conn: &Connection,
     rowid: i64,
-    b: Blocks<'_>,
+    list: ListBlob<'_>,
     r: &FileRecord,
 ) -> rusqlite::Result<()> {
     use std::io::Write;
-    let packed = matches!(b, Blocks::Paged { one_sub: true, .. });
+    let ListBlob {
+        blocks: b,
+        packed,
+        len,
+    } = list;
     conn.execute(
         "INSERT OR REPLACE INTO lists (fs, subvol, ino, blocks) VALUES (?1, ?2, ?3, zeroblob(?4))",
-        params![r.fs, r.subvol as i64, r.ino as i64, list_blob_len(&b)],
+        params![r.fs, r.subvol as i64, r.ino as i64, len],
     )?;
     let list = conn.last_insert_rowid();
     let mut blob = conn.blob_open(rusqlite::MAIN_DB, "lists", "blocks", list, false)?;
@@ -708,12 +737,9 @@ fn write_list(
             conn.execute("DELETE FROM files WHERE rowid = ?1", [rowid])?;
             return Ok(());
         }
-        for d in &piece {
+        for &d in &piece {
             h.update(&d.to_le_bytes());
-            match packed {
-                true => bytes.extend_from_slice(&(*d as u64).to_le_bytes()),
-                false => bytes.extend_from_slice(&d.to_le_bytes()),
-            }
+            put_digest(&mut bytes, d, packed);
         }
         blob.write_all(&bytes).map_err(io_to_sqlite)?;
         bytes.clear();

@@ -83,43 +83,6 @@ fn large_group_low_fd_limit(kind: FsKind) {
     );
 }
 
-/// A digest of `p`'s content that reads only its data (`SEEK_DATA`), not
-/// its holes: of its size and of every 4 KiB block that is not all zeros,
-/// with its offset (a hole and a block of zeros are the same content).
-fn sparse_sum(p: &Path) -> u64 {
-    use std::hash::Hasher;
-    use std::io::{Read, Seek, SeekFrom};
-    use std::os::fd::AsFd;
-    let mut f = std::fs::File::open(p).unwrap();
-    let size = f.metadata().unwrap().len();
-    let mut h = std::hash::DefaultHasher::new();
-    h.write_u64(size);
-    let mut at = 0;
-    let mut block = vec![0u8; 4096];
-    while at < size {
-        let data = match rustix::fs::seek(f.as_fd(), rustix::fs::SeekFrom::Data(at)) {
-            Ok(d) => d,
-            Err(rustix::io::Errno::NXIO) => break,
-            Err(e) => panic!("SEEK_DATA {}: {e}", p.display()),
-        };
-        let end = rustix::fs::seek(f.as_fd(), rustix::fs::SeekFrom::Hole(data)).unwrap();
-        f.seek(SeekFrom::Start(data / 4096 * 4096)).unwrap();
-        at = data / 4096 * 4096;
-        while at < end {
-            let n = f.read(&mut block).unwrap();
-            if block[..n].iter().any(|&b| b != 0) {
-                h.write_u64(at);
-                h.write(&block[..n]);
-            }
-            at += n as u64;
-            if n == 0 {
-                break;
-            }
-        }
-    }
-    h.finish()
-}
-
 /// `path` with `suffix` appended (`-wal`, `.broken`).
 fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
     let mut p = path.as_os_str().to_owned();
@@ -525,7 +488,10 @@ fn huge_sparse_files_are_neither_read_nor_held(kind: FsKind) {
         }
         f.sync_all().unwrap();
     }
-    let sums = (checksum_tree(&root), big.each_ref().map(|p| sparse_sum(p)));
+    let sums = (
+        checksum_tree(&root),
+        big.each_ref().map(|p| sparse_digest(p)),
+    );
     let h = scratch(kind, "sparse").join("catalog.sqlite");
     let hashfile = ["--hashfile", h.to_str().unwrap()];
     past_racy_window();
@@ -534,7 +500,10 @@ fn huge_sparse_files_are_neither_read_nor_held(kind: FsKind) {
     let (first, cost) = wait_costed(child, what);
     first.assert_ok();
     eprintln!("{kind}: first run {cost:?}");
-    let after = (checksum_tree(&root), big.each_ref().map(|p| sparse_sum(p)));
+    let after = (
+        checksum_tree(&root),
+        big.each_ref().map(|p| sparse_digest(p)),
+    );
     assert_eq!(after, sums, "file contents changed");
     assert!(
         same_physical(&big[0], &big[1]),

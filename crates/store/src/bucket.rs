@@ -420,7 +420,7 @@ mod tests {
     /// were named (hex alone) is an XChaCha20-Poly1305 store's.
     #[test]
     fn the_local_key_file_names_its_cipher() {
-        for cipher in [Cipher::XChaCha20Poly1305, Cipher::Aes256Gcm] {
+        for cipher in Cipher::ALL {
             let k = Keys::from_master([7; 64], cipher);
             let back = parse_local_key(&local_key_text(&k)).unwrap();
             assert_eq!((back.cipher(), back.master()), (cipher, &[7; 64]));

@@ -91,10 +91,18 @@ fn encode_flagged(
 }
 
 /// Codec-byte flag of a sealed record: its payload is the encoded
-/// payload sealed ([`crate::seal`]), bound to the record's id and raw
-/// length (header bytes 0-35). The CRC covers the sealed bytes, so damage
-/// is found without the key too.
+/// payload sealed ([`crate::seal`]), bound to the header bytes its
+/// cipher names ([`record_aad`]). The CRC covers the sealed bytes, so
+/// damage is found without the key too. In an encrypted store every
+/// record is sealed.
 const SEALED: u8 = 0x80;
+
+/// The header bytes a sealed record's AEAD binds under `keys`: 0-35 (id,
+/// raw length) or, since [`crate::seal::Cipher::Aes256GcmV2`], 0-43 (all
+/// but the CRC, the codec byte among them).
+fn record_aad<'r>(header: &'r [u8], keys: &Keys) -> &'r [u8] {
+    &header[..keys.cipher().record_aad_len()]
+}
 
 /// A record: header (id, raw length, stored length, codec byte, CRC of
 /// header and payload) and payload, sealed with `keys` when given. The
@@ -111,8 +119,8 @@ fn frame(hash: &Hash, raw_len: u32, codec: u8, payload: &[u8], keys: Option<&Key
     bytes.extend_from_slice(&[codec | flag, 0, 0, 0, 0, 0, 0, 0]);
     match keys {
         Some(k) => {
-            let aad: [u8; 36] = bytes[..36].try_into().unwrap();
-            k.seal_into(&aad, payload, &mut bytes);
+            let header: [u8; 44] = bytes[..44].try_into().unwrap();
+            k.seal_into(record_aad(&header, k), payload, &mut bytes);
         }
         None => bytes.extend_from_slice(payload),
     }
@@ -134,14 +142,41 @@ fn unseal<'a>(
     keys: Option<&Keys>,
     (container, offset): (u64, u64),
 ) -> Result<(u8, std::borrow::Cow<'a, [u8]>)> {
-    if codec & SEALED == 0 {
-        return Ok((codec, payload.into()));
-    }
-    let keys = keys.ok_or_else(|| damaged(container, offset, "a sealed record and no key"))?;
+    let bad = |why| damaged(container, offset, why);
+    let keys = match (codec & SEALED != 0, keys) {
+        (false, None) => return Ok((codec, payload.into())),
+        (false, Some(_)) => return Err(bad("a record not sealed, in an encrypted store")),
+        (true, None) => return Err(bad("a sealed record and no key")),
+        (true, Some(k)) => k,
+    };
     let open = keys
-        .open(&rec[..36], payload)
-        .ok_or_else(|| damaged(container, offset, "a sealed record that does not open"))?;
+        .open(record_aad(rec, keys), payload)
+        .ok_or_else(|| bad("a sealed record that does not open"))?;
     Ok((codec & !SEALED, open.into()))
+}
+
+/// A sealed record whose codec its AEAD does not bind (ciphers before
+/// [`crate::seal::Cipher::Aes256GcmV2`]) and whose codec is not raw:
+/// its decoded bytes must have the record's id, or a codec byte changed
+/// with its CRC could decode the opened bytes to others.
+fn vouch(
+    rec: &[u8],
+    raw: &[u8],
+    keys: Option<&Keys>,
+    (container, offset): (u64, u64),
+) -> Result<()> {
+    let Some(k) = keys else { return Ok(()) };
+    if k.cipher().record_aad_len() > 40 || rec[40] & 0x3f == Codec::Raw as u8 {
+        return Ok(());
+    }
+    if k.fingerprint(raw)[..] != rec[..32] {
+        return Err(damaged(
+            container,
+            offset,
+            "decoded bytes that are not the record's",
+        ));
+    }
+    Ok(())
 }
 
 thread_local! {
@@ -234,8 +269,14 @@ fn auto(raw: &[u8], level: i32) -> Option<(Codec, Vec<u8>)> {
 }
 
 /// Checks a record's framing and checksum: (raw length, codec byte,
-/// payload). Any mismatch is an error.
-fn check(rec: &[u8], container: u64, offset: u64) -> Result<(usize, u8, &[u8])> {
+/// payload). Any mismatch is an error. A sealed record read with keys
+/// whose AEAD binds all the CRC covers is left to the AEAD.
+fn check<'r>(
+    rec: &'r [u8],
+    container: u64,
+    offset: u64,
+    keys: Option<&Keys>,
+) -> Result<(usize, u8, &'r [u8])> {
     if rec.len() < RECORD_HEADER {
         return Err(damaged(container, offset, "short record"));
     }
@@ -245,11 +286,15 @@ fn check(rec: &[u8], container: u64, offset: u64) -> Result<(usize, u8, &[u8])> 
         return Err(damaged(container, offset, "length mismatch"));
     }
     let payload = &rec[RECORD_HEADER..];
-    let mut crc = crc32fast::Hasher::new();
-    crc.update(&rec[..44]);
-    crc.update(payload);
-    if crc.finalize() != u32_at(44) {
-        return Err(damaged(container, offset, "checksum mismatch"));
+    let sealed_whole =
+        rec[40] & SEALED != 0 && keys.is_some_and(|k| k.cipher().record_aad_len() == 44);
+    if !sealed_whole {
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(&rec[..44]);
+        crc.update(payload);
+        if crc.finalize() != u32_at(44) {
+            return Err(damaged(container, offset, "checksum mismatch"));
+        }
     }
     Ok((raw_len, rec[40], payload))
 }
@@ -271,7 +316,7 @@ pub fn decode(
     offset: u64,
     keys: Option<&Keys>,
 ) -> Result<(Hash, Vec<u8>)> {
-    let (raw_len, codec, payload) = check(rec, container, offset)?;
+    let (raw_len, codec, payload) = check(rec, container, offset, keys)?;
     let (codec, payload) = unseal(rec, codec, payload, keys, (container, offset))?;
     let bad = |why| damaged(container, offset, why);
     let raw = match codec & !PACK {
@@ -284,6 +329,7 @@ pub fn decode(
     if raw.len() != raw_len {
         return Err(bad("decoded length"));
     }
+    vouch(rec, &raw, keys, (container, offset))?;
     Ok((rec[..32].try_into().unwrap(), raw))
 }
 
@@ -322,14 +368,14 @@ pub fn decode_into(
     out: &mut [u8],
     keys: Option<&Keys>,
 ) -> Result<()> {
-    let (raw_len, codec, payload) = check(rec, container, offset)?;
+    let (raw_len, codec, payload) = check(rec, container, offset, keys)?;
     let bad = |why| damaged(container, offset, why);
     if raw_len != out.len() || codec & PACK != 0 {
         return Err(bad("length differs from the index"));
     }
     if let (SEALED, Some(k)) = (codec, keys) {
         // Sealed (flag) and raw (codec 0): opened straight into `out`, no copy between.
-        let opened = k.open_into(&rec[..36], payload, out);
+        let opened = k.open_into(record_aad(rec, k), payload, out);
         return opened
             .then_some(())
             .ok_or_else(|| bad("a sealed record that does not open"));
@@ -351,7 +397,7 @@ pub fn decode_into(
     if n != raw_len {
         return Err(bad("decoded length"));
     }
-    Ok(())
+    vouch(rec, out, keys, (container, offset))
 }
 
 /// Where container files live. Containers are never overwritten: a store
@@ -836,7 +882,20 @@ mod tests {
     /// flipped byte anywhere, another key, or no key is damage.
     #[test]
     fn sealed_records_open_with_their_key_only() {
-        let keys = Keys::generate();
+        for cipher in crate::seal::Cipher::ALL {
+            sealed_records_open_with_their_key_only_in(cipher);
+        }
+    }
+
+    fn sealed_records_open_with_their_key_only_in(cipher: crate::seal::Cipher) {
+        let keys = Keys::from_master(
+            *blake3::hash(b"records")
+                .as_bytes()
+                .repeat(2)
+                .first_chunk()
+                .unwrap(),
+            cipher,
+        );
         let raw = b"some bytes, some bytes, some bytes, some bytes".repeat(50);
         let hash = keys.fingerprint(&raw);
         for compress in [Compress::None, Compress::Zstd, Compress::Lz4] {
@@ -873,6 +932,83 @@ mod tests {
                 "plaintext in a sealed record"
             );
         }
+    }
+
+    /// A record sealed with `keys` made again with its codec byte set to
+    /// `codec` and a CRC to match, as a bucket's owner could.
+    fn recodec(rec: &[u8], codec: u8) -> Vec<u8> {
+        let mut forged = rec.to_vec();
+        forged[40] = codec;
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(&forged[..44]);
+        crc.update(&forged[RECORD_HEADER..]);
+        forged[44..RECORD_HEADER].copy_from_slice(&crc.finalize().to_le_bytes());
+        forged
+    }
+
+    /// In an encrypted store a record that is not sealed is damage: a
+    /// bucket's owner cannot put plain records of their choosing in.
+    #[test]
+    fn an_unsealed_record_does_not_decode_with_a_key() {
+        let raw = b"chosen by whoever writes the bucket".repeat(40);
+        for cipher in crate::seal::Cipher::ALL {
+            let keys = Keys::from_master([3; 64], cipher);
+            for compress in [Compress::None, Compress::Zstd, Compress::Lz4] {
+                let plain = encode(&keys.fingerprint(&raw), &raw, compress, None);
+                assert!(decode(&plain.bytes, 1, 16, None).is_ok());
+                let err = decode(&plain.bytes, 1, 16, Some(&keys)).unwrap_err();
+                assert!(err.to_string().contains("not sealed"), "{err}");
+                let mut out = vec![0u8; raw.len()];
+                assert!(decode_into(&plain.bytes, 1, 16, &mut out, Some(&keys)).is_err());
+            }
+        }
+    }
+
+    /// A sealed raw record whose bytes are also a zstd frame of the same
+    /// length (a file a user was given to store) read as zstd after its
+    /// codec byte and CRC were changed: never its frame's content. v2
+    /// binds the codec byte; older ciphers check the decoded bytes' id.
+    #[test]
+    fn a_changed_codec_byte_never_decodes_to_other_bytes() {
+        let inner = b"what the bucket's owner wants read".repeat(30);
+        let mut frame = zstd::bulk::compress(&inner, 3).unwrap();
+        let pad = inner.len() - frame.len() - 8;
+        frame.extend_from_slice(&0x184D_2A50u32.to_le_bytes()); // a skippable frame
+        frame.extend_from_slice(&(pad as u32).to_le_bytes());
+        frame.resize(inner.len(), 0xa5);
+        assert_eq!(zstd::stream::decode_all(&frame[..]).unwrap(), inner);
+        for cipher in crate::seal::Cipher::ALL {
+            let keys = Keys::from_master([5; 64], cipher);
+            let rec = encode(
+                &keys.fingerprint(&frame),
+                &frame,
+                Compress::None,
+                Some(&keys),
+            );
+            assert_eq!(rec.bytes[40], SEALED | Codec::Raw as u8);
+            assert_eq!(decode(&rec.bytes, 1, 16, Some(&keys)).unwrap().1, frame);
+            let forged = recodec(&rec.bytes, SEALED | Codec::Zstd as u8);
+            let err = decode(&forged, 1, 16, Some(&keys)).unwrap_err();
+            assert!(
+                matches!(err, StoreError::Damaged { .. }),
+                "{cipher:?}: {err}"
+            );
+            let mut out = vec![0u8; frame.len()];
+            let into = decode_into(&forged, 1, 16, &mut out, Some(&keys));
+            assert!(into.is_err(), "{cipher:?}: decoded into");
+        }
+    }
+
+    /// A v2 record read with its key needs no CRC (the AEAD binds every
+    /// byte the CRC covers); without the key the CRC still finds damage.
+    #[test]
+    fn a_v2_record_is_checked_by_its_aead() {
+        let keys = Keys::from_master([9; 64], crate::seal::Cipher::Aes256GcmV2);
+        let raw = b"v2 ".repeat(3000);
+        let mut rec = encode(&keys.fingerprint(&raw), &raw, Compress::Zstd, Some(&keys)).bytes;
+        rec[45] ^= 1;
+        assert_eq!(decode(&rec, 1, 16, Some(&keys)).unwrap().1, raw);
+        assert!(check(&rec, 1, 16, None).is_err());
     }
 
     #[test]

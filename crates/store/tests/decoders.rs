@@ -32,8 +32,8 @@ fn framed(raw_len: u32, codec: u8, payload: &[u8]) -> Vec<u8> {
 }
 
 /// A fixed key (the cases need not differ in it), of each cipher.
-fn keys() -> [Keys; 2] {
-    [Cipher::Aes256Gcm, Cipher::XChaCha20Poly1305].map(|c| Keys::from_master([7; 64], c))
+fn keys() -> [Keys; 3] {
+    Cipher::ALL.map(|c| Keys::from_master([7; 64], c))
 }
 
 proptest! {
@@ -54,8 +54,8 @@ proptest! {
         payload in proptest::collection::vec(any::<u8>(), 0..2000),
     ) {
         let rec = framed(raw_len, codec, &payload);
-        let [a, b] = keys();
-        for k in [None, Some(a), Some(b)] {
+        let [a, b, c] = keys();
+        for k in [None, Some(a), Some(b), Some(c)] {
             if let Ok((_, raw)) = decode(&rec, 1, 16, k.as_ref()) {
                 prop_assert_eq!(raw.len(), raw_len as usize);
             }
@@ -80,9 +80,11 @@ proptest! {
         prop_assert!(decode(&bad, 1, 16, None).is_err(), "flip at {} of {}", i, bad.len());
         let cut = at.index(bad.len().max(RECORD_HEADER + 1) - 1);
         prop_assert!(decode(&enc.bytes[..cut], 1, 16, None).is_err());
-        // The same, sealed with either cipher.
+        // The same, sealed with each cipher (ids keyed, as a store makes
+        // them). A v2 record's CRC is left to its AEAD when read with
+        // the key: a flip there reads exactly the bytes stored.
         for k in keys() {
-            let sealed = encode(&hash, &raw, compress, Some(&k));
+            let sealed = encode(&k.fingerprint(&raw), &raw, compress, Some(&k));
             prop_assert_eq!(&decode(&sealed.bytes, 1, 16, Some(&k)).unwrap().1, &raw);
             let mut out = vec![0; raw.len()];
             decode_into(&sealed.bytes, 1, 16, &mut out, Some(&k)).unwrap();
@@ -90,6 +92,10 @@ proptest! {
             let mut bad = sealed.bytes.clone();
             let i = at.index(bad.len());
             bad[i] ^= 1 << bit;
+            if (44..RECORD_HEADER).contains(&i) && k.cipher() == Cipher::Aes256GcmV2 {
+                prop_assert_eq!(&decode(&bad, 1, 16, Some(&k)).unwrap().1, &raw);
+                continue;
+            }
             prop_assert!(decode(&bad, 1, 16, Some(&k)).is_err(), "sealed: flip at {}", i);
             let into = decode_into(&bad, 1, 16, &mut out, Some(&k));
             prop_assert!(into.is_err(), "sealed, decoded into: flip at {}", i);

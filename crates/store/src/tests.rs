@@ -1683,6 +1683,45 @@ fn a_damaged_cache_copy_is_read_again_from_the_bucket() {
     assert!(!s.scrub().unwrap().damaged.is_empty());
 }
 
+/// An encrypted store's bucket owner puts a plain record of their choosing
+/// (a zstd frame padded to the sealed record's length, its CRC valid)
+/// where a sealed one was: the read is `EIO`, never their bytes.
+#[test]
+fn a_plain_record_put_in_an_encrypted_bucket_is_damage() {
+    use crate::remote::object_key;
+    let bucket = tempfile::tempdir().unwrap();
+    let (d, s) = remote_store_with(bucket.path(), Some(b"pw"), None);
+    let data = pseudo(64 << 10, 31);
+    let a = file(&s, "a", &data);
+    s.push_remote().unwrap().expect("a change to push");
+    let (cont, off, stored) = chunk_locs(&s, a)[0];
+    drop(s);
+    let evil = vec![b'!'; 4096];
+    let mut payload = zstd::bulk::compress(&evil, 3).unwrap();
+    let pad = stored as usize - container::RECORD_HEADER - payload.len() - 8;
+    payload.extend_from_slice(&0x184D_2A50u32.to_le_bytes()); // a skippable frame
+    payload.extend_from_slice(&(pad as u32).to_le_bytes());
+    payload.resize(stored as usize - container::RECORD_HEADER, 0);
+    let forge = |path: &std::path::Path| {
+        let mut bytes = std::fs::read(path).unwrap();
+        let rec = &mut bytes[off as usize..(off + stored) as usize];
+        rec[36..40].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+        rec[40] = container::Codec::Zstd as u8;
+        rec[container::RECORD_HEADER..].copy_from_slice(&payload);
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(&rec[..44]);
+        crc.update(&rec[container::RECORD_HEADER..]);
+        rec[44..48].copy_from_slice(&crc.finalize().to_le_bytes());
+        std::fs::write(path, bytes).unwrap();
+    };
+    forge(&container_file(d.path(), cont));
+    forge(&bucket.path().join(object_key(cont)));
+    let s = Store::open(d.path()).unwrap();
+    let err = s.read(a, 0, 4096).unwrap_err();
+    assert_eq!(err.errno(), libc::EIO, "{err}");
+    assert!(!s.scrub().unwrap().damaged.is_empty());
+}
+
 /// Readers that meet the same damaged cache copy at once all read the
 /// bucket's copy: the one that drops the copy first must not leave the
 /// others with `EIO` (a mount's readers of two files sharing chunks did).

@@ -247,6 +247,61 @@ fn copies_inside_the_mount_share_chunks() {
     fsck_clean(&s.store);
 }
 
+/// `cp` out of `.onecopy/snapshots/NAME` into the live tree shares the
+/// snapshot's chunks (it wrote zeros, or failed with ENOENT, when the
+/// source was a snapshot's file): the copy, and a `copy_file_range` over
+/// a file holding other bytes, read back as the snapshot's file, after a
+/// remount too, and add no stored bytes.
+#[test]
+fn a_copy_out_of_a_snapshot_shares_its_chunks() {
+    require_fuse();
+    let s = scratch(&["--compress", "none"]);
+    let m = Mount::new(&s);
+    let mnt = s.mnt.to_str().unwrap();
+    ok(sh(&format!(
+        "head -c 8388608 /dev/urandom > {mnt}/f && head -c 1000000 /dev/urandom > {mnt}/victim"
+    )));
+    let sum = |p: &Path| checksum_file(p).unwrap();
+    let want = sum(&s.mnt.join("f"));
+    ok(snapshot(&["create", mnt, "s1"]));
+    ok(sh(&format!(
+        "head -c 8388608 /dev/urandom > {mnt}/f && sync {mnt}/f"
+    )));
+    ok(snapshot(&["create", mnt, "s2"]));
+    let figure = |k: &str| stats(&s.store)[k].as_u64().unwrap();
+    let before = (figure("stored_bytes"), figure("written_duplicate_bytes"));
+    let from = snap_dir(&s.mnt, "s1").join("f");
+    ok(sh(&format!(
+        "cp {} {mnt}/restored && sync {mnt}/restored",
+        from.display()
+    )));
+    let py = format!(
+        "import os\nsrc = os.open('{}', os.O_RDONLY)\n\
+         dst = os.open('{mnt}/victim', os.O_WRONLY)\n\
+         print(os.copy_file_range(src, dst, 8388608, 0, 0))",
+        from.display()
+    );
+    let out = Command::new("python3").args(["-c", &py]).output().unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "8388608",
+        "{out:?}"
+    );
+    ok(sh(&format!("sync {mnt}/victim")));
+    for name in ["restored", "victim"] {
+        assert_eq!(sum(&s.mnt.join(name)), want, "{name}");
+    }
+    let after = (figure("stored_bytes"), figure("written_duplicate_bytes"));
+    assert_eq!(after, before, "the copies stored or wrote bytes");
+    m.unmount();
+    fsck_clean(&s.store);
+    let m = Mount::new(&s);
+    for name in ["restored", "victim"] {
+        assert_eq!(sum(&s.mnt.join(name)), want, "{name}, remounted");
+    }
+    m.unmount();
+}
+
 /// Checksums of the files of a flat directory.
 type Sums = BTreeMap<std::ffi::OsString, u128>;
 

@@ -14,8 +14,9 @@ use rusqlite::params;
 
 use crate::config::Chunking;
 use crate::error::{Result, StoreError};
-use crate::ns::Kind;
+use crate::ns::{Attr, Kind};
 use crate::store::{time_now, Inner, Store};
+use crate::view::Source;
 
 /// Bytes copied by reading and writing at a time.
 const BYTES_STEP: u64 = 1 << 20;
@@ -48,9 +49,10 @@ impl Store {
         let len = request_len(self.cfg.chunking, off_in, len, MAX_REQUEST);
         let (len, shared) = {
             let mut g = self.lock();
-            let (len, shared) = self.plan_copy(&mut g, src, off_in, dst, off_out, len)?;
+            let (from, sa) = self.copy_source(&g, src)?;
+            let (len, shared) = self.plan_copy(&mut g, (from, sa), off_in, dst, off_out, len)?;
             if let Some(sh) = shared {
-                self.share(&mut g, src, dst, sh)?;
+                self.share(&mut g, from, dst, sh)?;
             }
             (len, shared)
         };
@@ -70,13 +72,13 @@ impl Store {
     fn plan_copy(
         &self,
         g: &mut Inner,
-        src: u64,
+        (src, sa): (Source, Attr),
         off_in: u64,
         dst: u64,
         off_out: u64,
         len: u64,
     ) -> Result<(u64, Option<Shared>)> {
-        let (sa, da) = (g.attr(src)?, g.attr(dst)?);
+        let da = g.attr(dst)?;
         for a in [&sa, &da] {
             match a.kind {
                 Kind::File => {}
@@ -85,10 +87,13 @@ impl Store {
             }
         }
         let len = len.min(sa.size.saturating_sub(off_in));
-        if src == dst && off_in < off_out + len && off_out < off_in + len {
+        let live = src.epoch.is_none();
+        if live && src.ino == dst && off_in < off_out + len && off_out < off_in + len {
             return Err(StoreError::Invalid);
         }
-        self.flush_file_locked(g, src)?;
+        if live {
+            self.flush_file_locked(g, src.ino)?;
+        }
         let (end, dst_size) = (off_in + len, da.size);
         let shared = match self.cfg.chunking {
             Chunking::Fixed { size } => {
@@ -128,33 +133,22 @@ impl Store {
     /// Maps the shared part's chunks into `dst` (what it held there goes),
     /// one more reference per extent, and sets its size and times:
     /// set-wise statements whatever the number of chunks.
-    fn share(&self, g: &mut Inner, src: u64, dst: u64, sh: Shared) -> Result<()> {
+    ///
+    /// Every statement binds the same seven parameters: source inode,
+    /// range start and end, destination, its offset, the open epoch and
+    /// the epoch a snapshot source is seen at (unused for a live one).
+    fn share(&self, g: &mut Inner, src: Source, dst: u64, sh: Shared) -> Result<()> {
         let out_end = sh.out + (sh.end - sh.start);
         self.drop_extents(g, dst, sh.out, out_end)?;
-        let src_range = params![src, sh.start, sh.end];
+        let [distinct_sql, insert_sql, repeats_sql] = share_sql(src.epoch.is_some());
+        let p = [src.ino, sh.start, sh.end, dst, sh.out, g.epoch];
+        let p = [p[0], p[1], p[2], p[3], p[4], p[5], src.epoch.unwrap_or(0)];
         // One reference per distinct chunk; a chunk the range holds more
         // than once (repeated content) gets the rest below.
-        let distinct =
-            g.db.prepare_cached(
-                "UPDATE chunk_refs SET refs = refs + 1 WHERE id IN
-                 (SELECT chunk FROM extents WHERE ino = ?1 AND off >= ?2 AND off < ?3)",
-            )?
-            .execute(src_range)?;
-        let rows = without_triggers(&g.db, || {
-            g.db.prepare_cached(
-                "INSERT INTO extents (ino, off, len, chunk, born)
-                 SELECT ?4, off - ?2 + ?5, len, chunk, ?6 FROM extents
-                 WHERE ino = ?1 AND off >= ?2 AND off < ?3",
-            )?
-            .execute(params![src, sh.start, sh.end, dst, sh.out, g.epoch])
-        })?;
+        let distinct = run_with(&g.db, distinct_sql, &p)?;
+        let rows = without_triggers(&g.db, || run_with(&g.db, insert_sql, &p))?;
         if rows > distinct {
-            g.db.prepare_cached(
-                "UPDATE chunk_refs SET refs = refs + n.n - 1 FROM (SELECT chunk, COUNT(*) n
-                 FROM extents WHERE ino = ?1 AND off >= ?2 AND off < ?3
-                 GROUP BY chunk HAVING COUNT(*) > 1) n WHERE n.chunk = chunk_refs.id",
-            )?
-            .execute(src_range)?;
+            run_with(&g.db, repeats_sql, &p)?;
         }
         g.db.prepare_cached(
             "UPDATE inodes SET size = MAX(size, ?2), mtime_ns = ?3, ctime_ns = ?3,
@@ -181,6 +175,47 @@ impl Store {
         }
         Ok(())
     }
+}
+
+/// [`Store::share`]'s statements (see it for their parameters), over
+/// the live source's extent rows or a snapshot's view of them.
+fn share_sql(view: bool) -> [&'static str; 3] {
+    fn build(rows: &str) -> [String; 3] {
+        [
+            format!(
+                "UPDATE chunk_refs SET refs = refs + 1 WHERE id IN
+                 (SELECT chunk FROM ({rows}))"
+            ),
+            format!(
+                "INSERT INTO extents (ino, off, len, chunk, born)
+                 SELECT ?4, off - ?2 + ?5, len, chunk, ?6 FROM ({rows})"
+            ),
+            format!(
+                "UPDATE chunk_refs SET refs = refs + n.n - 1 FROM (SELECT chunk, COUNT(*) n
+                 FROM ({rows}) GROUP BY chunk HAVING COUNT(*) > 1) n
+                 WHERE n.chunk = chunk_refs.id"
+            ),
+        ]
+    }
+    static LIVE: std::sync::LazyLock<[String; 3]> = std::sync::LazyLock::new(|| {
+        build("SELECT off, len, chunk FROM extents WHERE ino = ?1 AND off >= ?2 AND off < ?3")
+    });
+    static VIEW: std::sync::LazyLock<[String; 3]> = std::sync::LazyLock::new(|| {
+        let cond = "ino = ?1 AND off >= ?2 AND off < ?3";
+        build(&crate::view::visible("extents", "off, len, chunk", cond, 7))
+    });
+    let s = if view { &*VIEW } else { &*LIVE };
+    [s[0].as_str(), s[1].as_str(), s[2].as_str()]
+}
+
+/// Runs statement `sql` with its parameters taken from `p` by number
+/// (`?N` is `p[N - 1]`; a statement may leave some unnamed).
+fn run_with(db: &rusqlite::Connection, sql: &str, p: &[u64]) -> rusqlite::Result<usize> {
+    let mut st = db.prepare_cached(sql)?;
+    for i in 1..=st.parameter_count() {
+        st.raw_bind_parameter(i, p[i - 1])?;
+    }
+    st.raw_execute()
 }
 
 /// Runs `insert` with the connection's triggers off: one set-wise insert

@@ -1430,6 +1430,55 @@ fn copies_of_repeated_chunks_count_every_reference() {
     assert!(s.fsck(false).unwrap().problems.is_empty());
 }
 
+/// A copy out of a snapshot (`cp` from `.onecopy/snapshots/NAME` into
+/// the live tree) shares the snapshot's chunks, also once the live file
+/// changed or is gone, over a file holding other bytes, without the
+/// view's attributes cached; the copy outlives the snapshot.
+#[test]
+fn copies_out_of_a_snapshot_share_its_chunks() {
+    for chunking in ["fixed:4K", "cdc:2K/8K/32K"] {
+        let (_d, s) = new_store(chunking, "none");
+        let data = pseudo(100_003, 9);
+        let a = file(&s, "a", &data);
+        let snap = s.snapshot_create("s").unwrap();
+        s.open_file(a).unwrap();
+        s.write(a, 0, &pseudo(100_003, 10)).unwrap();
+        s.release_file(a).unwrap();
+        s.flush_all(true).unwrap();
+        s.unlink(1, b"a").unwrap();
+        s.flush_all(true).unwrap();
+        let stored = |s: &Store| s.stats().unwrap().stored_bytes;
+        let before = stored(&s);
+        let view = view_ino(snap.id, a);
+        let b = file(&s, "b", &pseudo(70_000, 11));
+        s.flush_all(true).unwrap();
+        let with_b = stored(&s);
+        s.snapshot_create("uncached").unwrap();
+        assert_eq!(s.copy_range(view, 0, b, 0, 1 << 30).unwrap(), 100_003);
+        s.flush_all(true).unwrap();
+        assert_eq!(read_all(&s, b), data, "{chunking}");
+        assert_eq!(stored(&s), with_b, "{chunking}: shared, nothing stored");
+        assert!(with_b > before);
+        // Unaligned: read and written.
+        let c = file(&s, "c", &pseudo(50_000, 12));
+        let mut want = read_all(&s, c);
+        assert_eq!(s.copy_range(view, 1_000, c, 5_000, 30_000).unwrap(), 30_000);
+        want[5_000..35_000].copy_from_slice(&data[1_000..31_000]);
+        assert_eq!(read_all(&s, c), want, "{chunking}");
+        assert!(s.fsck(false).unwrap().problems.is_empty(), "{chunking}");
+        for name in ["s", "uncached"] {
+            s.snapshot_delete(name).unwrap();
+        }
+        s.gc().unwrap();
+        assert_eq!(
+            read_all(&s, b),
+            data,
+            "{chunking}: the copy outlives its snapshot"
+        );
+        assert!(s.fsck(false).unwrap().problems.is_empty(), "{chunking}");
+    }
+}
+
 /// `snapshot_diff` names what was added, removed and changed between two
 /// snapshots (either order), not an atime moved; forget keeps what its
 /// policy says.

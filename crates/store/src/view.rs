@@ -42,6 +42,14 @@ struct At {
     epoch: u64,
 }
 
+/// Whose extent rows a copy shares: live inode `ino`'s, or (`epoch`) the
+/// ones a snapshot at that epoch sees for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Source {
+    pub ino: u64,
+    pub epoch: Option<u64>,
+}
+
 /// Whether `ino` is a snapshot's or a virtual directory's (read-only).
 pub fn is_read_only(ino: u64) -> bool {
     split_view(ino).is_some()
@@ -188,6 +196,26 @@ impl Store {
         };
         g.attrs.put_epoch(id, s.epoch);
         Ok(Some(s.epoch))
+    }
+
+    /// A `copy_file_range` source: a live file's stored inode, or the
+    /// inode and epoch a snapshot's view of it names, with its attributes
+    /// (`IsDir` for the virtual directories).
+    pub(crate) fn copy_source(&self, g: &Inner, ino: u64) -> Result<(Source, Attr)> {
+        match self.node(g, ino)? {
+            Node::Live(ino) => Ok((Source { ino, epoch: None }, g.attr(ino)?)),
+            Node::View(s, i) => {
+                let a = view_attr(g, s, i)?;
+                Ok((
+                    Source {
+                        ino: i,
+                        epoch: Some(s.epoch),
+                    },
+                    a,
+                ))
+            }
+            Node::MetaDir | Node::SnapshotsDir => Err(StoreError::IsDir),
+        }
     }
 
     /// A virtual directory's attributes: read-only, the root's owner and

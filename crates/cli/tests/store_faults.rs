@@ -964,6 +964,28 @@ fn store_is_private_locked_and_checks_permissions() {
         "setuid/setgid kept after a write by another user"
     );
     assert_eq!(std::fs::read(s.mnt.join("secret")).unwrap(), b"root only");
+    // `system.*` names other than the POSIX ACLs are nobody's to set or
+    // remove (the kernel leaves them to the filesystem): EOPNOTSUPP, as on
+    // ext4 and tmpfs, for root too.
+    for script in [
+        format!("setfattr -n system.evil -v pwned {mnt}/secret"),
+        format!("setfattr -x system.evil {mnt}/secret"),
+    ] {
+        let as_root = Command::new("sh").args(["-c", &script]).output().unwrap();
+        for out in [as_nobody(&script), as_root] {
+            assert!(!out.status.success(), "{script}: {out:?}");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(err.contains("Operation not supported"), "{script}: {err}");
+        }
+    }
+    let out = sh(&format!(
+        "setfacl -m u:65534:r {mnt}/secret && getfacl -c {mnt}/secret"
+    ));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("user:nobody:r--"),
+        "{out:?}"
+    );
+    assert_eq!(as_nobody(&format!("cat {mnt}/secret")).stdout, b"root only");
     m.unmount();
     fsck_clean(&s.store);
 }

@@ -13,6 +13,15 @@
 pub(crate) const ACCESS: &[u8] = b"system.posix_acl_access";
 pub(crate) const DEFAULT: &[u8] = b"system.posix_acl_default";
 
+/// Whether the store keeps an xattr of this name: any but a `system.*`
+/// one other than the two POSIX ACLs. The kernel leaves `system.*`
+/// permissions to the filesystem (a FUSE one passes every other name on),
+/// and the store gives those names no meaning: setting one is
+/// EOPNOTSUPP, as on ext4 and tmpfs, for every caller.
+pub(crate) fn keeps_xattr(name: &[u8]) -> bool {
+    !name.starts_with(b"system.") || name == ACCESS || name == DEFAULT
+}
+
 const USER_OBJ: u16 = 0x01;
 const USER: u16 = 0x02;
 const GROUP_OBJ: u16 = 0x04;

@@ -638,12 +638,19 @@ impl Store {
         src: &Path,
     ) -> crate::Result<()> {
         for (name, value) in xattrs {
-            if name == b"system.posix_acl_access" && crate::acl::Acl::parse(value).is_none() {
-                shared.report().notes.push(format!(
-                    "{}: xattr {} not understood, skipped",
-                    src.display(),
-                    String::from_utf8_lossy(name)
-                ));
+            let skip = if !crate::acl::keeps_xattr(name) {
+                Some("a system attribute of the source's filesystem, not kept")
+            } else if name == crate::acl::ACCESS && crate::acl::Acl::parse(value).is_none() {
+                Some("not understood, skipped")
+            } else {
+                None
+            };
+            if let Some(why) = skip {
+                let (path, name) = (src.display(), String::from_utf8_lossy(name));
+                shared
+                    .report()
+                    .notes
+                    .push(format!("{path}: xattr {name} {why}"));
                 continue;
             }
             g.seen.saw(name);

@@ -1153,6 +1153,9 @@ impl Store {
         create: bool,
         replace: bool,
     ) -> Result<()> {
+        if !acl::keeps_xattr(name) {
+            return Err(StoreError::NotSupported);
+        }
         let g = self.lock();
         let a = g.attr(ino)?;
         if name == acl::ACCESS {
@@ -1224,6 +1227,9 @@ impl Store {
 
     /// Removes an extended attribute.
     pub fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
+        if !acl::keeps_xattr(name) {
+            return Err(StoreError::NotSupported);
+        }
         let g = self.lock();
         let n =
             g.db.prepare_cached("DELETE FROM xattrs WHERE ino = ?1 AND name = ?2")?

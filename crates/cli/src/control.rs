@@ -270,6 +270,11 @@ fn serve(store: &Store, req: Request, mountpoint: &Path, left: &AtomicBool) -> s
     match r {
         Ok(Ok(v)) => v,
         Ok(Err(e)) => serde_json::json!({ "error": e.to_string() }),
+        // Bad arguments stay bad arguments at the caller (exit 2).
+        Err(StoreError::BadOption(why)) => {
+            let e = StoreError::BadOption(why.clone());
+            serde_json::json!({ "error": e.to_string(), "errno": e.errno(), "bad_option": why })
+        }
         Err(e) => serde_json::json!({ "error": e.to_string(), "errno": e.errno() }),
     }
 }
@@ -334,6 +339,9 @@ pub fn request<T: serde::de::DeserializeOwned>(
         Ok(v) => v,
         Err(e) => return Some(Err(failed(format!("unreadable answer: {e}")))),
     };
+    if let Some(why) = v.get("bad_option").and_then(|w| w.as_str()) {
+        return Some(Err(StoreError::BadOption(why.to_string())));
+    }
     if let Some(e) = v.get("error") {
         let text = e.as_str().unwrap_or_default().to_string();
         return Some(Err(match v.get("errno").and_then(|n| n.as_i64()) {

@@ -56,6 +56,11 @@ fn a_snapshot_keeps_the_tree_as_it_was_and_frees_its_bytes_when_deleted() {
     copy_into(&src, &s.mnt);
     let mnt = s.mnt.to_str().unwrap();
     ok(snapshot(&["create", mnt, "before"]));
+    // A bad name is a bad argument through the mount too.
+    for bad in ["a/b", "..", ""] {
+        let out = snapshot(&["create", mnt, bad]);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {out:?}");
+    }
     let snap = snap_dir(&s.mnt, "before");
     ok(sh(&format!(
         "head -c 3000000 /dev/urandom > {0}/big && rm -r {0}/d && echo new > {0}/added",

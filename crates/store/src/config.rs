@@ -75,6 +75,13 @@ impl std::str::FromStr for Chunking {
 
 impl Chunking {
     /// Largest chunk this chunking produces.
+    pub fn min_chunk(&self) -> u32 {
+        match *self {
+            Chunking::Fixed { size } => size,
+            Chunking::Cdc { min, .. } => min,
+        }
+    }
+
     pub fn max_chunk(&self) -> u32 {
         match *self {
             Chunking::Fixed { size } => size,

@@ -38,11 +38,6 @@ pub(crate) struct DirtyFile {
 }
 
 impl DirtyFile {
-    /// Bytes buffered.
-    pub fn bytes(&self) -> u64 {
-        self.pages.values().map(|pg| pg.len() as u64).sum()
-    }
-
     /// The pages, shared, for a flush outside the lock (marked `flushing`).
     fn snapshot(&mut self) -> Vec<Page> {
         self.flushing = true;
@@ -711,6 +706,88 @@ impl Store {
             .collect()
     }
 
+    /// What storing `ino`'s buffer `d` may cost the disk at most: each
+    /// page and its records' headers, and under CDC, for a file with
+    /// stored data, the stored chunks either side of each run of pages,
+    /// which its flush cuts again ([`crate::cdc`]).
+    pub(crate) fn buffer_cost(&self, g: &Inner, ino: u64, d: &DirtyFile) -> u64 {
+        let pages: u64 = d
+            .pages
+            .values()
+            .map(|pg| pg.len() as u64 + self.page_records())
+            .sum();
+        let widen = self.run_widening(g, ino);
+        if widen == 0 {
+            return pages;
+        }
+        let mut runs = 0;
+        let mut next = None;
+        for &idx in d.pages.keys() {
+            runs += u64::from(next != Some(idx));
+            next = Some(idx + 1);
+        }
+        pages + runs * widen
+    }
+
+    /// What a write of `[off, end)` adds to [`Store::buffer_cost`]: a page
+    /// it makes dirty at the length it will have (whole inside the file),
+    /// with its headers, the growth of pages already dirty, and the
+    /// widening of a run it starts. Pages that hold only the zeros written
+    /// (stored as holes) cost nothing.
+    pub(crate) fn buffer_growth(
+        &self,
+        g: &Inner,
+        ino: u64,
+        (off, end): (u64, u64),
+        a: &Attr,
+        zeros: bool,
+    ) -> u64 {
+        let p = self.page_size();
+        let d = g.dirty.get(&ino);
+        let (first, last) = (off / p, (end - 1) / p);
+        let mut grows = 0;
+        for idx in first..=last {
+            let ps = idx * p;
+            let had = d.and_then(|d| d.pages.get(&idx)).map(|pg| pg.len() as u64);
+            let whole = off <= ps && ps + p <= end;
+            if zeros && had.is_none() && (whole || ps >= a.size) {
+                continue;
+            }
+            let len = match had {
+                Some(_) => end.min(ps + p) - ps,
+                None if ps < a.size && !whole => p,
+                None => end.min(ps + p) - ps,
+            };
+            grows += match had {
+                Some(had) => len.saturating_sub(had),
+                None => len + self.page_records(),
+            };
+        }
+        let adjoins = d.is_some_and(|d| {
+            let next = d.pages.range(first.saturating_sub(1)..=last + 1).next();
+            next.is_some()
+        });
+        if !adjoins {
+            grows += self.run_widening(g, ino);
+        }
+        grows
+    }
+
+    /// Headers a page's records may need at most (one per smallest chunk).
+    fn page_records(&self) -> u64 {
+        let records = (self.page_size() / self.cfg.chunking.min_chunk() as u64).max(1);
+        records * (container::RECORD_HEADER + crate::seal::OVERHEAD) as u64
+    }
+
+    /// Bytes a CDC flush of a run of pages may store beyond them in a file
+    /// with stored data (an extent cut again either side); 0 otherwise.
+    fn run_widening(&self, g: &Inner, ino: u64) -> u64 {
+        match self.cfg.chunking {
+            Chunking::Cdc { max, .. } if g.attr(ino).is_ok_and(|a| a.data > 0) => 2 * max as u64,
+            _ => 0,
+        }
+    }
+
     /// Writes `data` at `off`.
     pub fn write(&self, ino: u64, off: u64, data: &[u8]) -> Result<usize> {
         self.containers.admit();
@@ -733,7 +810,8 @@ impl Store {
         }
         let p = self.page_size();
         self.make_room(&mut g, ino)?;
-        self.room_to_buffer(&mut g, ino, data)?;
+        let grows = self.buffer_growth(&g, ino, (off, end), &a, is_zero(data));
+        self.room_to_buffer(&mut g, ino, grows)?;
         for idx in off / p..=(end - 1) / p {
             let ps = idx * p;
             if let Some((_, page)) = copies.next_if(|&(i, _)| i == idx) {
@@ -862,13 +940,16 @@ impl Store {
             .ok_or(StoreError::TooBig)?;
         let size = self.getattr(ino)?.size;
         if !zero {
-            // Whole pages, as they are stored: writing any byte of the
-            // range then uses room promised here (st_blocks does not grow).
+            // Whole pages and their headers, as they are stored: writing
+            // any byte of the range then uses room promised here
+            // (st_blocks does not grow).
             let p = self.page_size();
             let (a, b) = (off / p * p, end.div_ceil(p) * p);
             let mut g = self.lock();
             let stored = self.stored_in(&g, ino, a, b)?;
-            self.promise_room(&mut g, ino, (b - a).saturating_sub(stored))?;
+            let unstored = (b - a).saturating_sub(stored);
+            let headers = unstored.div_ceil(p) * self.page_records();
+            self.promise_room(&mut g, ino, unstored + headers)?;
         }
         if zero {
             let zend = if keep { end.min(size) } else { end };

@@ -559,6 +559,9 @@ impl Inner {
     }
 }
 
+/// Bytes an xattr row takes beside its name and value (row, index).
+const XATTR_ROW: u64 = 256;
+
 impl Store {
     /// The inode named `name` in directory `parent`.
     ///
@@ -1144,7 +1147,8 @@ impl Store {
     }
 
     /// Sets an extended attribute (`create`: must not exist; `replace`:
-    /// must exist).
+    /// must exist); ENOSPC when its value does not fit beside the
+    /// reserve ([`Store::room_to_hold`]).
     pub fn setxattr(
         &self,
         ino: u64,
@@ -1156,7 +1160,7 @@ impl Store {
         if !acl::keeps_xattr(name) {
             return Err(StoreError::NotSupported);
         }
-        let g = self.lock();
+        let mut g = self.lock();
         let a = g.attr(ino)?;
         if name == acl::ACCESS {
             let (perm, minimal) = Acl::parse(value).ok_or(StoreError::Invalid)?.mode();
@@ -1187,6 +1191,10 @@ impl Store {
         if replace && !exists {
             return Err(StoreError::NoAttr);
         }
+        // Metadata, but a value may be 64 KiB: it takes room as written
+        // data does (the log, then the database), or a full disk fails
+        // the next commit and the store shuts down.
+        self.room_for_metadata(&mut g, XATTR_ROW + 2 * (name.len() + value.len()) as u64)?;
         g.seen.saw(name);
         g.db.prepare_cached(
             "INSERT INTO xattrs (ino, name, value, born) VALUES (?1, ?2, ?3, ?4)

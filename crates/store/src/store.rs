@@ -85,6 +85,10 @@ pub(crate) struct Inner {
     /// beside the reserve, promised and buffered bytes when last asked,
     /// less what writes buffered since.
     pub room_seen: u64,
+    /// Metadata bytes taken in since the last commit by requests that
+    /// charge it ([`Store::room_to_hold`]): in the open transaction, not
+    /// yet on the disk, so the free space does not show them.
+    pub meta_unsaved: u64,
     /// The open epoch (`meta.epoch`): rows inserted carry it as `born`,
     /// so that the history triggers need not stamp them (see `snap.rs`).
     pub epoch: u64,
@@ -400,6 +404,7 @@ impl Store {
                 prealloc_dirty: BTreeSet::new(),
                 flushing: None,
                 room_seen: 0,
+                meta_unsaved: 0,
                 epoch,
                 seen: seen.clone(),
                 locks: 0,
@@ -566,6 +571,8 @@ impl Store {
         let inos = inode_seq(&g.db)?;
         g.room_seen = self.room_beside(g, COMMIT_ROOM);
         let r = self.commit_and_begin(g, durable);
+        // Written by the commit (or rolled back): the free space shows it.
+        g.meta_unsaved = 0;
         if g.db.is_autocommit() {
             if let Err(e) = &r {
                 g.index.rolled_back();
@@ -651,19 +658,42 @@ impl Store {
     /// last commit or look, less what writes buffered since, runs out.
     /// Zeros take no room (they are stored as holes: a hole punched to
     /// free space is never refused).
-    pub(crate) fn room_to_buffer(&self, g: &mut Inner, ino: u64, data: &[u8]) -> Result<()> {
+    ///
+    /// `grows` is what the write adds to the cost of storing the file's
+    /// buffer ([`Store::buffer_growth`]): a few bytes written into a page
+    /// inside the file cost the whole page, not their own length. The
+    /// file's preallocated room covers what it buffers once: only its part
+    /// not yet taken by bytes buffered before counts for this write.
+    pub(crate) fn room_to_buffer(&self, g: &mut Inner, ino: u64, grows: u64) -> Result<()> {
         let own = g.prealloc.get(&ino).copied().unwrap_or(0);
-        let more = (data.len() as u64).saturating_sub(own);
+        let free_own = match (own, g.dirty.get(&ino)) {
+            (0, _) => 0,
+            (_, None) => own,
+            (_, Some(d)) => own.saturating_sub(self.buffer_cost(g, ino, d)),
+        };
+        self.room_to_hold(g, grows.saturating_sub(free_own))
+    }
+
+    /// `more` bytes (buffered data, or metadata such as an xattr's value)
+    /// taken from the room seen at the last commit or look, the
+    /// filesystem asked again when it runs out: ENOSPC when they do not
+    /// fit beside the reserve, promised room and buffered bytes.
+    pub(crate) fn room_to_hold(&self, g: &mut Inner, more: u64) -> Result<()> {
         if g.room_seen < more {
-            if crate::data::is_zero(data) {
-                return Ok(());
-            }
             g.room_seen = self.room_beside(g, more);
             if g.room_seen < more {
                 return Err(StoreError::NoSpace);
             }
         }
         g.room_seen -= more;
+        Ok(())
+    }
+
+    /// [`Store::room_to_hold`] for metadata the open transaction takes in
+    /// (counted in [`Inner::meta_unsaved`] until the commit).
+    pub(crate) fn room_for_metadata(&self, g: &mut Inner, more: u64) -> Result<()> {
+        self.room_to_hold(g, more)?;
+        g.meta_unsaved += more;
         Ok(())
     }
 
@@ -675,9 +705,9 @@ impl Store {
         let promised = |ino: &u64| g.prealloc.get(ino).copied().unwrap_or(0);
         let held: u64 = g.prealloc.values().sum();
         let buffered: u64 = (g.dirty.iter())
-            .map(|(ino, d)| d.bytes().saturating_sub(promised(ino)))
+            .map(|(ino, d)| self.buffer_cost(g, *ino, d).saturating_sub(promised(ino)))
             .sum();
-        let keep = held.saturating_add(buffered);
+        let keep = held.saturating_add(buffered).saturating_add(g.meta_unsaved);
         let room = self.adjusted_reserve().room(keep);
         if room >= want || !self.shed_copies(want - room) {
             return room;

@@ -99,6 +99,67 @@ fn zero_chunks_are_holes_and_random_writes_work() {
     assert_eq!(read_all(&s, a), want, "and the chunks after a flush");
 }
 
+/// A read into a caller's buffer writes every byte it returns: holes,
+/// a hole after the last chunk, a truncated chunk's end and a snapshot's
+/// view read as zeros, never as what the buffer held (the buffer is not
+/// zeroed first), from the chunks, the read cache and the buffer alike.
+#[test]
+fn reads_into_a_dirty_buffer_show_zeros_in_holes() {
+    for chunking in ["fixed:4K", "cdc:2K/8K/32K"] {
+        let (_d, s) = new_store(chunking, "zstd");
+        let a = s.mknod(1, b"f", node(Kind::File)).unwrap().ino;
+        let body = pseudo(30_000, 1);
+        s.write(a, 100_000, &body).unwrap();
+        s.write(a, 3, b"head").unwrap();
+        s.flush_file(a).unwrap();
+        s.setattr(
+            a,
+            SetAttr {
+                size: Some(120_000),
+                ..SetAttr::default()
+            },
+        )
+        .unwrap();
+        s.setattr(
+            a,
+            SetAttr {
+                size: Some(200_000),
+                ..SetAttr::default()
+            },
+        )
+        .unwrap();
+        s.write(a, 150_000, b"buffered").unwrap();
+        let mut want = vec![0u8; 200_000];
+        want[3..7].copy_from_slice(b"head");
+        want[100_000..120_000].copy_from_slice(&body[..20_000]);
+        want[150_000..150_008].copy_from_slice(b"buffered");
+        let check = |ino: u64| {
+            for round in 0..2 {
+                // Round 2 finds the chunks in the read cache.
+                for (off, len) in [
+                    (0, 200_000),
+                    (1, 99_999),
+                    (110_001, 60_000),
+                    (199_000, 5_000),
+                ] {
+                    let mut buf = vec![0xAAu8; len];
+                    let n = s.read_into(ino, off, &mut buf).unwrap();
+                    let end = (off as usize + len).min(want.len());
+                    assert_eq!(n, end - off as usize, "{chunking} {ino} {off}");
+                    assert!(
+                        buf[..n] == want[off as usize..end],
+                        "{chunking}: ino {ino} round {round} at {off}"
+                    );
+                }
+            }
+        };
+        check(a);
+        let snap = s.snapshot_create("s").unwrap();
+        check(a);
+        check(view_ino(snap.id, a));
+    }
+}
+
 /// A file bigger than the per-file buffer is flushed in pieces while it
 /// is written (each cut, hashed and compressed outside the lock, each
 /// after the first re-cutting the last chunk of the one before): once

@@ -438,7 +438,7 @@ impl Store {
             (off, end, plan, gen)
         };
         let plan: Vec<_> = plan.into_iter().filter(|p| p.0 + p.1 > start).collect();
-        let buf = out.zeroed((end - start) as usize);
+        let buf = out.take((end - start) as usize);
         self.fill(buf, start, &plan, gen)?;
         Ok(buf.len())
     }

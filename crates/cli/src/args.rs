@@ -2,6 +2,10 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+/// Most threads `-j` asks for: more only add threads waiting on the same
+/// disks (100,000 made a run spin for minutes, deaf to SIGTERM).
+pub const MAX_THREADS: u64 = 256;
+
 /// Find identical data on btrfs and XFS and share it with the kernel's
 /// FIDEDUPERANGE, which compares the bytes itself: no file ever reads
 /// differently.
@@ -127,8 +131,9 @@ pub struct DedupeArgs {
     #[arg(long)]
     pub no_catalog: bool,
 
-    /// Files read in parallel.
-    #[arg(short = 'j', long, value_name = "N", default_value_t = 4)]
+    /// Files read in parallel (1 to 256).
+    #[arg(short = 'j', long, value_name = "N", default_value_t = 4,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=MAX_THREADS))]
     pub threads: usize,
 
     /// Print nothing but errors (and the JSON summary with --json).

@@ -151,9 +151,6 @@ fn check_args(a: &DedupeArgs) -> Result<u64, u8> {
     if let Err(e) = onecopy_scan::validate_excludes(&a.excludes) {
         return Err(usage(format!("invalid --exclude pattern: {e}")));
     }
-    if a.threads == 0 {
-        return Err(usage("--threads must be at least 1".into()));
-    }
     let infos: Vec<u64> = check_roots(&a.paths, "onecopy")?
         .iter()
         .map(|i| i.block_size)

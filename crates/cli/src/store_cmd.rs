@@ -129,8 +129,10 @@ pub struct ImportArgs {
     /// at most about this much of the import).
     #[arg(long, value_name = "SIZE", default_value = "256M", hide = true)]
     pub commit_every: String,
-    /// Worker threads (0: four per core, 4 to 16).
-    #[arg(long, value_name = "N", default_value_t = 0, hide = true)]
+    /// Worker threads (0: four per core, 4 to 16; at most 256).
+    #[arg(long, value_name = "N", default_value_t = 0, hide = true,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new()
+              .range(0..=crate::args::MAX_THREADS))]
     pub threads: usize,
 }
 

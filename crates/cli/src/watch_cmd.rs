@@ -84,8 +84,10 @@ pub struct WatchArgs {
     #[arg(long)]
     pub exclude_snapshots: bool,
 
-    /// Files read in parallel per pass.
-    #[arg(short = 'j', long, value_name = "N", default_value_t = 2)]
+    /// Files read in parallel per pass (1 to 256).
+    #[arg(short = 'j', long, value_name = "N", default_value_t = 2,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new()
+              .range(1..=crate::args::MAX_THREADS))]
     pub threads: usize,
 
     /// Print nothing but errors (no line per pass).

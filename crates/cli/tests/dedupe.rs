@@ -573,6 +573,13 @@ fn bad_arguments(kind: FsKind) {
             r.stderr
         );
     }
+    // A thread count out of 1..=256 is refused before anything starts
+    // (100,000 once made a run spin for minutes, deaf to SIGTERM).
+    for j in ["0", "257", "100000"] {
+        let r = dedupe(&[root], &["-j", j]);
+        assert_eq!(r.code, 2, "-j {j}: exit code (stderr {:?})", r.stderr);
+        assert!(r.stderr.contains("1..=256"), "-j {j}: {:?}", r.stderr);
+    }
     assert_nothing_shared("after refused runs", &files);
 }
 

@@ -55,8 +55,13 @@ const MEMTABLE_ENTRY_BYTES: u64 = 80;
 const CACHE_ENTRY_BYTES: u64 = 60;
 /// About how many bytes of RAM a key costs while its run's filter is built.
 const FILTER_BUILD_BYTES: u64 = 40;
-/// Prefix of scratch directory names: `spill-<pid>-<n>`.
-const SCRATCH_PREFIX: &str = "spill-";
+/// Prefix of scratch directory names: `.onecopy-spill-<pid>-<n>`.
+const SCRATCH_PREFIX: &str = ".onecopy-spill-";
+/// The file in each scratch directory that proves it is one: a directory
+/// of a scratch name without it (a user's, when `--hashfile` puts the
+/// catalog in a tree) is never removed.
+const MARK: &str = "onecopy-spill-table";
+const MARK_TEXT: &[u8] = b"a block table onecopy spilled; removed with its run\n";
 
 /// Figures of a table, for the report.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -275,14 +280,21 @@ fn unpack(loc: u64) -> BlockRef {
     }
 }
 
-/// A new directory `spill-<pid>-<n>` under `parent`, made `0700`.
+/// A new directory `.onecopy-spill-<pid>-<n>` under `parent`, made
+/// `0700`, with its [`MARK`].
 fn scratch_dir(parent: &Path) -> Result<PathBuf, String> {
     use std::os::unix::fs::DirBuilderExt;
     let pid = std::process::id();
     for n in 0..1000u32 {
         let d = parent.join(format!("{SCRATCH_PREFIX}{pid}-{n}"));
         match std::fs::DirBuilder::new().mode(0o700).create(&d) {
-            Ok(()) => return Ok(d),
+            Ok(()) => {
+                let marked = std::fs::write(d.join(MARK), MARK_TEXT);
+                return marked.map(|_| d.clone()).map_err(|e| {
+                    let _ = std::fs::remove_dir_all(&d);
+                    format!("{}: {e}", d.display())
+                });
+            }
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
             Err(e) => return Err(format!("{}: {e}", d.display())),
         }
@@ -290,25 +302,32 @@ fn scratch_dir(parent: &Path) -> Result<PathBuf, String> {
     Err(format!("{}: no free scratch name", parent.display()))
 }
 
-/// Removes scratch directories under `parent` whose process is gone (a
-/// killed run's).
+/// Removes scratch directories under `parent` left by killed runs: only
+/// one that is provably a scratch directory (its name, its [`MARK`] with
+/// our text, our owner) and whose process is gone.
 fn remove_stale(parent: &Path) {
+    use std::os::unix::fs::MetadataExt;
     let Ok(rd) = std::fs::read_dir(parent) else {
         return;
     };
+    let me = rustix::process::geteuid().as_raw();
     for e in rd.flatten() {
         let name = e.file_name();
         let Some(pid) = name
             .to_str()
             .and_then(|n| n.strip_prefix(SCRATCH_PREFIX))
-            .and_then(|r| r.split('-').next())
-            .and_then(|p| p.parse::<u32>().ok())
+            .and_then(|r| r.split_once('-'))
+            .filter(|(_, n)| n.parse::<u32>().is_ok())
+            .and_then(|(p, _)| p.parse::<u32>().ok())
         else {
             continue;
         };
+        let dir = e.path();
+        let ours = std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir() && m.uid() == me)
+            && std::fs::read(dir.join(MARK)).is_ok_and(|t| t == MARK_TEXT);
         let alive = Path::new("/proc").join(pid.to_string()).exists();
-        if !alive && e.file_type().is_ok_and(|t| t.is_dir()) {
-            let _ = std::fs::remove_dir_all(e.path());
+        if ours && !alive {
+            let _ = std::fs::remove_dir_all(&dir);
         }
     }
 }
@@ -377,19 +396,39 @@ mod tests {
         assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0);
     }
 
+    /// A killed run's scratch directory goes; a user's directory of the
+    /// same shape (no mark, another mark, a live pid) stays, with its files.
     #[test]
-    fn stale_scratch_of_a_dead_process_is_removed() {
+    fn only_marked_scratch_of_a_dead_process_is_removed() {
         let d = tempfile::tempdir().unwrap();
         // Pid numbers this large are never handed out (pid_max <= 2^22).
-        let stale = d.path().join("spill-4294967290-0");
-        std::fs::create_dir(&stale).unwrap();
-        std::fs::write(stale.join("x"), b"x").unwrap();
-        let mine = d.path().join(format!("spill-{}-7", std::process::id()));
+        let dead = |n: u32| d.path().join(format!("{SCRATCH_PREFIX}4294967290-{n}"));
+        std::fs::create_dir(dead(0)).unwrap();
+        std::fs::write(dead(0).join(MARK), MARK_TEXT).unwrap();
+        std::fs::write(dead(0).join("x"), b"x").unwrap();
+        for (n, mark) in [(1, None), (2, Some(&b"photos"[..]))] {
+            std::fs::create_dir(dead(n)).unwrap();
+            std::fs::write(dead(n).join("family.jpg"), b"precious").unwrap();
+            if let Some(m) = mark {
+                std::fs::write(dead(n).join(MARK), m).unwrap();
+            }
+        }
+        let users = d.path().join("spill-2023-photos");
+        std::fs::create_dir(&users).unwrap();
+        std::fs::write(users.join("family.jpg"), b"precious").unwrap();
+        let mine = d
+            .path()
+            .join(format!("{SCRATCH_PREFIX}{}-7", std::process::id()));
         std::fs::create_dir(&mine).unwrap();
+        std::fs::write(mine.join(MARK), MARK_TEXT).unwrap();
         let other = d.path().join("catalog.sqlite");
         std::fs::write(&other, b"x").unwrap();
         let t = spilled(d.path(), 1 << 16);
-        assert!(!stale.exists() && mine.exists() && other.exists());
+        assert!(!dead(0).exists(), "a killed run's scratch");
+        for kept in [dead(1), dead(2), users.clone()] {
+            assert_eq!(std::fs::read(kept.join("family.jpg")).unwrap(), b"precious");
+        }
+        assert!(mine.exists() && other.exists());
         drop(t);
     }
 

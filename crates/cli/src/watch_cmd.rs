@@ -116,7 +116,7 @@ pub fn run(a: WatchArgs) -> anyhow::Result<u8> {
     let source = if a.poll {
         None
     } else {
-        match ChangeSource::best(&roots, &[onecopy_scan::TMP_DIR_PREFIX]) {
+        match ChangeSource::best(&roots, &[]) {
             Ok((s, None)) => Some(s),
             Ok((s, Some(why))) => {
                 errln!(
@@ -268,7 +268,7 @@ impl Watcher<'_> {
     /// changed (maybe none), or None for a walk.
     fn look(&self) -> Option<Vec<PathBuf>> {
         let t = Instant::now();
-        let skip = |p: &Path| onecopy_watch::in_tmp_dir(p) || self.own.contains(p);
+        let skip = |p: &Path| self.own.contains(p);
         match self.last.look(&self.roots, skip) {
             Look::Walk => None,
             Look::Unchanged => {

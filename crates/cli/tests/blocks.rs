@@ -336,7 +336,7 @@ fn spilled_block_table(kind: FsKind) {
         .unwrap()
         .flatten()
         .map(|e| e.file_name())
-        .filter(|n| n.to_string_lossy().starts_with("spill-"))
+        .filter(|n| n.to_string_lossy().starts_with(".onecopy-spill-"))
         .collect();
     assert!(left.is_empty(), "temporary index left: {left:?}");
     no_tmp_dirs_left(&root);

@@ -121,7 +121,6 @@ pub fn rehome_options(
         return None;
     }
     let parent = crate::tmpdir::parent_for(roots, fs);
-    crate::tmpdir::remove_stale(&parent);
     Some(RehomeOptions {
         tmp_dir: parent,
         max_write,

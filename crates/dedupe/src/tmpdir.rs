@@ -11,16 +11,15 @@
 //! Where a filesystem refuses `O_TMPFILE`, re-homing is skipped with a
 //! message rather than falling back to a named file in the tree.
 //!
-//! Versions before 0.2 made a `.onecopy-tmp.<pid>` directory in the root
-//! with a `lock` file; [`remove_stale`] removes such leftovers of killed
-//! runs.
+//! Nothing in a user's tree is ever removed: early development builds
+//! made `.onecopy-tmp.<pid>` directories, but a directory of that name
+//! cannot be told from a user's own (one was, with its files), so none is
+//! touched, skipped or treated apart.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{flock, FlockOperation, Mode, OFlags};
-
-pub use onecopy_scan::TMP_DIR_PREFIX as PREFIX;
+use rustix::fs::{Mode, OFlags};
 
 /// Where re-homing opens its unnamed temporary files on filesystem `fs`
 /// (an `FsInfo::fsid`): the first root on it that is a directory, else the
@@ -73,30 +72,6 @@ pub fn is_unsupported(e: &std::io::Error) -> bool {
     )
 }
 
-/// Removes `<parent>/.onecopy-tmp.*` directories left by killed runs of
-/// older versions (their `lock` is no longer held). Returns how many.
-pub fn remove_stale(parent: &Path) -> usize {
-    let Ok(rd) = std::fs::read_dir(parent) else {
-        return 0;
-    };
-    let mut n = 0;
-    for e in rd.flatten() {
-        let name = e.file_name();
-        if !name.to_string_lossy().starts_with(PREFIX) || !e.file_type().is_ok_and(|t| t.is_dir()) {
-            continue;
-        }
-        let dir = e.path();
-        let stale = match File::open(dir.join("lock")) {
-            Ok(f) => flock(&f, FlockOperation::NonBlockingLockExclusive).is_ok(),
-            Err(_) => true,
-        };
-        if stale && std::fs::remove_dir_all(&dir).is_ok() {
-            n += 1;
-        }
-    }
-    n
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -139,19 +114,5 @@ mod tests {
             // must at least be recognised as one.
             Err(e) => assert!(is_unsupported(&e), "{e}"),
         }
-    }
-
-    #[test]
-    fn stale_directories_of_old_versions_are_removed() {
-        let base = tempfile::tempdir().unwrap();
-        let dead = base.path().join(format!("{PREFIX}999999"));
-        std::fs::create_dir(&dead).unwrap();
-        std::fs::write(dead.join("lock"), b"").unwrap();
-        let live = base.path().join(format!("{PREFIX}1"));
-        std::fs::create_dir(&live).unwrap();
-        let l = File::create(live.join("lock")).unwrap();
-        flock(&l, FlockOperation::NonBlockingLockExclusive).unwrap();
-        assert_eq!(remove_stale(base.path()), 1);
-        assert!(!dead.exists() && live.exists());
     }
 }

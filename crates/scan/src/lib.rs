@@ -24,9 +24,6 @@ pub use walk::{validate_excludes, walk, FileEntry, FsId, Marks, WalkOptions, Wal
 
 use std::path::PathBuf;
 
-/// Name prefix of the temporary directories onecopy creates for itself;
-/// the walk never enters them.
-pub const TMP_DIR_PREFIX: &str = ".onecopy-tmp.";
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Why a file was not considered. Counted in the report.

@@ -294,13 +294,11 @@ impl Filters {
         }
     }
 
-    /// Whether to look at the entry `path` at all (our own temporary
-    /// directories silently not, excluded names counted as skipped).
+    /// Whether to look at the entry `path` at all (excluded names counted
+    /// as skipped). Every other name is the user's: onecopy makes nothing
+    /// in a tree it walks.
     pub(crate) fn name(&self, path: &Path) -> Result<(), Option<SkipReason>> {
         let name = path.file_name().unwrap_or_default();
-        if name.to_string_lossy().starts_with(crate::TMP_DIR_PREFIX) {
-            return Err(None);
-        }
         if !self.globs.is_empty()
             && (self.globs.is_match(path) || self.globs.is_match(Path::new(name)))
         {
@@ -965,7 +963,7 @@ mod tests {
     }
 
     #[test]
-    fn filters_exclude_names_and_skip_our_temp_dirs() {
+    fn filters_exclude_names_and_no_other() {
         let f = Filters::new(&opts(&["*.iso", "/x/cache"]), HashSet::new());
         assert_eq!(
             f.name(Path::new("/x/a.iso")),
@@ -975,7 +973,8 @@ mod tests {
             f.name(Path::new("/x/cache")),
             Err(Some(SkipReason::Excluded))
         );
-        assert_eq!(f.name(Path::new("/x/.onecopy-tmp.42")), Err(None));
+        // A user's name, however much it looks like onecopy's.
+        assert_eq!(f.name(Path::new("/x/.onecopy-tmp.42")), Ok(()));
         assert_eq!(f.name(Path::new("/x/a.txt")), Ok(()));
     }
 
@@ -1104,8 +1103,8 @@ mod tests {
         }
     }
 
-    /// The descriptor walker applies the same filters: excluded names and
-    /// our temporary directories are not listed from a deep tree either.
+    /// The descriptor walker applies the same filters: excluded names are
+    /// not listed from a deep tree either; a name like onecopy's is.
     #[test]
     fn long_path_walk_uses_the_shared_filters() {
         let base = tempfile::tempdir().unwrap();
@@ -1122,13 +1121,14 @@ mod tests {
         let mut got = Collected::default();
         walk_long(base.path(), root, &f, &Progress::default(), &mut got);
         assert_eq!(got.skipped.get(&SkipReason::Excluded), Some(&1));
-        // Only keep/f reached the file rules (tmpfs or not, it was seen).
+        // keep/f and .onecopy-tmp.1/f reached the file rules (tmpfs or
+        // not, they were seen).
         let seen = got.files.len() as u64 + got.skipped.values().sum::<u64>() - 1;
-        assert_eq!(seen, 1, "{:?}", got.skipped);
+        assert_eq!(seen, 2, "{:?}", got.skipped);
         let tree = std::mem::take(&mut *f.tree.lock().unwrap()).finish(|_| {});
-        assert!(got
-            .files
-            .iter()
-            .all(|e| tree.path(e.name).ends_with("keep/f")));
+        assert!(got.files.iter().all(|e| {
+            let p = tree.path(e.name);
+            p.ends_with("keep/f") || p.ends_with(".onecopy-tmp.1/f")
+        }));
     }
 }

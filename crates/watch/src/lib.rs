@@ -19,6 +19,6 @@ pub use btrfs_changes::changed_files;
 pub use debounce::{Batch, Debounce};
 pub use fanotify::{Change, ChangeSource, Mode, WatchError};
 pub use look::{
-    generations, in_tmp_dir, load_allows, load_average, pass_walks, LastPass, Look, OwnFiles,
-    CLOCK_SLACK, PASS_ARGS_MAX, TREE_SEARCH_LIMIT,
+    generations, load_allows, load_average, pass_walks, LastPass, Look, OwnFiles, CLOCK_SLACK,
+    PASS_ARGS_MAX, TREE_SEARCH_LIMIT,
 };

@@ -8,6 +8,7 @@
 
 mod common;
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use common::*;
@@ -28,6 +29,7 @@ per_fs!(
     dry_run,
     read_only,
     bad_arguments,
+    users_names,
     file_roots,
     hardlinks,
     excludes,
@@ -581,6 +583,52 @@ fn bad_arguments(kind: FsKind) {
         assert!(r.stderr.contains("1..=256"), "-j {j}: {:?}", r.stderr);
     }
     assert_nothing_shared("after refused runs", &files);
+}
+
+/// Case 7d: Names that look like onecopy's scratch are the user's: a
+/// directory `.onecopy-tmp.photos` (early builds' re-homing scratch) and
+/// `spill-2023-photos` / `.onecopy-spill-2023-0` beside a `--hashfile` in
+/// the tree while the block table spills are kept whole, and their
+/// duplicates are found like any others (the first was deleted, with its
+/// files, and never walked; the second deleted when pid 2023 was gone).
+fn users_names(kind: FsKind) {
+    let fs = new_fs(kind, FS_SIZE);
+    let root = fs.path();
+    let sets = make_dupes(
+        root,
+        &[
+            (".onecopy-tmp.photos/a.bin", 2 * MIB, 81, 1),
+            ("spill-2023-photos/b.bin", 2 * MIB, 82, 1),
+            (".onecopy-spill-2023-0/c.bin", 2 * MIB, 83, 1),
+        ],
+    );
+    let kept = root.join(".onecopy-tmp.photos/family.jpg");
+    std::fs::write(&kept, b"precious").unwrap();
+    std::fs::write(root.join(".onecopy-tmp.photos/lock"), b"").unwrap();
+    let before = checksum_tree(root);
+    let hashfile = root.join("hashes.sqlite");
+    let r = dedupe(
+        &[root],
+        &["--hashfile", hashfile.to_str().unwrap(), "--memory", "4K"],
+    );
+    r.assert_ok("user's names");
+    assert_eq!(r.report()["plan"]["index_spilled"], 1, "the table spilled");
+    std::fs::remove_file(&hashfile).unwrap();
+    assert_eq!(
+        checksum_tree(root),
+        before,
+        "every file of the tree, as it was"
+    );
+    assert_sets_shared("user's names", &sets);
+    // A catalog's new directory is made private, whoever makes it first
+    // (the digests' scratch file did, 0755).
+    let dir = root.join("private");
+    let hashfile = dir.join("hashes.sqlite");
+    let r = dedupe(&[root], &["--hashfile", hashfile.to_str().unwrap()]);
+    r.assert_ok("a new catalog directory");
+    let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700, "{mode:o}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Case 8: Roots that are single files, and several roots at once.

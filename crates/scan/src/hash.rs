@@ -375,8 +375,13 @@ impl Spill {
     const WRITE: usize = 256 << 10;
 
     fn create(dir: &std::path::Path) -> std::io::Result<Spill> {
-        use std::os::unix::fs::OpenOptionsExt;
-        std::fs::create_dir_all(dir)?;
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+        // The catalogs' directory, made private as the catalog makes it
+        // (this may run first).
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
         let mut o = std::fs::OpenOptions::new();
         o.read(true).write(true).mode(0o600);
         let file = match o.clone().custom_flags(libc::O_TMPFILE).open(dir) {

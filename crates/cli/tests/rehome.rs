@@ -9,6 +9,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::fs::File;
 use std::io::Write;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -441,12 +442,24 @@ fn a_lone_shared_tail_stays_shared_btrfs() {
     write_file(&root.join("c"), &whole);
     fs.sync();
     let sums = checksum_tree(&root);
+    // Access times far in the past, set after the checksums' reads: any
+    // read would move them (relatime).
+    let names = ["a", "b", "c"].map(|n| root.join(n));
+    let touched = Command::new("touch")
+        .args(["-a", "-d", "2020-01-01"])
+        .args(&names)
+        .status()
+        .unwrap();
+    assert!(touched.success());
+    let atimes = || names.clone().map(|p| std::fs::metadata(p).unwrap().atime());
+    let before = atimes();
     let r = dedupe(&[&root], &[]);
     r.assert_ok("dedupe of a body and two copies with a tail");
     assert!(
         r.u("rehome_bytes_written") > 0,
         "the tail's extent was not re-homed: the case is not exercised"
     );
+    assert_eq!(atimes(), before, "the run read a file and moved its atime");
     assert_eq!(checksum_tree(&root), sums);
     let tail = |p: &Path| {
         let x = onecopy_testfs::data_extents(p);

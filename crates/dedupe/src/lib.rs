@@ -262,7 +262,8 @@ impl<'a> Files<'a> {
             self.open.clear();
         }
         let path = self.path(i);
-        let f = onecopy_scan::longpath::open(&path, rustix::fs::OFlags::empty())
+        // Re-homing reads through it: never touch the file's atime.
+        let f = onecopy_scan::longpath::open_noatime(&path)
             .map_err(|source| DedupeError::Open { path, source })?;
         let f = std::rc::Rc::new(f);
         self.open.insert(i, f.clone());

@@ -950,17 +950,6 @@ impl HashOutput {
 /// Entries taken between two shrinks of the input list.
 const SHRINK_EVERY: usize = 1 << 14;
 
-fn open_noatime(path: &std::path::Path) -> std::io::Result<File> {
-    use rustix::fs::OFlags;
-    match crate::longpath::open(path, OFlags::NOATIME) {
-        // O_NOATIME is refused for files the caller does not own.
-        Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
-            crate::longpath::open(path, OFlags::empty())
-        }
-        r => r,
-    }
-}
-
 /// What the reader threads share.
 struct Reader<'a, 's> {
     tree: &'a Tree,
@@ -1128,7 +1117,7 @@ impl Reader<'_, '_> {
         if cdev == dev {
             return false;
         }
-        let Ok(cf) = open_noatime(&self.tree.path(c.entry.name)) else {
+        let Ok(cf) = crate::longpath::open_noatime(&self.tree.path(c.entry.name)) else {
             return false;
         };
         let same =
@@ -1158,7 +1147,7 @@ fn open_listed(
     path: &std::path::Path,
     dev: u64,
 ) -> Result<(File, FileEntry), Outcome> {
-    let f = match open_noatime(path) {
+    let f = match crate::longpath::open_noatime(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Err(Outcome::Skip(SkipReason::Vanished))

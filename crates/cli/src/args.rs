@@ -131,6 +131,11 @@ pub struct DedupeArgs {
     #[arg(long)]
     pub no_catalog: bool,
 
+    /// Settled files looked at again each run: about one in N (0: none, 1:
+    /// all; tests choose).
+    #[arg(long, value_name = "N", default_value_t = onecopy_dedupe::Recheck::EVERY, hide = true)]
+    pub recheck_every: u64,
+
     /// Files read in parallel (1 to 256).
     #[arg(short = 'j', long, value_name = "N", default_value_t = 4,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=MAX_THREADS))]

@@ -395,6 +395,12 @@ fn act(
         dry_run: a.dry_run,
         model,
         rehome: fsrun::rehome_options(model, a.dry_run, a.rehome_max_write, roots, fs),
+        recheck: onecopy_dedupe::Recheck {
+            every: a.recheck_every,
+            seed: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64),
+        },
     };
     let mut rep = onecopy_dedupe::execute(&run.files, tree, &plan, &opts, &sig.exec);
     ui.finish(bar);

@@ -419,7 +419,8 @@ fn warm_rerun(kind: FsKind) {
 
     for i in 1..=2 {
         let ctx = format!("warm run {i}");
-        let r = s.run_root(&ctx);
+        // Every settled file trusted (none picked to look at again).
+        let r = s.run_with(&ctx, &["--recheck-every", "0"], &[&s.root]);
         assert_warm(&ctx, &r, n);
         assert_catalog(&ctx, &r, &s.h);
         assert!(
@@ -431,6 +432,38 @@ fn warm_rerun(kind: FsKind) {
         assert_sets_shared(&ctx, &sets);
         assert_eq!(s.catalog_files(), n, "{ctx}: catalog records");
     }
+}
+
+/// Case 1b (btrfs): a pair an earlier run shared and settled, unshared
+/// since by a defragment, which leaves mtime and ctime as they were, is
+/// trusted while no run looks at it again, and shared again by the first
+/// run that does (each run looks at about one settled file in 8;
+/// `--recheck-every 1`: every one). It was trusted for ever.
+#[test]
+fn a_defragmented_pair_is_shared_again_btrfs() {
+    let s = Scene::new(FsKind::Btrfs);
+    let sets = make_dupes(&s.root, SPECS);
+    settle();
+    s.run_root("cold run").assert_ok("cold run");
+    assert_sets_shared("cold run", &sets);
+    let copy = &sets[0].copies[0];
+    let out = std::process::Command::new("btrfs")
+        .args(["filesystem", "defragment", "-f", "-czstd"])
+        .arg(copy)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    s.fs.sync();
+    let unshared = || !is_fully_shared(&sets[0].original, copy);
+    assert!(unshared(), "the defragment unshared nothing");
+    let r = s.run_with("trusted", &["--recheck-every", "0"], &[&s.root]);
+    assert_warm("trusted", &r, s.catalog_files());
+    assert!(unshared(), "trusted, still unshared");
+    let r = s.run_with("looked at", &["--recheck-every", "1"], &[&s.root]);
+    r.assert_ok("looked at");
+    assert_eq!(r.u("ranges_settled"), 0, "every file looked at");
+    assert!(r.u("dedupe_ioctls") > 0, "nothing shared again");
+    assert_sets_shared("looked at", &sets);
 }
 
 /// Case 2: renamed and moved files (also a renamed directory) are not
@@ -492,7 +525,7 @@ fn rename_and_move(kind: FsKind) {
     assert_shared("after renames", &y_moved, &y.copies[0]);
     assert_eq!(s.catalog_files(), n + 1, "catalog records after renames");
 
-    let r = s.run_root("warm after renames");
+    let r = s.run_with("warm after renames", &["--recheck-every", "0"], &[&s.root]);
     assert_warm("warm after renames", &r, n + 1);
     assert!(r.u("ranges_settled") > 0);
     assert_eq!(tree_sums(&s.root), sums);

@@ -51,6 +51,39 @@ pub struct ExecOptions {
     pub model: Model,
     /// Re-home the live remainders of partly shared extents (btrfs only).
     pub rehome: Option<RehomeOptions>,
+    /// Settled files looked at again this run (see [`Recheck`]).
+    pub recheck: Recheck,
+}
+
+/// Which settled files a run looks at again, their ranges asked of the
+/// filesystem instead of trusted: about one in `every` (0: none, 1: all),
+/// picked by `seed` (a new value each run, e.g. the time). What `stat`
+/// cannot tell from an unchanged file (a defragmented copy, a read-only
+/// snapshot made writable, contents changed with their times put back) is
+/// found within a few runs: at [`Recheck::EVERY`], about a quarter of the
+/// cost of asking for every pair (a pair is trusted only if neither file
+/// is picked).
+#[derive(Debug, Clone, Copy)]
+pub struct Recheck {
+    pub every: u64,
+    pub seed: u64,
+}
+
+impl Recheck {
+    /// The default share: one settled file in 8 each run.
+    pub const EVERY: u64 = 8;
+
+    /// Whether a settled file of inode `ino` is trusted this run.
+    fn trusts(self, ino: u64) -> bool {
+        if self.every == 0 {
+            return true;
+        }
+        // splitmix64's finaliser: inode numbers are dense, the pick is not.
+        let mut x = ino ^ self.seed;
+        x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        (x ^ (x >> 31)) % self.every != 0
+    }
 }
 
 /// Why a destination range was not deduped.
@@ -395,7 +428,8 @@ fn fiemap_layout(f: &File, off: u64, len: u64) -> std::io::Result<Option<Layout>
 ///
 /// A file marked [`Marks::SETTLED`] was settled by an earlier run and is
 /// unchanged since: ranges between two such files are taken as already
-/// shared without asking the filesystem.
+/// shared without asking the filesystem, unless this run picked either
+/// to look at again ([`Recheck`]).
 pub fn execute(
     entries: &dyn EntryList,
     tree: &Tree,
@@ -418,7 +452,10 @@ pub fn execute(
         unsettled: vec![false; entries.len()],
         ..Default::default()
     };
-    let settled = |i: u32| entries.entry(i).marks.has(Marks::SETTLED);
+    let settled = |i: u32| {
+        let e = entries.entry(i);
+        e.marks.has(Marks::SETTLED) && opts.recheck.trusts(e.ino)
+    };
     for op in &plan.ops {
         if progress.cancel.load(Ordering::Relaxed) {
             skip_all(&mut rep, op, DestSkip::Cancelled);
@@ -950,6 +987,29 @@ fn apply_status(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// About one settled file in `every` is looked at again, a different
+    /// one each run; 0 trusts all, 1 none.
+    #[test]
+    fn a_run_looks_again_at_about_one_settled_file_in_every() {
+        let share = |seed| {
+            (0..80_000u64)
+                .filter(|&i| !Recheck { every: 8, seed }.trusts(i))
+                .count()
+        };
+        for seed in [0, 1, 0xdead_beef] {
+            let n = share(seed);
+            assert!((9_000..11_000).contains(&n), "seed {seed}: {n} of 80,000");
+        }
+        let picked = |seed| {
+            (0..64u64)
+                .filter(|&i| !Recheck { every: 8, seed }.trusts(i))
+                .collect::<Vec<_>>()
+        };
+        assert_ne!(picked(1), picked(2), "each run picks others");
+        assert!((0..1000).all(|i| Recheck { every: 0, seed: 5 }.trusts(i)));
+        assert!((0..1000).all(|i| !Recheck { every: 1, seed: 5 }.trusts(i)));
+    }
     use onecopy_plan::{Dest, OpKind};
 
     #[test]

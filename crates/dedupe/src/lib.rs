@@ -82,7 +82,7 @@ impl Recheck {
         let mut x = ino ^ self.seed;
         x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        (x ^ (x >> 31)) % self.every != 0
+        !(x ^ (x >> 31)).is_multiple_of(self.every)
     }
 }
 

@@ -423,6 +423,44 @@ fn snapshot_owner_blocks_rehoming_btrfs() {
     assert_eq!(checksum_tree(&snap), sums);
 }
 
+/// btrfs: a read-only snapshot named first is no place for re-homing's
+/// unnamed temporary files (EROFS): they go to a changed file's
+/// directory instead, and the bookended extent is freed in the first run
+/// (it failed, exit 1, and later runs trusted the files as done).
+#[test]
+fn a_read_only_first_root_does_not_stop_rehoming_btrfs() {
+    let fs = new_fs(FsKind::Btrfs, 512 * MIB);
+    let live = fs.path().join("live");
+    let btrfs = |args: &[&Path]| {
+        let ok = Command::new("btrfs").args(args).status().unwrap().success();
+        assert!(ok, "btrfs {args:?}");
+    };
+    btrfs(&[Path::new("subvolume"), Path::new("create"), &live]);
+    let (a, b) = (
+        onecopy_testfs::random_bytes(4 * MIB as usize, 91),
+        onecopy_testfs::random_bytes(4 * MIB as usize, 92),
+    );
+    write_file(&live.join("s"), &a);
+    let snap = fs.path().join("snap");
+    btrfs(&[
+        Path::new("subvolume"),
+        Path::new("snapshot"),
+        Path::new("-r"),
+        &live,
+        &snap,
+    ]);
+    write_file(&live.join("d"), &[a.clone(), b].concat());
+    fs.sync();
+    let sums = checksum_tree(&live);
+    let r = dedupe(&[&snap, &live], &[]);
+    r.assert_ok("the read-only snapshot first");
+    assert!(r.u("rehome_bytes_written") > 0, "nothing re-homed");
+    assert!(r.u("bytes_freed") > 0, "nothing freed");
+    assert_eq!(checksum_tree(&live), sums);
+    let want: BTreeSet<PathBuf> = ["s", "d"].map(|n| live.join(n)).into();
+    assert_eq!(names(&live), want, "a name left in the tree");
+}
+
 /// btrfs: an extent whose only live bytes are a short file tail shared by
 /// two files (here `b` and its copy `c`, whose blocks were shared with `a`)
 /// is re-homed into a copy both files share. A temporary copy holding just

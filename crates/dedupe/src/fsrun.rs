@@ -108,8 +108,7 @@ pub fn model(files: &[HashedFile], tree: &Tree) -> Model {
 
 /// Re-homing for filesystem `fs`: only where whole extents are accounted
 /// (btrfs as root), not in a dry run, and with a budget; its unnamed
-/// temporary files are opened in a root on `fs`, whose leftovers of
-/// versions before 0.2 are removed first.
+/// temporary files are opened in a root on `fs` when there is one.
 pub fn rehome_options(
     model: Model,
     dry_run: bool,
@@ -120,9 +119,8 @@ pub fn rehome_options(
     if model != Model::Extents || dry_run || max_write == 0 {
         return None;
     }
-    let parent = crate::tmpdir::parent_for(roots, fs);
     Some(RehomeOptions {
-        tmp_dir: parent,
+        tmp_dir: crate::tmpdir::parent_for(roots, fs),
         max_write,
     })
 }

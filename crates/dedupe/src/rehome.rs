@@ -25,7 +25,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::os::fd::AsFd;
 use std::os::unix::fs::{FileExt, MetadataExt};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
 use onecopy_ioctl::btrfs::{self, FileExtentKind};
@@ -37,8 +37,10 @@ use crate::{DedupeError, DestSkip, ExecProgress, ExecReport, Files};
 #[derive(Debug, Clone)]
 pub struct RehomeOptions {
     /// A directory on the filesystem being deduped, in which unnamed
-    /// temporary files are opened (`O_TMPFILE`: no name ever appears).
-    pub tmp_dir: PathBuf,
+    /// temporary files are opened (`O_TMPFILE`: no name ever appears): a
+    /// root on it, or `None` (then, as when a root refuses, e.g. a
+    /// read-only snapshot, the directory of a file being deduped).
+    pub tmp_dir: Option<PathBuf>,
     /// At most this many bytes copied per run (0 disables re-homing).
     pub max_write: u64,
 }
@@ -181,6 +183,50 @@ fn file_refs(file: u32, f: &File, size: u64) -> std::io::Result<Vec<(u64, u64, R
         .collect())
 }
 
+/// Where this run's unnamed temporary files go: the preferred directory
+/// (a root on the filesystem) if it takes one, else the directory of one
+/// of the first files changed (on the filesystem by definition), or the
+/// last refusal.
+fn tmp_dir(
+    files: &Files<'_>,
+    changed: &[u32],
+    opts: &RehomeOptions,
+) -> Result<PathBuf, (PathBuf, std::io::Error)> {
+    let parents = changed
+        .iter()
+        .take(4)
+        .filter_map(|&f| files.path(f).parent().map(Path::to_path_buf));
+    let mut last = None;
+    for dir in opts.tmp_dir.clone().into_iter().chain(parents) {
+        match crate::tmpdir::anonymous_file(&dir) {
+            Ok(_) => return Ok(dir),
+            Err(e) => last = Some((dir, e)),
+        }
+    }
+    Err(last.unwrap_or_else(|| (PathBuf::new(), std::io::ErrorKind::NotFound.into())))
+}
+
+/// No directory took an unnamed temporary file: re-homing is off for this
+/// run, said once, and the files it would have re-homed stay unsettled.
+fn unavailable(dir: &Path, e: std::io::Error, changed: &[u32], rep: &mut ExecReport) {
+    let why = format!(
+        "{}: cannot open an unnamed temporary file (O_TMPFILE): {e}; extents that dedupe left partly referenced stay allocated",
+        dir.display()
+    );
+    if crate::tmpdir::is_unsupported(&e) {
+        rep.stats.rehome_unavailable = Some(why);
+    } else {
+        rep.errors.push(DedupeError::Rehome {
+            path: dir.to_path_buf(),
+            why,
+        });
+    }
+    // Not done: a later run (another root first, a remount) tries again.
+    for &f in changed {
+        rep.unsettled[f as usize] = true;
+    }
+}
+
 /// Re-homes the extents the files changed by this run leave bookended.
 pub(crate) fn rehome(
     files: &mut Files<'_>,
@@ -191,21 +237,15 @@ pub(crate) fn rehome(
 ) {
     let Some(first) = changed.first() else { return };
     // Unnamed temporary files or nothing: never a name in the user's tree.
-    if let Err(e) = crate::tmpdir::anonymous_file(&opts.tmp_dir) {
-        let why = format!(
-            "{}: cannot open an unnamed temporary file (O_TMPFILE): {e}; extents that dedupe left partly referenced stay allocated",
-            opts.tmp_dir.display()
-        );
-        if crate::tmpdir::is_unsupported(&e) {
-            rep.stats.rehome_unavailable = Some(why);
-        } else {
-            rep.errors.push(DedupeError::Rehome {
-                path: opts.tmp_dir.clone(),
-                why,
-            });
-        }
-        return;
-    }
+    let dir = match tmp_dir(files, changed, opts) {
+        Ok(dir) => dir,
+        Err((dir, e)) => return unavailable(&dir, e, changed, rep),
+    };
+    let opts = &RehomeOptions {
+        tmp_dir: Some(dir),
+        max_write: opts.max_write,
+    };
+
     // Commit first: extent back references added by this run must be
     // visible to LOGICAL_INO.
     if let Ok(f) = files.get(*first) {
@@ -321,7 +361,8 @@ fn with_all_owners(
 }
 
 /// Copies `p`'s live bytes into unnamed temporary files and shares them
-/// into every reference.
+/// into every reference. Files of an extent not re-homed whole (an
+/// error, a change) are left unsettled: a later run tries again.
 fn rehome_extent(
     files: &mut Files<'_>,
     p: &Pinned,
@@ -329,6 +370,21 @@ fn rehome_extent(
     buf: &mut [u8],
     rep: &mut ExecReport,
 ) {
+    if !rehome_extent_whole(files, p, opts, buf, rep) {
+        for r in &p.refs {
+            rep.unsettled[r.file as usize] = true;
+        }
+    }
+}
+
+/// [`rehome_extent`]'s work: whether every reference now shares the copy.
+fn rehome_extent_whole(
+    files: &mut Files<'_>,
+    p: &Pinned,
+    opts: &RehomeOptions,
+    buf: &mut [u8],
+    rep: &mut ExecReport,
+) -> bool {
     let block = files.device(p.refs[0].file).block;
     let segs = segments(&p.live(), block);
     // Each temporary file holds its segment from one block on, after a
@@ -339,14 +395,15 @@ fn rehome_extent(
     let lead = block;
     let mut tmps = Vec::with_capacity(segs.len());
     for _ in &segs {
-        match crate::tmpdir::anonymous_file(&opts.tmp_dir) {
+        let dir = opts.tmp_dir.as_deref().unwrap_or(Path::new("."));
+        match crate::tmpdir::anonymous_file(dir) {
             Ok(t) => tmps.push(t),
             Err(e) => {
                 rep.errors.push(DedupeError::Rehome {
-                    path: opts.tmp_dir.clone(),
+                    path: dir.to_path_buf(),
                     why: format!("cannot open an unnamed temporary file: {e}"),
                 });
-                return;
+                return false;
             }
         }
     }
@@ -364,13 +421,13 @@ fn rehome_extent(
             // run skips, not an error: nothing was shared yet.
             if changed_under_us(files, file) {
                 crate::skip(rep, file, DestSkip::Changed);
-                return;
+                return false;
             }
             rep.errors.push(DedupeError::Rehome {
                 path: files.path(file),
                 why,
             });
-            return;
+            return false;
         }
     };
     rep.stats.rehome_bytes_written += written;
@@ -386,6 +443,7 @@ fn rehome_extent(
         rep.stats.rehome_extents += 1;
         rep.stats.rehome_bytes_released += p.disk_bytes;
     }
+    all
 }
 
 /// Copies each live byte of `p` once, from a file that references it, to

@@ -21,10 +21,12 @@ use std::path::{Path, PathBuf};
 
 use rustix::fs::{Mode, OFlags};
 
-/// Where re-homing opens its unnamed temporary files on filesystem `fs`
-/// (an `FsInfo::fsid`): the first root on it that is a directory, else the
-/// directory of the first root file on it, else the current directory.
-pub fn parent_for(roots: &[PathBuf], fs: u64) -> PathBuf {
+/// Where re-homing prefers to open its unnamed temporary files on
+/// filesystem `fs` (an `FsInfo::fsid`): the first root on it that is a
+/// directory, else the directory of the first root file on it; `None`
+/// when no root is on it (never the current directory, which may be on
+/// another filesystem: re-homing then uses a changed file's directory).
+pub fn parent_for(roots: &[PathBuf], fs: u64) -> Option<PathBuf> {
     use std::os::fd::AsFd;
     let on_fs = |p: &Path| {
         onecopy_scan::longpath::open_nonblocking(p)
@@ -35,7 +37,7 @@ pub fn parent_for(roots: &[PathBuf], fs: u64) -> PathBuf {
     let mut fallback = None;
     for r in roots {
         if r.is_dir() && on_fs(r) {
-            return r.clone();
+            return Some(r.clone());
         }
         if fallback.is_none() && on_fs(r) {
             fallback = r
@@ -50,7 +52,7 @@ pub fn parent_for(roots: &[PathBuf], fs: u64) -> PathBuf {
                 .map(Path::to_path_buf);
         }
     }
-    fallback.unwrap_or_else(|| PathBuf::from("."))
+    fallback
 }
 
 /// Opens an unnamed, unlinked read-write file on the filesystem of `dir`.
@@ -93,10 +95,16 @@ mod tests {
         let file = dir.join("f");
         std::fs::write(&file, b"x").unwrap();
         let fs = fsid(&dir);
-        assert_eq!(parent_for(&[file.clone(), dir.clone()], fs), dir);
-        assert_eq!(parent_for(std::slice::from_ref(&file), fs), dir);
+        assert_eq!(
+            parent_for(&[file.clone(), dir.clone()], fs),
+            Some(dir.clone())
+        );
+        assert_eq!(
+            parent_for(std::slice::from_ref(&file), fs),
+            Some(dir.clone())
+        );
         let other = fs.wrapping_add(1);
-        assert_eq!(parent_for(&[file, dir], other), PathBuf::from("."));
+        assert_eq!(parent_for(&[file, dir], other), None);
     }
 
     #[test]

@@ -118,8 +118,8 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
     // Match and plan, one filesystem at a time, then act, then remember.
     let at = (&tree, &store);
     for (&fs, run) in runs.iter_mut() {
-        let unsettled = act(&a, fs, run, at, &roots_abs, &ui, &sig, &mut report);
-        remember(&a, run, at, &roots_abs, &unsettled, &ui, &sig, &mut report);
+        let left = act(&a, fs, run, at, &roots_abs, &ui, &sig, &mut report);
+        remember(&a, run, at, &roots_abs, &left, &ui, &sig, &mut report);
     }
     if let Some(e) = store.spill_error() {
         ui.warn(&format!("{e}; matching found less than it could"));
@@ -352,8 +352,14 @@ impl KnownCopies for KnownByInode<'_> {
     }
 }
 
+/// What a run leaves to the next, per file (see [`onecopy_dedupe::ExecReport`]).
+struct Left {
+    unsettled: Vec<bool>,
+    stale: Vec<bool>,
+}
+
 /// Plans one filesystem's dedupe and carries it out; returns which files
-/// were left unsettled (none planned when the run was stopped).
+/// were left unsettled or stale (none when the run was stopped).
 #[allow(clippy::too_many_arguments)]
 fn act(
     a: &DedupeArgs,
@@ -364,9 +370,13 @@ fn act(
     ui: &Ui,
     sig: &Signals,
     report: &mut Report,
-) -> Vec<bool> {
+) -> Left {
     if sig.scan.cancelled() {
-        return vec![false; run.files.len()];
+        let none = vec![false; run.files.len()];
+        return Left {
+            unsettled: none.clone(),
+            stale: none,
+        };
     }
     let t = Instant::now();
     let spill = spill_dir(a);
@@ -405,9 +415,12 @@ fn act(
     let mut rep = onecopy_dedupe::execute(&run.files, tree, &plan, &opts, &sig.exec);
     ui.finish(bar);
     *report.phases.entry("dedupe").or_default() += t.elapsed().as_secs_f64();
-    let unsettled = std::mem::take(&mut rep.unsettled);
+    let left = Left {
+        unsettled: std::mem::take(&mut rep.unsettled),
+        stale: std::mem::take(&mut rep.stale),
+    };
     report.add_exec(rep);
-    unsettled
+    left
 }
 
 /// Remembers every file seen now and forgets the ones gone; only records
@@ -419,7 +432,7 @@ fn remember(
     run: &mut FsRun,
     at: (&Tree, &DigestStore),
     roots: &[PathBuf],
-    unsettled: &[bool],
+    left: &Left,
     ui: &Ui,
     sig: &Signals,
     report: &mut Report,
@@ -433,15 +446,22 @@ fn remember(
     let (key, known) = (&run.key, run.known);
     // Consumed by commit_run one record at a time: no second copy of
     // every path and digest list.
-    let records = run.files.iter().enumerate().filter_map(|(i, f)| {
-        let settled = policy::record_update(f, i < known, stopped, unsettled[i], a.dry_run)?;
-        FileRecord::of(key, f, at, settled, this_run)
-    });
-    let deletes = if stopped {
+    let mut deletes = if stopped {
         Vec::new()
     } else {
         std::mem::take(&mut run.deleted)
     };
+    // A stale file's record goes: the next run reads it.
+    let subvol = |f: &onecopy_scan::HashedFile| at.0.device(f.entry.dev).subvol;
+    let stale = run.files.iter().zip(&left.stale).filter(|(_, s)| **s);
+    deletes.extend(stale.map(|(f, _)| (key.clone(), subvol(f), f.entry.ino)));
+    let records = run.files.iter().enumerate().filter_map(|(i, f)| {
+        if left.stale[i] {
+            return None;
+        }
+        let settled = policy::record_update(f, i < known, stopped, left.unsettled[i], a.dry_run)?;
+        FileRecord::of(key, f, at, settled, this_run)
+    });
     if let Err(e) = cat.commit_run(roots, records, &deletes) {
         let cat = run.catalog.take().expect("the catalog just written");
         let path = cat.path().display().to_string();

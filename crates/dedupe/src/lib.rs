@@ -236,6 +236,10 @@ pub struct ExecReport {
     /// permanently unshareable (changed, refused, cancelled): a later run
     /// must look at them again.
     pub unsettled: Vec<bool>,
+    /// Files the kernel found holding other bytes than their digests say
+    /// though `stat` shows no change (contents changed with their times
+    /// put back): their digests are not to be kept, a later run reads them.
+    pub stale: Vec<bool>,
 }
 
 /// The files a plan's indices name, by index (a list of entries or of
@@ -450,6 +454,7 @@ pub fn execute(
     };
     let mut rep = ExecReport {
         unsettled: vec![false; entries.len()],
+        stale: vec![false; entries.len()],
         ..Default::default()
     };
     let settled = |i: u32| {
@@ -969,6 +974,9 @@ fn apply_status(
         Ok(DedupeStatus::Same { .. }) => refused(rep, "the kernel shared no bytes".into()),
         Ok(DedupeStatus::Differs) => {
             skip(rep, p.file, DestSkip::DataDiffers);
+            // One of the two is not what its digests say.
+            rep.stale[p.file as usize] = true;
+            rep.stale[op.src as usize] = true;
             true
         }
         // EINVAL for a range past the end of a file another program

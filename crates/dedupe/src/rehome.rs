@@ -518,6 +518,7 @@ fn share_back(files: &mut Files<'_>, tmp: &File, at: u64, r: &Ref, rep: &mut Exe
             }
             Ok([DedupeStatus::Differs]) => {
                 crate::skip(rep, r.file, DestSkip::DataDiffers);
+                rep.stale[r.file as usize] = true;
                 return false;
             }
             Ok([DedupeStatus::Error(e)]) => describe_errno(*e),

@@ -137,14 +137,16 @@ pub fn gather_files(a: &DuperemoveArgs, input: impl BufRead) -> anyhow::Result<V
     Ok(out)
 }
 
-/// Non-empty lines as paths: fdupes/jdupes groups are separated by blank
-/// lines, and onecopy finds the identical ones among all of them itself.
+/// Non-empty lines as paths, as bytes (a Linux name need not be UTF-8):
+/// fdupes/jdupes groups are separated by blank lines, and onecopy finds
+/// the identical ones among all of them itself.
 fn read_paths(input: impl BufRead) -> anyhow::Result<Vec<PathBuf>> {
+    use std::os::unix::ffi::OsStrExt;
     let mut out = Vec::new();
-    for line in input.lines() {
+    for line in input.split(b'\n') {
         let line = line.context("reading paths from stdin")?;
-        if !line.trim().is_empty() {
-            out.push(PathBuf::from(line));
+        if !line.trim_ascii().is_empty() {
+            out.push(PathBuf::from(std::ffi::OsStr::from_bytes(&line)));
         }
     }
     Ok(out)
@@ -226,6 +228,16 @@ mod tests {
             .into_iter()
             .map(|s| s.into_string().unwrap())
             .collect()
+    }
+
+    /// Paths from stdin are bytes: a name that is not UTF-8 is read as
+    /// it is (one such name stopped the whole run, exit 2).
+    #[test]
+    fn paths_from_stdin_need_not_be_utf8() {
+        use std::os::unix::ffi::OsStrExt;
+        let got = read_paths(&b"/t/caf\xe9\n\n/t/b\n  \n"[..]).unwrap();
+        let names: Vec<&[u8]> = got.iter().map(|p| p.as_os_str().as_bytes()).collect();
+        assert_eq!(names, [&b"/t/caf\xe9"[..], &b"/t/b"[..]]);
     }
 
     #[test]

@@ -15,7 +15,7 @@ need_pkgs=()
 for pair in mkfs.btrfs:btrfs-progs mkfs.xfs:xfsprogs mkfs.ext4:e2fsprogs chattr:e2fsprogs compsize:btrfs-compsize \
             losetup:mount fusermount3:fuse3 xfs_io:xfsprogs \
             git:git fio:fio rsync:rsync sqlite3:sqlite3 tar:tar \
-            tmux:tmux jdupes:jdupes python3:python3 setcap:libcap2-bin \
+            tmux:tmux jdupes:jdupes duperemove:duperemove python3:python3 setcap:libcap2-bin \
             setfacl:acl setfattr:attr getfattr:attr setpriv:util-linux flock:util-linux; do
     command -v "${pair%%:*}" >/dev/null 2>&1 || need_pkgs+=("${pair#*:}")
 done

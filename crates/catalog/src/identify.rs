@@ -95,6 +95,28 @@ fn legacy_magic(path: &Path) -> Existing {
     }
 }
 
+/// Whether `path` is duperemove's hashfile (a SQLite database whose
+/// `config` table names duperemove's keys), looked at read-only and
+/// `immutable`, as [`identify`] does.
+pub fn is_duperemove_hashfile(path: &Path) -> bool {
+    if identify(path).ok() != Some(Existing::Foreign) {
+        return false;
+    }
+    let uri = format!("file:{}?immutable=1", uri_escape(path));
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY
+        | OpenFlags::SQLITE_OPEN_URI
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    Connection::open_with_flags(uri, flags)
+        .and_then(|c| {
+            c.query_row(
+                "SELECT COUNT(*) FROM config WHERE keyname IN ('hash_type', 'version_major')",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
+        })
+        .is_ok_and(|n| n == 2)
+}
+
 /// Percent-encodes a path for a SQLite `file:` URI.
 fn uri_escape(path: &Path) -> String {
     use std::os::unix::ffi::OsStrExt;

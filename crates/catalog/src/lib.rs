@@ -76,7 +76,7 @@ mod identify;
 mod incremental;
 pub mod place;
 
-pub use identify::{identify, Existing, APPLICATION_ID};
+pub use identify::{identify, is_duperemove_hashfile, Existing, APPLICATION_ID};
 pub use incremental::{classify, consult, Classified, Classifier, Consulted};
 
 use std::path::{Path, PathBuf};

@@ -47,7 +47,8 @@ pub struct DuperemoveArgs {
     #[arg(short = 'b', value_name = "SIZE")]
     pub block_size: Option<String>,
     /// onecopy's catalog file (not duperemove's SQLite format: an existing
-    /// duperemove hashfile is set aside and rebuilt).
+    /// duperemove hashfile is renamed to FILE.duperemove and a catalog made
+    /// in its place; any other file that is not a catalog is refused).
     #[arg(long, value_name = "FILE")]
     pub hashfile: Option<PathBuf>,
     /// Comma-separated [no]partial, [no]same, [no]fiemap, [no]block: all
@@ -84,6 +85,12 @@ pub struct DuperemoveArgs {
 const DEDUPE_OPTIONS: [&str; 4] = ["partial", "same", "fiemap", "block"];
 
 pub fn run(a: DuperemoveArgs) -> anyhow::Result<u8> {
+    if let Some(h) = a.hashfile.as_deref() {
+        if let Err(e) = set_aside_duperemove_hashfile(h) {
+            errln!("onecopy duperemove: {e:#}");
+            return Ok(exit::FATAL);
+        }
+    }
     let stdin = std::io::stdin().lock();
     let files = match gather_files(&a, stdin) {
         Ok(f) => f,
@@ -110,6 +117,38 @@ pub fn run(a: DuperemoveArgs) -> anyhow::Result<u8> {
         Command::Dedupe(d) => crate::dedupe_cmd::run(d),
         _ => unreachable!("to_dedupe_argv builds a dedupe command line"),
     }
+}
+
+/// duperemove's own hashfile at `path` (a script written for duperemove
+/// names it) is renamed to `PATH.duperemove` (or `.duperemove.N`, never
+/// over a file), and onecopy makes its catalog at `path`. Any other file
+/// that is not a catalog stays untouched and is refused, as by `dedupe`.
+fn set_aside_duperemove_hashfile(path: &Path) -> anyhow::Result<()> {
+    if !onecopy_catalog::is_duperemove_hashfile(path) {
+        return Ok(());
+    }
+    let mut name = path.as_os_str().to_owned();
+    name.push(".duperemove");
+    let aside = (0..100)
+        .map(|n| match n {
+            0 => PathBuf::from(&name),
+            n => PathBuf::from(format!("{}.{n}", name.to_string_lossy())),
+        })
+        .find(|p| std::fs::symlink_metadata(p).is_err())
+        .context("no free name to set duperemove's hashfile aside")?;
+    rename_noreplace(path, &aside).with_context(|| format!("setting {} aside", path.display()))?;
+    errln!(
+        "onecopy duperemove: {} is duperemove's hashfile: kept as {}; onecopy keeps its own catalog there",
+        path.display(),
+        aside.display()
+    );
+    Ok(())
+}
+
+/// Renames `from` to `to`, failing if `to` exists.
+fn rename_noreplace(from: &Path, to: &Path) -> std::io::Result<()> {
+    use rustix::fs::{renameat_with, RenameFlags, CWD};
+    renameat_with(CWD, from, CWD, to, RenameFlags::NOREPLACE).map_err(Into::into)
 }
 
 /// The paths to dedupe: the FILE arguments (directories expanded one

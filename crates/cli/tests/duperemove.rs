@@ -46,8 +46,21 @@ fn duperemove_command_lines() {
     fs.sync();
     assert!(none_shared(&sets), "shared without -d");
 
+    // A hashfile the real duperemove made (a script moving to onecopy
+    // names it): kept aside, a catalog made in its place.
     let hashfile = fs.path().join("hashes");
-    duperemove(&[
+    let elsewhere = fs.path().join("other");
+    std::fs::create_dir(&elsewhere).unwrap();
+    write_random(&elsewhere.join("f"), MIB, 99).unwrap();
+    let made = Command::new("duperemove")
+        .arg("-q")
+        .arg(format!("--hashfile={}", hashfile.display()))
+        .arg(elsewhere.join("f"))
+        .output()
+        .expect("duperemove must be installed (scripts/test.sh installs it)");
+    assert!(made.status.success(), "{made:?}");
+    let theirs = std::fs::read(&hashfile).unwrap();
+    let r = duperemove(&[
         "-dhr",
         "-q",
         "-b",
@@ -69,6 +82,15 @@ fn duperemove_command_lines() {
         }
     }
     assert!(hashfile.exists(), "--hashfile not used");
+    let aside = fs.path().join("hashes.duperemove");
+    assert_eq!(
+        std::fs::read(&aside).unwrap(),
+        theirs,
+        "duperemove's hashfile kept"
+    );
+    assert!(r.stderr.contains("kept as"), "{}", r.stderr);
+    let cat = onecopy(["catalog", "stats", "--hashfile", hashfile.to_str().unwrap()]);
+    assert_eq!(cat.code, 0, "{cat:?}");
     assert_eq!(checksum_tree(&root), before, "contents changed");
 }
 

@@ -130,8 +130,11 @@ pub struct Classified {
     pub renamed: u64,
 }
 
-fn under_roots(p: &std::path::Path, roots: &[PathBuf]) -> bool {
-    roots.iter().any(|r| p.starts_with(r))
+/// Whether `p` is one of `roots` or below one: its ancestors looked up,
+/// not every root compared (20,000 file roots from `--fdupes` took 195 s
+/// of comparisons).
+fn under_roots(p: &std::path::Path, roots: &std::collections::HashSet<&std::path::Path>) -> bool {
+    p.ancestors().any(|a| roots.contains(a))
 }
 
 /// The known file `entry` with what its record gives.
@@ -206,7 +209,7 @@ pub struct Classifier<'a> {
     fs_key: &'a str,
     fs: FsId,
     fs_block: u64,
-    roots: &'a [PathBuf],
+    roots: std::collections::HashSet<&'a std::path::Path>,
     walked: Vec<FileEntry>,
     tree: &'a mut Tree,
     store: &'a mut DigestStore,
@@ -248,7 +251,7 @@ impl<'a> Classifier<'a> {
             fs_key,
             fs,
             fs_block,
-            roots,
+            roots: roots.iter().map(PathBuf::as_path).collect(),
             walked,
             tree,
             store,
@@ -314,7 +317,7 @@ impl<'a> Classifier<'a> {
     /// A record the walk did not meet: deleted if under the roots, else a
     /// source while its file still exists unchanged.
     fn offer_unmet(&mut self, rec: FileRecord) {
-        if under_roots(&rec.path, self.roots) || !self.current_scheme(&rec) {
+        if under_roots(&rec.path, &self.roots) || !self.current_scheme(&rec) {
             self.deleted.push((rec.fs, rec.subvol, rec.ino));
             return;
         }

@@ -594,10 +594,12 @@ fn settled_free(paths: &[PathBuf]) -> Option<u64> {
     let mut total = 0u64;
     for p in paths {
         let f = onecopy_scan::longpath::open_nonblocking(p).ok()?;
-        let _ = onecopy_ioctl::fs::syncfs(f.as_fd());
         let i = fs_info(f.as_fd()).ok()?;
+        // One commit per filesystem, not per root (--fdupes gives
+        // thousands of file roots on one).
         if seen.insert(i.fsid) {
-            total += i.free_bytes;
+            let _ = onecopy_ioctl::fs::syncfs(f.as_fd());
+            total += fs_info(f.as_fd()).ok()?.free_bytes;
         }
     }
     Some(total)

@@ -593,8 +593,8 @@ pub fn walk(opts: &WalkOptions, progress: &Progress) -> WalkOutput {
         if !walked.insert(root) {
             continue;
         }
-        let (root_dev, root_ino) = match std::fs::symlink_metadata(root) {
-            Ok(m) => (m.dev(), m.ino()),
+        let (root_dev, root_ino, root_dir) = match std::fs::symlink_metadata(root) {
+            Ok(m) => (m.dev(), m.ino(), m.is_dir()),
             Err(source) => {
                 out.errors.push(ScanError::Stat {
                     path: root.clone(),
@@ -615,7 +615,11 @@ pub fn walk(opts: &WalkOptions, progress: &Progress) -> WalkOutput {
             continue;
         }
         filters.whole_subvol(root_dev, root_ino, root);
-        walk_one(root, info, opts.threads, &filters, progress, &mut out);
+        // A file root is one entry: one walker thread, which ends at once
+        // (more wait for work a millisecond at a time: --fdupes gives
+        // thousands of file roots).
+        let threads = if root_dir { opts.threads } else { 1 };
+        walk_one(root, info, threads, &filters, progress, &mut out);
     }
     let diff = walk_snapshots(opts.threads, &filters, progress, &mut out);
     let interner = std::mem::take(&mut *filters.tree.lock().unwrap());

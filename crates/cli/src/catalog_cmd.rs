@@ -75,7 +75,11 @@ fn act(
             let mut ok = true;
             let mut total = 0;
             for f in forget {
-                let abs = std::fs::canonicalize(f).unwrap_or_else(|_| f.clone());
+                // A deleted file's path cannot be resolved: made absolute
+                // against the current directory, as the catalog keeps it.
+                let abs = std::fs::canonicalize(f)
+                    .or_else(|_| std::path::absolute(f))
+                    .unwrap_or_else(|_| f.clone());
                 match cat.forget(&abs) {
                     Ok(n) => total += n,
                     Err(e) => {

@@ -712,6 +712,32 @@ fn truncate_and_rewrite(kind: FsKind) {
     assert_eq!(tree_sums(&s.root), sums);
 }
 
+/// `catalog forget` of a deleted file named relative to the current
+/// directory forgets it (it printed "forgot 0 files": the path could not
+/// be resolved, so it was compared as given with the absolute ones kept).
+#[test]
+fn forget_by_a_relative_path_of_a_deleted_file() {
+    let s = Scene::new(FsKind::Xfs);
+    let sets = make_dupes(&s.root, SPECS);
+    settle();
+    s.run_root("first run").assert_ok("first run");
+    let n = s.catalog_files();
+    let gone = &sets[0].copies[0];
+    std::fs::remove_file(gone).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_onecopy"))
+        .args(["catalog", "forget", "--json", "--hashfile"])
+        .arg(&s.h)
+        .arg(gone.file_name().unwrap())
+        .current_dir(gone.parent().unwrap())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let forgotten = &v.as_array().map_or(&v, |a| &a[0])["forgotten"];
+    assert_eq!(forgotten, 1, "{v}");
+    assert_eq!(s.catalog_files(), n - 1);
+}
+
 /// Case 5: deleted files (a whole directory) leave the catalog; a file
 /// deleted and replaced, at the same or at another path, by one of the
 /// same size and mtime (on XFS usually with the same inode number) is

@@ -103,14 +103,13 @@ fn fingerprint(path: &Path) -> Vec<Option<(Vec<u8>, i64, i64)>> {
         .collect()
 }
 
-/// A scratch directory for hash files, outside the roots.
-fn scratch(kind: FsKind, case: &str) -> PathBuf {
-    let d = std::env::temp_dir()
-        .join(format!("onecopy-robust-{}", std::process::id()))
-        .join(format!("{case}-{kind}"));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A scratch directory for hash files, outside the roots, removed with
+/// the test (each run left 513 MB under a fixed /tmp name).
+fn scratch(kind: FsKind, case: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("onecopy-robust-{case}-{kind}-"))
+        .tempdir_in("/var/tmp")
+        .unwrap()
 }
 
 /// A small tree with one duplicate group.
@@ -151,7 +150,8 @@ fn assert_refused(r: &Outcome, h: &Path, before: &[Option<(Vec<u8>, i64, i64)>],
 /// Item 4: `--hashfile` naming a text file (with `-wal`/`-shm` beside it).
 fn hashfile_text_file(kind: FsKind) {
     let (_fs, root, groups) = small_tree(kind);
-    let dir = scratch(kind, "text");
+    let scratch_dir = scratch(kind, "text");
+    let dir = scratch_dir.path();
     let h = dir.join("some.txt");
     std::fs::write(&h, "my notes\nnot a database\n").unwrap();
     std::fs::write(with_suffix(&h, "-wal"), "wal of someone else").unwrap();
@@ -182,7 +182,8 @@ fn hashfile_text_file(kind: FsKind) {
 /// mode, held open with uncheckpointed writes (so `-wal` and `-shm` exist).
 fn hashfile_foreign_sqlite(kind: FsKind) {
     let (_fs, root, _groups) = small_tree(kind);
-    let dir = scratch(kind, "sqlite");
+    let scratch_dir = scratch(kind, "sqlite");
+    let dir = scratch_dir.path();
     let h = dir.join("app.db");
     let db = rusqlite::Connection::open(&h).unwrap();
     db.execute_batch(
@@ -211,7 +212,8 @@ fn hashfile_foreign_sqlite(kind: FsKind) {
 /// `.broken` and rebuilt (exit 0).
 fn hashfile_damaged_catalog(kind: FsKind) {
     let (_fs, root, groups) = small_tree(kind);
-    let dir = scratch(kind, "damaged");
+    let scratch_dir = scratch(kind, "damaged");
+    let dir = scratch_dir.path();
     let h = dir.join("cat.sqlite");
     let hs = h.to_str().unwrap();
     dedupe(&[&root], &["--hashfile", hs]).assert_ok();
@@ -429,7 +431,8 @@ fn repeated_roots_are_walked_once(kind: FsKind) {
 /// instead of hanging the suite.
 fn fifos_are_never_waited_on(kind: FsKind) {
     let (_fs, root, groups) = small_tree(kind);
-    let dir = scratch(kind, "fifo");
+    let scratch_dir = scratch(kind, "fifo");
+    let dir = scratch_dir.path();
     let (inside, named, hashfile) = (
         root.join("fifo"),
         root.with_file_name("root.fifo"),
@@ -492,7 +495,8 @@ fn huge_sparse_files_are_neither_read_nor_held(kind: FsKind) {
         checksum_tree(&root),
         big.each_ref().map(|p| sparse_digest(p)),
     );
-    let h = scratch(kind, "sparse").join("catalog.sqlite");
+    let scratch_dir = scratch(kind, "sparse");
+    let h = scratch_dir.path().join("catalog.sqlite");
     let hashfile = ["--hashfile", h.to_str().unwrap()];
     past_racy_window();
 

@@ -49,6 +49,12 @@ fn files_under(root: &Path) -> Vec<PathBuf> {
         .collect::<Vec<_>>()
 }
 
+/// Runs `btrfs ARGS...`, which must succeed.
+fn btrfs(args: &[&Path]) {
+    let ok = Command::new("btrfs").args(args).status().unwrap().success();
+    assert!(ok, "btrfs {args:?}");
+}
+
 /// Every name below `root` (what `find` prints), sorted.
 fn names(root: &Path) -> BTreeSet<PathBuf> {
     let mut out = BTreeSet::new();
@@ -396,10 +402,6 @@ fn resumes_after_interrupt(kind: FsKind) {
 fn snapshot_owner_blocks_rehoming_btrfs() {
     let fs = new_fs(FsKind::Btrfs, 512 * MIB);
     let vol = fs.path().join("vol");
-    let btrfs = |args: &[&Path]| {
-        let ok = Command::new("btrfs").args(args).status().unwrap().success();
-        assert!(ok, "btrfs {args:?}");
-    };
     btrfs(&[Path::new("subvolume"), Path::new("create"), &vol]);
     make_chain(&vol.join("c"), 8 * MIB, 2, 1, 21, DEFAULT_BLOCK);
     fs.sync();
@@ -431,10 +433,6 @@ fn snapshot_owner_blocks_rehoming_btrfs() {
 fn a_read_only_first_root_does_not_stop_rehoming_btrfs() {
     let fs = new_fs(FsKind::Btrfs, 512 * MIB);
     let live = fs.path().join("live");
-    let btrfs = |args: &[&Path]| {
-        let ok = Command::new("btrfs").args(args).status().unwrap().success();
-        assert!(ok, "btrfs {args:?}");
-    };
     btrfs(&[Path::new("subvolume"), Path::new("create"), &live]);
     let (a, b) = (
         onecopy_testfs::random_bytes(4 * MIB as usize, 91),

@@ -38,6 +38,11 @@ pub(crate) struct DirtyFile {
 }
 
 impl DirtyFile {
+    /// Bytes buffered (the pages' own, no headers).
+    pub fn bytes(&self) -> u64 {
+        self.pages.values().map(|pg| pg.len() as u64).sum()
+    }
+
     /// The pages, shared, for a flush outside the lock (marked `flushing`).
     fn snapshot(&mut self) -> Vec<Page> {
         self.flushing = true;
@@ -729,11 +734,11 @@ impl Store {
         pages + runs * widen
     }
 
-    /// What a write of `[off, end)` adds to [`Store::buffer_cost`]: a page
-    /// it makes dirty at the length it will have (whole inside the file),
-    /// with its headers, the growth of pages already dirty, and the
-    /// widening of a run it starts. Pages that hold only the zeros written
-    /// (stored as holes) cost nothing.
+    /// What a write of `[off, end)` adds to [`Store::buffer_cost`], as
+    /// (page bytes, the rest): a page it makes dirty at the length it will
+    /// have (whole inside the file) and the growth of pages already dirty;
+    /// their headers and the widening of a run it starts. Pages that hold
+    /// only the zeros written (stored as holes) cost nothing.
     pub(crate) fn buffer_growth(
         &self,
         g: &Inner,
@@ -741,11 +746,11 @@ impl Store {
         (off, end): (u64, u64),
         a: &Attr,
         zeros: bool,
-    ) -> u64 {
+    ) -> (u64, u64) {
         let p = self.page_size();
         let d = g.dirty.get(&ino);
         let (first, last) = (off / p, (end - 1) / p);
-        let mut grows = 0;
+        let (mut grows, mut extra) = (0, 0);
         for idx in first..=last {
             let ps = idx * p;
             let had = d.and_then(|d| d.pages.get(&idx)).map(|pg| pg.len() as u64);
@@ -758,24 +763,27 @@ impl Store {
                 None if ps < a.size && !whole => p,
                 None => end.min(ps + p) - ps,
             };
-            grows += match had {
-                Some(had) => len.saturating_sub(had),
-                None => len + self.page_records(),
-            };
+            match had {
+                Some(had) => grows += len.saturating_sub(had),
+                None => (grows, extra) = (grows + len, extra + self.page_records()),
+            }
         }
         let adjoins = d.is_some_and(|d| {
             let next = d.pages.range(first.saturating_sub(1)..=last + 1).next();
             next.is_some()
         });
-        if !adjoins {
-            grows += self.run_widening(g, ino);
+        // A run of holes only (zeros, a punched range) costs nothing: it
+        // is never refused, whatever its flush cuts again.
+        if !adjoins && grows > 0 {
+            extra += self.run_widening(g, ino);
         }
-        grows
+        (grows, extra)
     }
 
-    /// Headers a page's records may need at most (one per smallest chunk).
+    /// Headers a page's records may need: one per smallest chunk, at most
+    /// 16 (chunks that small are packed, several to a record).
     fn page_records(&self) -> u64 {
-        let records = (self.page_size() / self.cfg.chunking.min_chunk() as u64).max(1);
+        let records = (self.page_size() / self.cfg.chunking.min_chunk() as u64).clamp(1, 16);
         records * (container::RECORD_HEADER + crate::seal::OVERHEAD) as u64
     }
 
@@ -940,16 +948,14 @@ impl Store {
             .ok_or(StoreError::TooBig)?;
         let size = self.getattr(ino)?.size;
         if !zero {
-            // Whole pages and their headers, as they are stored: writing
-            // any byte of the range then uses room promised here
-            // (st_blocks does not grow).
+            // Whole pages, as they are stored: writing any byte of the
+            // range then uses room promised here (st_blocks does not
+            // grow); their headers are stored on the reserve's slack.
             let p = self.page_size();
             let (a, b) = (off / p * p, end.div_ceil(p) * p);
             let mut g = self.lock();
             let stored = self.stored_in(&g, ino, a, b)?;
-            let unstored = (b - a).saturating_sub(stored);
-            let headers = unstored.div_ceil(p) * self.page_records();
-            self.promise_room(&mut g, ino, unstored + headers)?;
+            self.promise_room(&mut g, ino, (b - a).saturating_sub(stored))?;
         }
         if zero {
             let zend = if keep { end.min(size) } else { end };

@@ -659,19 +659,26 @@ impl Store {
     /// Zeros take no room (they are stored as holes: a hole punched to
     /// free space is never refused).
     ///
-    /// `grows` is what the write adds to the cost of storing the file's
-    /// buffer ([`Store::buffer_growth`]): a few bytes written into a page
-    /// inside the file cost the whole page, not their own length. The
-    /// file's preallocated room covers what it buffers once: only its part
-    /// not yet taken by bytes buffered before counts for this write.
-    pub(crate) fn room_to_buffer(&self, g: &mut Inner, ino: u64, grows: u64) -> Result<()> {
+    /// `(bytes, extra)` is what the write adds to the cost of storing the
+    /// file's buffer ([`Store::buffer_growth`]): a few bytes written into
+    /// a page inside the file cost the whole page, not their own length,
+    /// and `extra` its headers and a CDC run's widening. The file's
+    /// preallocated room (`fallocate`: the range's bytes) covers the
+    /// bytes it buffers once: a write within what is left of it is taken
+    /// (its headers go on the reserve's slack when stored, as before);
+    /// past it, the bytes beyond and `extra` need room.
+    pub(crate) fn room_to_buffer(
+        &self,
+        g: &mut Inner,
+        ino: u64,
+        (bytes, extra): (u64, u64),
+    ) -> Result<()> {
         let own = g.prealloc.get(&ino).copied().unwrap_or(0);
-        let free_own = match (own, g.dirty.get(&ino)) {
-            (0, _) => 0,
-            (_, None) => own,
-            (_, Some(d)) => own.saturating_sub(self.buffer_cost(g, ino, d)),
-        };
-        self.room_to_hold(g, grows.saturating_sub(free_own))
+        let free_own = own.saturating_sub(g.dirty.get(&ino).map_or(0, DirtyFile::bytes));
+        if bytes <= free_own {
+            return Ok(());
+        }
+        self.room_to_hold(g, bytes - free_own + extra)
     }
 
     /// `more` bytes (buffered data, or metadata such as an xattr's value)

@@ -75,11 +75,7 @@ fn act(
             let mut ok = true;
             let mut total = 0;
             for f in forget {
-                // A deleted file's path cannot be resolved: made absolute
-                // against the current directory, as the catalog keeps it.
-                let abs = std::fs::canonicalize(f)
-                    .or_else(|_| std::path::absolute(f))
-                    .unwrap_or_else(|_| f.clone());
+                let abs = resolved(f);
                 match cat.forget(&abs) {
                     Ok(n) => total += n,
                     Err(e) => {
@@ -91,6 +87,19 @@ fn act(
             let v = serde_json::json!({ "path": p.display().to_string(), "forgotten": total });
             Ok((Some(v), ok))
         }
+    }
+}
+
+/// `path` as the catalog keeps paths (absolute, symlinks and `..`
+/// resolved); a deleted file's through its directory, which may remain.
+fn resolved(path: &std::path::Path) -> std::path::PathBuf {
+    if let Ok(p) = std::fs::canonicalize(path) {
+        return p;
+    }
+    let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    match (abs.parent(), abs.file_name()) {
+        (Some(dir), Some(name)) => std::fs::canonicalize(dir).map_or(abs.clone(), |d| d.join(name)),
+        _ => abs,
     }
 }
 

@@ -85,12 +85,6 @@ pub struct DuperemoveArgs {
 const DEDUPE_OPTIONS: [&str; 4] = ["partial", "same", "fiemap", "block"];
 
 pub fn run(a: DuperemoveArgs) -> anyhow::Result<u8> {
-    if let Some(h) = a.hashfile.as_deref() {
-        if let Err(e) = set_aside_duperemove_hashfile(h) {
-            errln!("onecopy duperemove: {e:#}");
-            return Ok(exit::FATAL);
-        }
-    }
     let stdin = std::io::stdin().lock();
     let files = match gather_files(&a, stdin) {
         Ok(f) => f,
@@ -113,6 +107,13 @@ pub fn run(a: DuperemoveArgs) -> anyhow::Result<u8> {
             return Ok(exit::USAGE);
         }
     };
+    // Only a command line that will run moves a file of the user's.
+    if let Some(h) = a.hashfile.as_deref() {
+        if let Err(e) = set_aside_duperemove_hashfile(h) {
+            errln!("onecopy duperemove: {e:#}");
+            return Ok(exit::FATAL);
+        }
+    }
     match cli.command {
         Command::Dedupe(d) => crate::dedupe_cmd::run(d),
         _ => unreachable!("to_dedupe_argv builds a dedupe command line"),
@@ -127,12 +128,14 @@ fn set_aside_duperemove_hashfile(path: &Path) -> anyhow::Result<()> {
     if !onecopy_catalog::is_duperemove_hashfile(path) {
         return Ok(());
     }
-    let mut name = path.as_os_str().to_owned();
-    name.push(".duperemove");
     let aside = (0..100)
-        .map(|n| match n {
-            0 => PathBuf::from(&name),
-            n => PathBuf::from(format!("{}.{n}", name.to_string_lossy())),
+        .map(|n| {
+            let mut name = path.as_os_str().to_owned();
+            name.push(".duperemove");
+            if n > 0 {
+                name.push(format!(".{n}"));
+            }
+            PathBuf::from(name)
         })
         .find(|p| std::fs::symlink_metadata(p).is_err())
         .context("no free name to set duperemove's hashfile aside")?;
@@ -183,7 +186,11 @@ fn read_paths(input: impl BufRead) -> anyhow::Result<Vec<PathBuf>> {
     use std::os::unix::ffi::OsStrExt;
     let mut out = Vec::new();
     for line in input.split(b'\n') {
-        let line = line.context("reading paths from stdin")?;
+        let mut line = line.context("reading paths from stdin")?;
+        // A CRLF list, as lines() read it.
+        if line.last() == Some(&b'\r') {
+            line.pop();
+        }
         if !line.trim_ascii().is_empty() {
             out.push(PathBuf::from(std::ffi::OsStr::from_bytes(&line)));
         }
@@ -274,7 +281,7 @@ mod tests {
     #[test]
     fn paths_from_stdin_need_not_be_utf8() {
         use std::os::unix::ffi::OsStrExt;
-        let got = read_paths(&b"/t/caf\xe9\n\n/t/b\n  \n"[..]).unwrap();
+        let got = read_paths(&b"/t/caf\xe9\n\n/t/b\r\n  \n"[..]).unwrap();
         let names: Vec<&[u8]> = got.iter().map(|p| p.as_os_str().as_bytes()).collect();
         assert_eq!(names, [&b"/t/caf\xe9"[..], &b"/t/b"[..]]);
     }

@@ -722,20 +722,33 @@ fn forget_by_a_relative_path_of_a_deleted_file() {
     settle();
     s.run_root("first run").assert_ok("first run");
     let n = s.catalog_files();
+    let forget = |rel: &Path, cwd: &Path| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_onecopy"))
+            .args(["catalog", "forget", "--json", "--hashfile"])
+            .arg(&s.h)
+            .arg(rel)
+            .current_dir(cwd)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        v.as_array().map_or(&v, |a| &a[0])["forgotten"].as_u64()
+    };
     let gone = &sets[0].copies[0];
     std::fs::remove_file(gone).unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_onecopy"))
-        .args(["catalog", "forget", "--json", "--hashfile"])
-        .arg(&s.h)
-        .arg(gone.file_name().unwrap())
-        .current_dir(gone.parent().unwrap())
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let forgotten = &v.as_array().map_or(&v, |a| &a[0])["forgotten"];
-    assert_eq!(forgotten, 1, "{v}");
-    assert_eq!(s.catalog_files(), n - 1);
+    let (dir, name) = (gone.parent().unwrap(), gone.file_name().unwrap());
+    assert_eq!(forget(Path::new(name), dir), Some(1), "by its name");
+    // Through `..`, from the directory above.
+    let other = &sets[1].copies[0];
+    std::fs::remove_file(other).unwrap();
+    let d = other.parent().unwrap();
+    let d_name = Path::new(d.file_name().unwrap());
+    let rel = d_name
+        .join("..")
+        .join(d_name)
+        .join(other.file_name().unwrap());
+    assert_eq!(forget(&rel, d.parent().unwrap()), Some(1), "through ..");
+    assert_eq!(s.catalog_files(), n - 2);
 }
 
 /// Case 5: deleted files (a whole directory) leave the catalog; a file

@@ -207,20 +207,22 @@ fn tmp_dir(
 }
 
 /// No directory took an unnamed temporary file: re-homing is off for this
-/// run, said once, and the files it would have re-homed stay unsettled.
+/// run, said once, and (unless the filesystem has no `O_TMPFILE` at all)
+/// the files it changed stay unsettled.
 fn unavailable(dir: &Path, e: std::io::Error, changed: &[u32], rep: &mut ExecReport) {
     let why = format!(
         "{}: cannot open an unnamed temporary file (O_TMPFILE): {e}; extents that dedupe left partly referenced stay allocated",
         dir.display()
     );
     if crate::tmpdir::is_unsupported(&e) {
+        // For good on this filesystem: nothing to try again.
         rep.stats.rehome_unavailable = Some(why);
-    } else {
-        rep.errors.push(DedupeError::Rehome {
-            path: dir.to_path_buf(),
-            why,
-        });
+        return;
     }
+    rep.errors.push(DedupeError::Rehome {
+        path: dir.to_path_buf(),
+        why,
+    });
     // Not done: a later run (another root first, a remount) tries again.
     for &f in changed {
         rep.unsettled[f as usize] = true;

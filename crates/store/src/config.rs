@@ -74,7 +74,7 @@ impl std::str::FromStr for Chunking {
 }
 
 impl Chunking {
-    /// Largest chunk this chunking produces.
+    /// Smallest chunk this chunking cuts (a file's last may be shorter).
     pub fn min_chunk(&self) -> u32 {
         match *self {
             Chunking::Fixed { size } => size,
@@ -82,6 +82,7 @@ impl Chunking {
         }
     }
 
+    /// Largest chunk this chunking produces.
     pub fn max_chunk(&self) -> u32 {
         match *self {
             Chunking::Fixed { size } => size,

@@ -1162,8 +1162,30 @@ impl Store {
         }
         let mut g = self.lock();
         let a = g.attr(ino)?;
-        if name == acl::ACCESS {
-            let (perm, minimal) = Acl::parse(value).ok_or(StoreError::Invalid)?.mode();
+        let acl_mode = match name == acl::ACCESS {
+            true => Some(Acl::parse(value).ok_or(StoreError::Invalid)?.mode()),
+            false => None,
+        };
+        // A row will be written: its flags and its room are checked before
+        // anything changes (an access ACL changes the mode too).
+        if !acl_mode.is_some_and(|(_, minimal)| minimal) {
+            let exists =
+                g.db.prepare_cached("SELECT 1 FROM xattrs WHERE ino = ?1 AND name = ?2")?
+                    .query_row(params![ino, name], |_| Ok(()))
+                    .optional()?
+                    .is_some();
+            if create && exists {
+                return Err(StoreError::AlreadyExists);
+            }
+            if replace && !exists {
+                return Err(StoreError::NoAttr);
+            }
+            // Metadata, but a value may be 64 KiB: it takes room as
+            // written data does (the log, then the database), or a full
+            // disk fails the next commit and the store shuts down.
+            self.room_for_metadata(&mut g, XATTR_ROW + 2 * (name.len() + value.len()) as u64)?;
+        }
+        if let Some((perm, minimal)) = acl_mode {
             let (perm, t) = ((a.perm & 0o7000) | perm, time_now());
             g.update_inode(
                 ino,
@@ -1180,21 +1202,6 @@ impl Store {
                 return Ok(());
             }
         }
-        let exists =
-            g.db.prepare_cached("SELECT 1 FROM xattrs WHERE ino = ?1 AND name = ?2")?
-                .query_row(params![ino, name], |_| Ok(()))
-                .optional()?
-                .is_some();
-        if create && exists {
-            return Err(StoreError::AlreadyExists);
-        }
-        if replace && !exists {
-            return Err(StoreError::NoAttr);
-        }
-        // Metadata, but a value may be 64 KiB: it takes room as written
-        // data does (the log, then the database), or a full disk fails
-        // the next commit and the store shuts down.
-        self.room_for_metadata(&mut g, XATTR_ROW + 2 * (name.len() + value.len()) as u64)?;
         g.seen.saw(name);
         g.db.prepare_cached(
             "INSERT INTO xattrs (ino, name, value, born) VALUES (?1, ?2, ?3, ?4)
@@ -1206,6 +1213,10 @@ impl Store {
 
     /// The value of an extended attribute.
     pub fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
+        if !acl::keeps_xattr(name) {
+            // Rows of such names set before they were refused are hidden.
+            return Err(StoreError::NotSupported);
+        }
         if name == CAPS && !view::is_read_only(ino) && !self.seen.may_hold(CAPS) {
             // The kernel asks this before every write(2): answer without
             // waiting for the lock while no file has capabilities.
@@ -1229,8 +1240,9 @@ impl Store {
         g.attr(ino)?;
         let mut st =
             g.db.prepare_cached("SELECT name FROM xattrs WHERE ino = ?1 ORDER BY name")?;
-        let rows = st.query_map([ino], |r| r.get(0))?;
-        Ok(rows.collect::<rusqlite::Result<_>>()?)
+        let rows = st.query_map([ino], |r| r.get::<_, Vec<u8>>(0))?;
+        let names: Vec<Vec<u8>> = rows.collect::<rusqlite::Result<_>>()?;
+        Ok(names.into_iter().filter(|n| acl::keeps_xattr(n)).collect())
     }
 
     /// Removes an extended attribute.

@@ -166,7 +166,7 @@ fn vouch(
     (container, offset): (u64, u64),
 ) -> Result<()> {
     let Some(k) = keys else { return Ok(()) };
-    if k.cipher().record_aad_len() > 40 || rec[40] & 0x3f == Codec::Raw as u8 {
+    if k.cipher().binds_header() || rec[40] & 0x3f == Codec::Raw as u8 {
         return Ok(());
     }
     if k.fingerprint(raw)[..] != rec[..32] {
@@ -286,8 +286,7 @@ fn check<'r>(
         return Err(damaged(container, offset, "length mismatch"));
     }
     let payload = &rec[RECORD_HEADER..];
-    let sealed_whole =
-        rec[40] & SEALED != 0 && keys.is_some_and(|k| k.cipher().record_aad_len() == 44);
+    let sealed_whole = rec[40] & SEALED != 0 && keys.is_some_and(|k| k.cipher().binds_header());
     if !sealed_whole {
         let mut crc = crc32fast::Hasher::new();
         crc.update(&rec[..44]);

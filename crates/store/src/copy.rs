@@ -141,8 +141,8 @@ impl Store {
         let out_end = sh.out + (sh.end - sh.start);
         self.drop_extents(g, dst, sh.out, out_end)?;
         let [distinct_sql, insert_sql, repeats_sql] = share_sql(src.epoch.is_some());
-        let p = [src.ino, sh.start, sh.end, dst, sh.out, g.epoch];
-        let p = [p[0], p[1], p[2], p[3], p[4], p[5], src.epoch.unwrap_or(0)];
+        let view_epoch = src.epoch.unwrap_or(0);
+        let p = [src.ino, sh.start, sh.end, dst, sh.out, g.epoch, view_epoch];
         // One reference per distinct chunk; a chunk the range holds more
         // than once (repeated content) gets the rest below.
         let distinct = run_with(&g.db, distinct_sql, &p)?;

@@ -758,10 +758,10 @@ impl Store {
             if zeros && had.is_none() && (whole || ps >= a.size) {
                 continue;
             }
-            let len = match had {
-                Some(_) => end.min(ps + p) - ps,
-                None if ps < a.size && !whole => p,
-                None => end.min(ps + p) - ps,
+            // A new page inside the file is read whole and stored whole.
+            let len = match had.is_none() && ps < a.size && !whole {
+                true => p,
+                false => end.min(ps + p) - ps,
             };
             match had {
                 Some(had) => grows += len.saturating_sub(had),

@@ -79,6 +79,12 @@ impl Cipher {
         }
     }
 
+    /// Whether a record's AEAD binds all its CRC covers (the codec byte
+    /// among it): a reader with the key needs no CRC.
+    pub fn binds_header(self) -> bool {
+        self.record_aad_len() == 44
+    }
+
     pub fn from_name(name: &str) -> Option<Cipher> {
         Cipher::ALL.into_iter().find(|c| c.name() == name)
     }

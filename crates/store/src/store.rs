@@ -86,7 +86,7 @@ pub(crate) struct Inner {
     /// less what writes buffered since.
     pub room_seen: u64,
     /// Metadata bytes taken in since the last commit by requests that
-    /// charge it ([`Store::room_to_hold`]): in the open transaction, not
+    /// charge it ([`Store::room_for_metadata`]): in the open transaction, not
     /// yet on the disk, so the free space does not show them.
     pub meta_unsaved: u64,
     /// The open epoch (`meta.epoch`): rows inserted carry it as `born`,

@@ -243,10 +243,6 @@ pub(crate) fn rehome(
         Ok(dir) => dir,
         Err((dir, e)) => return unavailable(&dir, e, changed, rep),
     };
-    let opts = &RehomeOptions {
-        tmp_dir: Some(dir),
-        max_write: opts.max_write,
-    };
 
     // Commit first: extent back references added by this run must be
     // visible to LOGICAL_INO.
@@ -266,7 +262,7 @@ pub(crate) fn rehome(
         if progress.cancel.load(Ordering::Relaxed) {
             return;
         }
-        rehome_extent(files, &p, opts, &mut buf, rep);
+        rehome_extent(files, &p, &dir, &mut buf, rep);
     }
 }
 
@@ -368,22 +364,23 @@ fn with_all_owners(
 fn rehome_extent(
     files: &mut Files<'_>,
     p: &Pinned,
-    opts: &RehomeOptions,
+    dir: &Path,
     buf: &mut [u8],
     rep: &mut ExecReport,
 ) {
-    if !rehome_extent_whole(files, p, opts, buf, rep) {
+    if !rehome_extent_whole(files, p, dir, buf, rep) {
         for r in &p.refs {
             rep.unsettled[r.file as usize] = true;
         }
     }
 }
 
-/// [`rehome_extent`]'s work: whether every reference now shares the copy.
+/// [`rehome_extent`]'s work: whether every reference now shares the copy
+/// (its temporary files opened in `dir`).
 fn rehome_extent_whole(
     files: &mut Files<'_>,
     p: &Pinned,
-    opts: &RehomeOptions,
+    dir: &Path,
     buf: &mut [u8],
     rep: &mut ExecReport,
 ) -> bool {
@@ -397,7 +394,6 @@ fn rehome_extent_whole(
     let lead = block;
     let mut tmps = Vec::with_capacity(segs.len());
     for _ in &segs {
-        let dir = opts.tmp_dir.as_deref().unwrap_or(Path::new("."));
         match crate::tmpdir::anonymous_file(dir) {
             Ok(t) => tmps.push(t),
             Err(e) => {

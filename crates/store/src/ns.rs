@@ -1148,7 +1148,7 @@ impl Store {
 
     /// Sets an extended attribute (`create`: must not exist; `replace`:
     /// must exist); ENOSPC when its value does not fit beside the
-    /// reserve ([`Store::room_to_hold`]).
+    /// reserve ([`Store::room_for_metadata`]).
     pub fn setxattr(
         &self,
         ino: u64,

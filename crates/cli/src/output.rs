@@ -221,10 +221,11 @@ impl Ui {
         );
         if r.dry_run {
             outln!(
-                "Dry run: would share {} (about {} freed); {} already shared",
+                "Dry run: would share {} (about {} freed); {} already shared{}",
                 h(r.exec.bytes_would_share),
                 h(r.exec.bytes_freed),
-                h(r.exec.bytes_already_shared)
+                h(r.exec.bytes_already_shared),
+                settled(&r.exec)
             );
         } else {
             print_shared(r);
@@ -301,14 +302,24 @@ fn print_files(r: &Report) {
     }
 }
 
+/// The ranges an earlier run settled, trusted without being looked at (so
+/// not in the bytes found already shared: their holes are unknown).
+fn settled(e: &ExecStats) -> String {
+    match e.ranges_settled {
+        0 => String::new(),
+        n => format!(", {n} ranges settled by earlier runs"),
+    }
+}
+
 /// The summary's lines about what a real run shared and freed.
 fn print_shared(r: &Report) {
     outln!(
-        "Shared {} in {} ranges with {} dedupe calls; {} were already shared",
+        "Shared {} in {} ranges with {} dedupe calls; {} were already shared{}",
         h(r.exec.bytes_deduped),
         r.exec.ranges_deduped,
         r.exec.dedupe_ioctls,
-        h(r.exec.bytes_already_shared)
+        h(r.exec.bytes_already_shared),
+        settled(&r.exec)
     );
     out!("Freed {}", h(r.exec.bytes_freed));
     if r.exec.rehome_bytes_written > 0 {

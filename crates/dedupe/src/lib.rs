@@ -158,9 +158,12 @@ pub struct ExecStats {
     /// Bytes the kernel reported newly shared.
     pub bytes_deduped: u64,
     pub ranges_already_shared: u64,
+    /// Data bytes (holes not counted) of the ranges this run found already
+    /// shared by looking at both files' extents; settled ranges are not
+    /// looked at, so not counted.
     pub bytes_already_shared: u64,
-    /// Of those, ranges between files an earlier run settled and that are
-    /// unchanged since: trusted without a FIEMAP check.
+    /// Of those ranges, those between files an earlier run settled and that
+    /// are unchanged since: trusted without a FIEMAP check.
     pub ranges_settled: u64,
     /// Bytes the run unpinned (see [`account`]); an estimate in a dry run.
     pub bytes_freed: u64,
@@ -649,12 +652,15 @@ fn skip_all(rep: &mut ExecReport, op: &Op, why: DestSkip) {
     }
 }
 
-/// Counts a destination range found already shared with its source
-/// (`settled`: trusted from an earlier run without asking the filesystem).
-fn already_shared(rep: &mut ExecReport, file: u32, len: u64, settled: bool) {
+/// Counts a destination range found already shared with its source:
+/// `Some(bytes)` of data its layout showed, `None` when trusted from an
+/// earlier run without asking the filesystem (its holes unknown).
+fn already_shared(rep: &mut ExecReport, file: u32, seen: Option<u64>) {
     rep.stats.ranges_already_shared += 1;
-    rep.stats.ranges_settled += settled as u64;
-    rep.stats.bytes_already_shared += len;
+    match seen {
+        Some(bytes) => rep.stats.bytes_already_shared += bytes,
+        None => rep.stats.ranges_settled += 1,
+    }
     skip(rep, file, DestSkip::AlreadyShared);
 }
 
@@ -685,7 +691,7 @@ fn run_op(
         .collect();
     if trusted.iter().all(|t| *t) {
         for d in &op.dests {
-            already_shared(rep, d.file, op.len, true);
+            already_shared(rep, d.file, None);
         }
         return;
     }
@@ -695,7 +701,7 @@ fn run_op(
     let mut todo: Vec<Pending> = Vec::new();
     for (d, trusted) in op.dests.iter().zip(&trusted) {
         if *trusted {
-            already_shared(rep, d.file, op.len, true);
+            already_shared(rep, d.file, None);
         } else if let Some(f) = check_dest(op.len, d, &src_layout, files, rep) {
             todo.push(Pending {
                 file: d.file,
@@ -803,7 +809,7 @@ fn check_dest(
             // Shared by an earlier (perhaps interrupted) run: its old
             // extents may still wait to be re-homed.
             files.changed[d.file as usize] = true;
-            already_shared(rep, d.file, len, false);
+            already_shared(rep, d.file, Some(l.iter().map(|p| p.len).sum()));
             None
         }
         Ok(Some(_)) => Some(f),

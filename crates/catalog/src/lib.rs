@@ -453,14 +453,27 @@ fn digest_from(c: &[u8]) -> u128 {
     }
 }
 
+/// Where a list kept in `lists` goes as [`row_record`] reads it.
+#[derive(Clone, Copy)]
+enum Lists<'a> {
+    /// Into the record's `blocks`.
+    Ram,
+    /// Into the scratch file, then the record's `long` (into `blocks` if
+    /// the scratch file fails).
+    Spill(&'a SpillHandle),
+    /// Nowhere: only checked against the record's checksum and counted
+    /// (for commands that need no digests: `stats`, `forget`).
+    Checked,
+}
+
 /// The record in row `r` of [`Catalog::scan_each`]'s query, its
-/// checksum checked; a list kept in `lists` goes to `spill` in pieces, or,
-/// without one, into `blocks`.
+/// checksum checked, and its number of block digests; a list kept in
+/// `lists` goes where `lists` says, in pieces.
 fn row_record(
     r: &rusqlite::Row<'_>,
     path: &Path,
-    (conn, spill): (&Connection, Option<&SpillHandle>),
-) -> Result<FileRecord, CatalogError> {
+    (conn, lists): (&Connection, Lists<'_>),
+) -> Result<(FileRecord, u64), CatalogError> {
     use std::os::unix::ffi::OsStringExt;
     let sq = sqlite_err(path);
     let corrupt = |what: &str| corrupt_err(path, what);
@@ -491,16 +504,16 @@ fn row_record(
         last_seen: r.get::<_, i64>(12).map_err(sq)? as u64,
     };
     let sum: i64 = r.get(13).map_err(sq)?;
-    let found = if blocks == IN_LISTS {
-        read_list(conn, spill, &mut rec, path)?
+    let (found, count) = if blocks == IN_LISTS {
+        read_list(conn, lists, &mut rec, path)?
     } else {
         rec.blocks = blob_to_digests(&blocks).ok_or_else(|| corrupt("block digests"))?;
-        rec.checksum()
+        (rec.checksum(), rec.blocks.len() as u64)
     };
     if sum != found {
         return Err(corrupt("checksum mismatch"));
     }
-    Ok(rec)
+    Ok((rec, count))
 }
 
 /// Blocks moved between a `lists` blob and the scratch file at once.
@@ -517,24 +530,24 @@ fn blob_shape(len: u64) -> Option<(bool, u64)> {
     }
 }
 
-/// Reads `rec`'s list from `lists` in pieces, into `spill` (then
-/// `rec.long`) or, without one or when the scratch file fails, into
-/// `rec.blocks`; `rec`'s checksum over it.
+/// Reads `rec`'s list from `lists` in pieces, where `to` says (into
+/// `rec.blocks` when the scratch file fails); `rec`'s checksum over it
+/// and its length.
 fn read_list(
     conn: &Connection,
-    spill: Option<&SpillHandle>,
+    to: Lists<'_>,
     rec: &mut FileRecord,
     path: &Path,
-) -> Result<i64, CatalogError> {
-    if let Some(s) = spill {
-        match read_list_into(conn, Some(s), rec, path) {
+) -> Result<(i64, u64), CatalogError> {
+    if !matches!(to, Lists::Ram) {
+        match read_list_into(conn, to, rec, path) {
             Err(ListError::Scratch) => {}
             Err(ListError::Catalog(e)) => return Err(e),
-            Ok(sum) => return Ok(sum),
+            Ok(found) => return Ok(found),
         }
     }
-    match read_list_into(conn, None, rec, path) {
-        Ok(sum) => Ok(sum),
+    match read_list_into(conn, Lists::Ram, rec, path) {
+        Ok(found) => Ok(found),
         Err(ListError::Catalog(e)) => Err(e),
         Err(ListError::Scratch) => unreachable!("no scratch file was used"),
     }
@@ -554,13 +567,13 @@ impl From<CatalogError> for ListError {
     }
 }
 
-/// [`read_list`] into `spill` if given, else into `rec.blocks`.
+/// [`read_list`] where `to` says, the scratch file's failure returned.
 fn read_list_into(
     conn: &Connection,
-    spill: Option<&SpillHandle>,
+    to: Lists<'_>,
     rec: &mut FileRecord,
     path: &Path,
-) -> Result<i64, ListError> {
+) -> Result<(i64, u64), ListError> {
     use rusqlite::OptionalExtension;
     use std::io::Read;
     let sq = sqlite_err(path);
@@ -586,9 +599,9 @@ fn read_list_into(
         }
     }
     let per = digest_bytes(packed);
-    let mut w = match spill {
-        Some(s) => Some((s, s.begin(n, packed).ok_or(ListError::Scratch)?)),
-        None => None,
+    let mut w = match to {
+        Lists::Spill(s) => Some((s, s.begin(n, packed).ok_or(ListError::Scratch)?)),
+        Lists::Ram | Lists::Checked => None,
     };
     rec.blocks.clear();
     let mut h = rec.checksum_head();
@@ -603,6 +616,7 @@ fn read_list_into(
         piece.iter().for_each(|d| h.update(&d.to_le_bytes()));
         match &mut w {
             Some((s, w)) => s.write(w, &piece).map_err(|_| ListError::Scratch)?,
+            None if matches!(to, Lists::Checked) => {}
             None => rec.blocks.extend_from_slice(&piece),
         }
         left -= k;
@@ -610,7 +624,7 @@ fn read_list_into(
     if let Some((s, w)) = w {
         rec.long = Some(s.finish(w).ok_or(ListError::Scratch)?);
     }
-    Ok(rec.checksum_tail(h))
+    Ok((rec.checksum_tail(h), n))
 }
 
 /// An error of reading a blob: SQLite's own (damage is then seen as
@@ -1177,14 +1191,34 @@ impl Catalog {
     /// [`SCAN_CACHE_KIB`], not [`CACHE_KIB`]: a warm run's catalog pages
     /// would otherwise stay cached through its planning, the run's peak.
     pub fn for_each(&self, f: &mut dyn FnMut(FileRecord)) -> Result<(), CatalogError> {
+        let lists = self.spill.as_ref().map_or(Lists::Ram, Lists::Spill);
+        self.scan(lists, &mut |r, _| f(r))
+    }
+
+    /// [`Catalog::for_each`] for commands that need no digests: every
+    /// record is checked, but a long list is only counted (never held,
+    /// whatever its length), handed over with its record's `long` unset.
+    fn for_each_counted(&self, f: &mut dyn FnMut(FileRecord, u64)) -> Result<(), CatalogError> {
+        self.scan(Lists::Checked, f)
+    }
+
+    fn scan(
+        &self,
+        lists: Lists<'_>,
+        f: &mut dyn FnMut(FileRecord, u64),
+    ) -> Result<(), CatalogError> {
         // Only memory: a refusal changes nothing else.
         let _ = self.conn.pragma_update(None, "cache_size", -SCAN_CACHE_KIB);
-        let scanned = self.scan_each(f);
+        let scanned = self.scan_each(lists, f);
         let _ = self.conn.pragma_update(None, "cache_size", -CACHE_KIB);
         scanned
     }
 
-    fn scan_each(&self, f: &mut dyn FnMut(FileRecord)) -> Result<(), CatalogError> {
+    fn scan_each(
+        &self,
+        lists: Lists<'_>,
+        f: &mut dyn FnMut(FileRecord, u64),
+    ) -> Result<(), CatalogError> {
         let sq = sqlite_err(&self.path);
         let mut st = self
             .conn
@@ -1193,13 +1227,13 @@ impl Catalog {
                         flags, settled, last_seen, checksum, nlink, rowid FROM files NOT INDEXED",
             )
             .map_err(sq)?;
-        let long = (&self.conn, self.spill.as_ref());
+        let long = (&self.conn, lists);
         let mut rows = st.query([]).map_err(sq)?;
         let mut keys = KeySum::default();
         while let Some(r) = rows.next().map_err(sq)? {
-            let rec = row_record(r, &self.path, long)?;
+            let (rec, count) = row_record(r, &self.path, long)?;
             keys.add(&rec.fs, rec.subvol, rec.ino, r.get(15).map_err(sq)?);
-            f(rec);
+            f(rec, count);
         }
         if keys != self.index_keys().map_err(sq)? {
             return Err(CatalogError::Corrupt {
@@ -1259,10 +1293,10 @@ impl Catalog {
 
     /// Removes every record whose path is `prefix` or below it. Returns the
     /// number removed.
-    /// Records are looked at one at a time (their lists never all held).
+    /// Records are looked at one at a time, their lists checked, never held.
     pub fn forget(&mut self, prefix: &Path) -> Result<u64, CatalogError> {
         let mut gone: Vec<(String, u64, u64)> = Vec::new();
-        self.for_each(&mut |r| {
+        self.for_each_counted(&mut |r, _| {
             if r.path.starts_with(prefix) {
                 gone.push((r.fs, r.subvol, r.ino));
             }
@@ -1281,13 +1315,14 @@ impl Catalog {
         Ok(n)
     }
 
-    /// Counts for display, summed one record at a time (a catalog of
-    /// large files' lists was held whole: 1.24 GB for three 100 GiB files).
+    /// Counts for display, summed one record at a time, long lists
+    /// checked but never held (three 100 GiB sparse files' lists took
+    /// 1.24 GB, and one list was still read whole after that).
     pub fn stats(&self) -> Result<CatalogStats, CatalogError> {
         let (mut files, mut blocks, mut bytes) = (0u64, 0u64, 0u64);
-        self.for_each(&mut |r| {
+        self.for_each_counted(&mut |r, count| {
             files += 1;
-            blocks += r.long.map_or(r.blocks.len() as u64, |d| d.block_count());
+            blocks += count;
             bytes += r.size;
         })?;
         let sq = |source| CatalogError::Sqlite {

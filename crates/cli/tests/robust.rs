@@ -556,4 +556,26 @@ fn huge_sparse_files_are_neither_read_nor_held(kind: FsKind) {
         "{}",
         third.stdout
     );
+
+    // `catalog stats` and `forget` check every list but hold none (one
+    // list, 16 Mi blocks, was read whole: 256 MiB).
+    let h = h.to_str().unwrap();
+    let b = big[1].to_str().unwrap();
+    for args in [
+        vec!["catalog", "stats", "--json", "--hashfile", h],
+        vec!["catalog", "forget", "--hashfile", h, b],
+        vec!["catalog", "stats", "--json", "--hashfile", h],
+    ] {
+        let child = command(env!("CARGO_BIN_EXE_onecopy"))
+            .args(&args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (r, cost) = wait_costed(child, args.join(" "));
+        assert_eq!(r.code(), Some(0), "{}: {:?}", r.what, r.stderr);
+        eprintln!("{kind}: {} {cost:?}: {}", r.what, r.stdout);
+        assert!(cost.max_rss < 100 * MIB, "{}: {cost:?}", r.what);
+        assert!(!r.stdout.contains("forgot 0"), "{}", r.stdout);
+    }
 }

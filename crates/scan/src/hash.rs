@@ -157,15 +157,6 @@ impl Digests {
         self.blocks == 0 && self.subs > 0
     }
 
-    /// How many blocks the list is of.
-    pub fn block_count(&self) -> u64 {
-        u64::from(if self.one_sub() {
-            self.subs
-        } else {
-            self.blocks
-        })
-    }
-
     /// `n` blocks from word `at` of the scratch file, one word each when
     /// `one_sub`, else two.
     fn spilled(at: u64, n: u64, one_sub: bool) -> Digests {

@@ -125,12 +125,23 @@ fn frame(hash: &Hash, raw_len: u32, codec: u8, payload: &[u8], keys: Option<&Key
         None => bytes.extend_from_slice(payload),
     }
     debug_assert_eq!(bytes.len(), RECORD_HEADER + stored);
-    let mut crc = crc32fast::Hasher::new();
-    crc.update(&bytes[..44]);
-    crc.update(&bytes[RECORD_HEADER..]);
-    let crc = crc.finalize().to_le_bytes();
-    bytes[44..RECORD_HEADER].copy_from_slice(&crc);
+    set_crc(&mut bytes);
     bytes
+}
+
+/// A record's CRC: over its header's first 44 bytes and its payload.
+fn record_crc(head: &[u8], payload: &[u8]) -> u32 {
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&head[..44]);
+    crc.update(payload);
+    crc.finalize()
+}
+
+/// Writes record `rec`'s CRC into its header (tests use it to forge
+/// records a bucket's owner could make).
+pub(crate) fn set_crc(rec: &mut [u8]) {
+    let crc = record_crc(rec, &rec[RECORD_HEADER..]).to_le_bytes();
+    rec[44..RECORD_HEADER].copy_from_slice(&crc);
 }
 
 /// The codec and encoded payload of a checked record: a sealed one
@@ -287,13 +298,8 @@ fn check<'r>(
     }
     let payload = &rec[RECORD_HEADER..];
     let sealed_whole = rec[40] & SEALED != 0 && keys.is_some_and(|k| k.cipher().binds_header());
-    if !sealed_whole {
-        let mut crc = crc32fast::Hasher::new();
-        crc.update(&rec[..44]);
-        crc.update(payload);
-        if crc.finalize() != u32_at(44) {
-            return Err(damaged(container, offset, "checksum mismatch"));
-        }
+    if !sealed_whole && record_crc(rec, payload) != u32_at(44) {
+        return Err(damaged(container, offset, "checksum mismatch"));
     }
     Ok((raw_len, rec[40], payload))
 }
@@ -344,10 +350,7 @@ pub fn check_raw(header: &[u8], payload: &[u8], container: u64, offset: u64) -> 
     if u32_at(32) as usize != payload.len() || u32_at(36) as usize != payload.len() {
         return Err(bad("length differs from the index"));
     }
-    let mut crc = crc32fast::Hasher::new();
-    crc.update(&header[..44]);
-    crc.update(payload);
-    if crc.finalize() != u32_at(44) {
+    if record_crc(header, payload) != u32_at(44) {
         return Err(bad("checksum mismatch"));
     }
     if header[40] != Codec::Raw as u8 {
@@ -919,10 +922,7 @@ mod tests {
             // A flip under a CRC made again: the AEAD alone refuses it.
             let mut forged = enc.bytes.clone();
             forged[RECORD_HEADER + 30] ^= 1;
-            let mut crc = crc32fast::Hasher::new();
-            crc.update(&forged[..44]);
-            crc.update(&forged[RECORD_HEADER..]);
-            forged[44..RECORD_HEADER].copy_from_slice(&crc.finalize().to_le_bytes());
+            set_crc(&mut forged);
             assert!(decode(&forged, 1, 16, Some(&keys)).is_err());
             assert!(decode_into(&forged, 1, 16, &mut out, Some(&keys)).is_err());
             let plain = &raw[..16];
@@ -938,10 +938,7 @@ mod tests {
     fn recodec(rec: &[u8], codec: u8) -> Vec<u8> {
         let mut forged = rec.to_vec();
         forged[40] = codec;
-        let mut crc = crc32fast::Hasher::new();
-        crc.update(&forged[..44]);
-        crc.update(&forged[RECORD_HEADER..]);
-        forged[44..RECORD_HEADER].copy_from_slice(&crc.finalize().to_le_bytes());
+        set_crc(&mut forged);
         forged
     }
 
@@ -1073,10 +1070,7 @@ mod tests {
         assert_eq!(good.bytes[40], Codec::Zstd as u8);
         let mut bad = good.bytes.clone();
         bad[RECORD_HEADER] ^= 0xff; // the zstd frame's magic number
-        let mut crc = crc32fast::Hasher::new();
-        crc.update(&bad[..44]);
-        crc.update(&bad[RECORD_HEADER..]);
-        bad[44..48].copy_from_slice(&crc.finalize().to_le_bytes());
+        set_crc(&mut bad);
         assert!(decode(&bad, 1, 16, None).is_err());
         let mut out = vec![0u8; text.len()];
         assert!(decode_into(&bad, 1, 16, &mut out, None).is_err());

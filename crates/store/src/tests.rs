@@ -1818,10 +1818,7 @@ fn a_plain_record_put_in_an_encrypted_bucket_is_damage() {
         rec[36..40].copy_from_slice(&(payload.len() as u32).to_le_bytes());
         rec[40] = container::Codec::Zstd as u8;
         rec[container::RECORD_HEADER..].copy_from_slice(&payload);
-        let mut crc = crc32fast::Hasher::new();
-        crc.update(&rec[..44]);
-        crc.update(&rec[container::RECORD_HEADER..]);
-        rec[44..48].copy_from_slice(&crc.finalize().to_le_bytes());
+        container::set_crc(rec);
         std::fs::write(path, bytes).unwrap();
     };
     forge(&container_file(d.path(), cont));

@@ -77,8 +77,11 @@ const DIRTY_LIMIT: u64 = 16 << 20;
 /// flushes the file with the most (so many files open for writing do not
 /// hold up to [`DIRTY_LIMIT`] each; see "Memory of the mount").
 pub(crate) const DIRTY_TOTAL_LIMIT: u64 = 64 << 20;
-/// Largest file size accepted.
-const MAX_SIZE: u64 = 1 << 52;
+/// Largest file size accepted: the kernel's for a FUSE file
+/// (`MAX_LFS_FILESIZE`). It refuses writes past it itself; a smaller limit
+/// here could not be told to it, and a write it had taken into its page
+/// cache would be refused only at writeback, its bytes lost.
+const MAX_SIZE: u64 = i64::MAX as u64;
 /// Largest read of adjacent records in one `pread`.
 const MAX_SPAN: u64 = 8 << 20;
 /// Files released by [`Store::release_later`] that wake the thread
@@ -952,7 +955,7 @@ impl Store {
             // range then uses room promised here (st_blocks does not
             // grow); their headers are stored on the reserve's slack.
             let p = self.page_size();
-            let (a, b) = (off / p * p, end.div_ceil(p) * p);
+            let (a, b) = (off / p * p, end.div_ceil(p).saturating_mul(p).min(MAX_SIZE));
             let mut g = self.lock();
             let stored = self.stored_in(&g, ino, a, b)?;
             self.promise_room(&mut g, ino, (b - a).saturating_sub(stored))?;

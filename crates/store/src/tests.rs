@@ -2898,3 +2898,56 @@ fn a_rename_after_a_lookup_uses_what_the_lookup_saw_only_right_after_it() {
     assert_eq!(read_all(&s, tmp), b"newer");
     assert!(s.fsck(false).unwrap().problems.is_empty());
 }
+
+/// Files as large as the kernel lets a FUSE file be (`MAX_LFS_FILESIZE`,
+/// `i64::MAX`): a write the kernel took into its page cache can not be
+/// refused later. Up to 4 PiB was accepted; a write past it was taken by
+/// the kernel and lost at writeback (EFBIG at fsync, zeros after).
+#[test]
+fn files_reach_the_kernels_largest_size() {
+    const TOP: u64 = i64::MAX as u64;
+    for chunking in ["fixed:4K", "cdc:2K/8K/32K"] {
+        let (d, s) = new_store(chunking, "zstd");
+        let a = s.mknod(1, b"f", node(Kind::File)).unwrap().ino;
+        let data = pseudo(100_000, 9);
+        s.write(a, 5, b"head").unwrap();
+        s.write(a, (1 << 52) - 10, b"past 4 PiB").unwrap();
+        s.write(a, TOP - data.len() as u64, &data).unwrap();
+        assert!(matches!(s.write(a, TOP, b"x"), Err(StoreError::TooBig)));
+        s.fsync(a).unwrap();
+        let read = |s: &Store, at: u64, len: usize| s.read(a, at, len).unwrap();
+        assert_eq!(s.getattr(a).unwrap().size, TOP, "{chunking}");
+        assert_eq!(read(&s, TOP - data.len() as u64, 200_000), data);
+        assert_eq!(read(&s, (1 << 52) - 10, 10), b"past 4 PiB");
+        // Room promised, zeros, holes and a truncation near the top.
+        s.fallocate(a, TOP - 30_000, 30_000, 0).unwrap();
+        s.fallocate(a, TOP - 8_000, 4_000, libc::FALLOC_FL_ZERO_RANGE)
+            .unwrap();
+        let mut want = data.clone();
+        want[92_000..96_000].fill(0);
+        let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        s.fallocate(a, TOP - 50_000, 10_000, punch).unwrap();
+        want[50_000..60_000].fill(0);
+        assert_eq!(read(&s, TOP - data.len() as u64, 100_000), want);
+        let set = |size| SetAttr {
+            size: Some(size),
+            ..SetAttr::default()
+        };
+        s.setattr(a, set(TOP - 1000)).unwrap();
+        s.setattr(a, set(TOP)).unwrap();
+        want[99_000..].fill(0);
+        assert_eq!(read(&s, TOP - data.len() as u64, 100_000), want);
+        // Copied near the top, shared where chunks line up.
+        let b = s.mknod(1, b"g", node(Kind::File)).unwrap().ino;
+        let at = TOP - data.len() as u64;
+        assert_eq!(s.copy_range(a, at, b, at, 1 << 30).unwrap(), 100_000);
+        assert_eq!(s.read(b, at, 100_000).unwrap(), want);
+        s.fsync(a).unwrap();
+        assert!(s.fsck(false).unwrap().problems.is_empty(), "{chunking}");
+        drop(s);
+        let s = Store::open(d.path()).unwrap();
+        assert_eq!(read(&s, TOP - data.len() as u64, 100_000), want);
+        assert_eq!(read(&s, 0, 9), b"\0\0\0\0\0head");
+        assert!(s.fsck(true).unwrap().problems.is_empty(), "{chunking}");
+    }
+}

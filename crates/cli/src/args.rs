@@ -131,6 +131,12 @@ pub struct DedupeArgs {
     #[arg(long)]
     pub no_catalog: bool,
 
+    /// Only roots that are regular files or directories (not symbolic
+    /// links) lying under these directories; others are skipped, not
+    /// refused (`watch` passes the files its events named).
+    #[arg(long, value_name = "DIR", hide = true)]
+    pub within: Vec<PathBuf>,
+
     /// Settled files looked at again each run: about one in N (0: none, 1:
     /// all; tests choose).
     #[arg(long, value_name = "N", default_value_t = onecopy_dedupe::Recheck::EVERY, hide = true)]

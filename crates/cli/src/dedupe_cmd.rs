@@ -81,6 +81,9 @@ pub fn run(a: DedupeArgs) -> Result<u8> {
     let sig = Signals::install()?;
     let ui = Ui::new(a.quiet || a.json, a.verbose);
     let mut a = a;
+    if !a.within.is_empty() {
+        a.paths = confined_roots(&a.paths, &a.within);
+    }
     match check_args(&a) {
         Ok(block) => a.block_size = Some(block),
         Err(code) => return Ok(code),
@@ -585,6 +588,30 @@ pub fn check_roots(paths: &[PathBuf], who: &str) -> Result<Vec<onecopy_ioctl::fs
             })
         })
         .collect()
+}
+
+/// The roots of `paths` a run confined to `within` may take
+/// ([`roots::confined`], and a filesystem that can dedupe), canonical;
+/// each other one is said on stderr and skipped (`watch`: one socket or
+/// symbolic link in a batch failed the whole pass).
+pub fn confined_roots(paths: &[PathBuf], within: &[PathBuf]) -> Vec<PathBuf> {
+    let within: Vec<PathBuf> = within
+        .iter()
+        .filter_map(|w| std::fs::canonicalize(w).ok())
+        .collect();
+    let ok = |p: &PathBuf| {
+        let real = roots::confined(p, &within).map_err(|e| format!("{}: {e}", p.display()))?;
+        roots::check_root(&real).map_err(|e| e.to_string())?;
+        Ok::<_, String>(real)
+    };
+    let mut kept = Vec::new();
+    for p in paths {
+        match ok(p) {
+            Ok(real) => kept.push(real),
+            Err(why) => errln!("onecopy: skipped {why}"),
+        }
+    }
+    kept
 }
 
 /// Free bytes summed over the distinct filesystems of `paths`, after

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Args;
 use onecopy_catalog::place;
+use onecopy_dedupe::roots;
 use onecopy_watch::{fresh, Batch, Change, ChangeSource, Debounce, LastPass, Look, Mode, OwnFiles};
 
 use crate::exit;
@@ -105,6 +106,7 @@ pub fn run(a: WatchArgs) -> anyhow::Result<u8> {
         return Ok(code);
     }
     let roots = canonical_roots(&a.paths)?;
+    let identities = roots.iter().map(|r| identity(r)).collect();
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, stop.clone())?;
@@ -140,6 +142,8 @@ pub fn run(a: WatchArgs) -> anyhow::Result<u8> {
         last: LastPass::default(),
         held: false,
         own: OwnFiles::new(place::default_dir(), a.hashfile.clone()),
+        identities,
+        retry: Retry::default(),
     };
     w.note(&format!(
         "watching {} path(s) with {}",
@@ -156,6 +160,43 @@ pub fn run(a: WatchArgs) -> anyhow::Result<u8> {
 
 fn secs(s: f64) -> Duration {
     Duration::from_secs_f64(s.max(0.0))
+}
+
+/// A root's device and inode: the directory it names now.
+fn identity(root: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(root).ok()?;
+    Some((m.dev(), m.ino()))
+}
+
+/// After a failed pass, when to walk every PATH again: 10 s, doubling
+/// to `--interval` while passes keep failing.
+#[derive(Debug, Default)]
+struct Retry {
+    at: Option<Instant>,
+    wait: Duration,
+}
+
+impl Retry {
+    fn failed(&mut self, now: Instant, most: Duration) -> Duration {
+        self.wait =
+            (self.wait * 2).clamp(Duration::from_secs(10), most.max(Duration::from_secs(10)));
+        self.at = Some(now + self.wait);
+        self.wait
+    }
+
+    fn succeeded(&mut self) {
+        *self = Retry::default();
+    }
+
+    /// Whether a retry is due now (then it is taken).
+    fn due(&mut self, now: Instant) -> bool {
+        let due = self.at.is_some_and(|at| now >= at);
+        if due {
+            self.at = None;
+        }
+        due
+    }
 }
 
 fn canonical_roots(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
@@ -175,6 +216,10 @@ struct Watcher<'a> {
     /// A batch is held back by the load limit (noted once per hold).
     held: bool,
     own: OwnFiles,
+    /// Each root's (device, inode) at the start: a root removed, renamed
+    /// or unmounted since ends the run.
+    identities: Vec<Option<(u64, u64)>>,
+    retry: Retry,
 }
 
 impl Watcher<'_> {
@@ -216,6 +261,17 @@ impl Watcher<'_> {
         let mut next_look = Instant::now() + secs(self.a.interval);
         let mut next_full = Instant::now() + secs(self.a.full_interval);
         while !self.stopped() {
+            if let Some(gone) = self.root_gone() {
+                errln!(
+                    "onecopy watch: {}: gone (removed, renamed or unmounted); stopping",
+                    gone.display()
+                );
+                return Ok(exit::USAGE);
+            }
+            if self.retry.due(Instant::now()) {
+                self.debounce
+                    .touch(None, Instant::now() - secs(self.a.settle));
+            }
             match source {
                 Some(s) => self.wait_changes(s)?,
                 None => {
@@ -233,6 +289,14 @@ impl Watcher<'_> {
         }
         self.note("stopped");
         Ok(exit::OK)
+    }
+
+    /// A root that no longer names the directory it named at the start.
+    fn root_gone(&self) -> Option<&PathBuf> {
+        let now = self.roots.iter().map(|r| identity(r));
+        let mut both = self.roots.iter().zip(self.identities.iter().zip(now));
+        both.find(|(_, (then, now))| now.is_none() || *then != now)
+            .map(|(r, _)| r)
     }
 
     /// Up to a tick of fanotify's changes into the batch.
@@ -322,11 +386,17 @@ impl Watcher<'_> {
         for p in settled.fresh {
             self.debounce.touch(Some(p.clone()), Instant::now());
         }
-        let walk = onecopy_watch::pass_walks(batch.unknown, &settled.ready);
+        // Only files and directories under the roots: a symbolic link
+        // renamed in would have the pass dedupe what it points at, and a
+        // socket failed the whole pass (the child checks again).
+        let ready: Vec<&PathBuf> = (settled.ready.into_iter())
+            .filter(|p| roots::confined(p, &self.roots).is_ok())
+            .collect();
+        let walk = onecopy_watch::pass_walks(batch.unknown, &ready);
         let roots: Vec<&PathBuf> = if walk {
             self.roots.iter().collect()
         } else {
-            settled.ready
+            ready
         };
         if roots.is_empty() {
             return Ok(());
@@ -334,16 +404,28 @@ impl Watcher<'_> {
         let started = Instant::now();
         self.last = LastPass::begin(&self.roots);
         let child = self.spawn_dedupe(&roots, walk)?;
-        let Some(out) = self.wait_child(child)? else {
+        let Some((status, out)) = self.wait_child(child)? else {
             return Ok(());
         };
-        let report: serde_json::Value = serde_json::from_slice(&out).unwrap_or_default();
         let what = if walk {
             "look over every path".to_string()
         } else {
             let first = batch.since.map_or(0.0, |s| s.elapsed().as_secs_f64());
             format!("{} changed file(s), first {first:.2}s ago", roots.len())
         };
+        // Exit 1 is a pass done in part (files that changed or failed are
+        // in its report); anything else did not run.
+        if !matches!(status.code(), Some(c) if c == i32::from(exit::OK) || c == i32::from(exit::PARTIAL))
+        {
+            let wait = self.retry.failed(Instant::now(), secs(self.a.interval));
+            errln!(
+                "onecopy watch: {what}: the pass failed ({status}); every path is looked at again in {}s",
+                wait.as_secs()
+            );
+            return Ok(());
+        }
+        self.retry.succeeded();
+        let report: serde_json::Value = serde_json::from_slice(&out).unwrap_or_default();
         self.note_pass(&what, &report, started);
         // A walk reads whatever it meets, racy files too: read them again
         // once settled, so that the catalog holds them.
@@ -397,12 +479,19 @@ impl Watcher<'_> {
         if self.a.exclude_snapshots {
             cmd.arg("--exclude-snapshots");
         }
+        for r in &self.roots {
+            cmd.arg("--within").arg(r);
+        }
         cmd.arg("--").args(roots).stdout(Stdio::piped());
         cmd.spawn().context("starting a dedupe pass")
     }
 
-    /// The pass's stdout, or None when stopped by a signal meanwhile.
-    fn wait_child(&self, mut child: Child) -> anyhow::Result<Option<Vec<u8>>> {
+    /// The pass's exit status and stdout, or None when stopped by a
+    /// signal meanwhile.
+    fn wait_child(
+        &self,
+        mut child: Child,
+    ) -> anyhow::Result<Option<(std::process::ExitStatus, Vec<u8>)>> {
         let mut stdout = child.stdout.take().context("dedupe stdout")?;
         let reader = std::thread::spawn(move || {
             let mut buf = Vec::new();
@@ -410,9 +499,9 @@ impl Watcher<'_> {
             buf
         });
         let mut signalled = false;
-        loop {
-            if let Some(_status) = child.try_wait()? {
-                break;
+        let status = loop {
+            if let Some(status) = child.try_wait()? {
+                break status;
             }
             if self.stopped() && !signalled {
                 let pid = rustix::process::Pid::from_child(&child);
@@ -420,8 +509,8 @@ impl Watcher<'_> {
                 signalled = true;
             }
             std::thread::sleep(Duration::from_millis(20));
-        }
+        };
         let out = reader.join().unwrap_or_default();
-        Ok((!signalled).then_some(out))
+        Ok((!signalled).then_some((status, out)))
     }
 }

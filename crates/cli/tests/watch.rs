@@ -549,3 +549,127 @@ fn watch_refuses_what_it_cannot_watch() {
     assert_eq!(code, Some(3), "{err}");
     assert!(err.contains("can not share extents"), "{err}");
 }
+
+/// Waits until `orig` and every copy are shared, or fails after [`BOUND`].
+fn wait_shared(fs: &onecopy_testfs::LoopFs, orig: &Path, copies: &[PathBuf], w: &Watch) {
+    let t = Instant::now();
+    loop {
+        fs.sync();
+        if copies.iter().all(|c| is_fully_shared(orig, c)) {
+            return;
+        }
+        assert!(
+            t.elapsed() < BOUND,
+            "{copies:?} not shared within {BOUND:?}: {}",
+            w.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Whether process `pid` has a child now (the watcher's pass).
+fn has_child(pid: u32) -> bool {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
+    tasks.flatten().any(|t| {
+        std::fs::read_to_string(t.path().join("children")).is_ok_and(|c| !c.trim().is_empty())
+    })
+}
+
+/// What a user can put in a watched tree, in a batch with a new copy:
+/// - a symbolic link to a directory outside it, renamed in: the pass
+///   followed it and deduped what it points at (as root);
+/// - a unix socket renamed in: the pass refused every root (exit 2),
+///   the batch's copy was never shared, and watch said the pass went
+///   well;
+/// - files made while a pass runs (fanotify merges each one's creation
+///   and close_write into one event, which was dropped: never shared);
+/// - a catalog damaged into another file: each pass fails, and says so;
+/// - the root renamed away: watch stops with exit 2 (it went silent).
+fn hostile_entries(kind: FsKind) {
+    let fs = new_fs(kind, 1 << 30);
+    let scratch = tempfile::tempdir().unwrap();
+    let root = fs.path().join("w");
+    let outside = fs.path().join("outside");
+    std::fs::create_dir_all(outside.join("dir")).unwrap();
+    std::fs::create_dir(&root).unwrap();
+    let orig = root.join("orig");
+    write_random(&orig, MIB, 11).unwrap();
+    let inner = outside.join("dir/inner");
+    copy_no_reflink(&orig, &inner).unwrap();
+    fs.sync();
+    let hashfile = scratch.path().join("catalog.sqlite");
+    let h = hashfile.to_str().unwrap();
+    let w = Watch::start(
+        &root,
+        scratch.path(),
+        &["--interval", "100000", "--hashfile", h],
+    );
+
+    std::os::unix::fs::symlink(outside.join("dir"), outside.join("l")).unwrap();
+    std::fs::rename(outside.join("l"), root.join("link")).unwrap();
+    let copy1 = root.join("copy1");
+    copy_no_reflink(&orig, &copy1).unwrap();
+    wait_shared(&fs, &orig, &[copy1], &w);
+    let sock = std::os::unix::net::UnixListener::bind(outside.join("sock")).unwrap();
+    std::fs::rename(outside.join("sock"), root.join("sock")).unwrap();
+    let copy2 = root.join("copy2");
+    copy_no_reflink(&orig, &copy2).unwrap();
+    wait_shared(&fs, &orig, &[copy2], &w);
+    drop(sock);
+
+    // Copies made while a pass reads a large new file.
+    let big = root.join("big");
+    write_random(&big, 256 * MIB, 12).unwrap();
+    fs.sync();
+    let t = Instant::now();
+    while !has_child(w.child.id()) {
+        assert!(t.elapsed() < BOUND, "no pass: {}", w.log());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let during: Vec<PathBuf> = (0..3).map(|i| root.join(format!("during{i}"))).collect();
+    for c in &during {
+        copy_no_reflink(&orig, c).unwrap();
+    }
+    let made_during = has_child(w.child.id());
+    wait_shared(&fs, &orig, &during, &w);
+    eprintln!("{kind}: copies made during a pass: {made_during}");
+    fs.sync();
+    assert!(
+        !is_fully_shared(&orig, &inner),
+        "a file outside the watched tree was deduped through a link: {}",
+        w.log()
+    );
+
+    std::fs::write(&hashfile, "my notes, not a catalog\n").unwrap();
+    copy_no_reflink(&orig, &root.join("copy3")).unwrap();
+    w.wait_log("the pass failed", 1);
+    let moved = fs.path().join("w-renamed");
+    std::fs::rename(&root, &moved).unwrap();
+    let log = w.log();
+    let mut w = w;
+    let t = Instant::now();
+    let code = loop {
+        if let Some(s) = w.child.try_wait().unwrap() {
+            break s.code();
+        }
+        assert!(t.elapsed() < BOUND, "still running: {}", w.log());
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let log = format!("{log}{}", &w.log()[log.len()..]);
+    assert_eq!(code, Some(2), "{log}");
+    assert!(
+        log.contains("gone (removed, renamed or unmounted)"),
+        "{log}"
+    );
+    eprintln!("{log}");
+}
+
+#[test]
+fn hostile_entries_btrfs() {
+    hostile_entries(FsKind::Btrfs);
+}
+
+#[test]
+fn hostile_entries_xfs() {
+    hostile_entries(FsKind::Xfs);
+}

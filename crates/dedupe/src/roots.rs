@@ -75,6 +75,41 @@ pub fn check_root(path: &Path) -> Result<FsInfo, RootError> {
     }
 }
 
+/// Why a path named to a run confined to some directories (`watch`'s
+/// passes: the files its events named) is left out of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum LeftOut {
+    #[error("gone")]
+    Gone,
+    #[error("a symbolic link (not followed)")]
+    Symlink,
+    #[error("not a regular file or directory")]
+    Special,
+    #[error("outside the watched paths")]
+    Outside,
+}
+
+/// `path` as the root of a run confined to the directories `within`
+/// (canonical paths): it exists, is a regular file or a directory, not a
+/// symbolic link, and its canonical path lies under one of them; that
+/// path is returned. A symbolic link put in a watched tree would have a
+/// pass read and dedupe whatever it points at, as root.
+pub fn confined(path: &Path, within: &[PathBuf]) -> Result<PathBuf, LeftOut> {
+    let m = std::fs::symlink_metadata(path).map_err(|_| LeftOut::Gone)?;
+    let t = m.file_type();
+    if t.is_symlink() {
+        return Err(LeftOut::Symlink);
+    }
+    if !t.is_file() && !t.is_dir() {
+        return Err(LeftOut::Special);
+    }
+    let real = std::fs::canonicalize(path).map_err(|_| LeftOut::Gone)?;
+    match within.iter().any(|w| real.starts_with(w)) {
+        true => Ok(real),
+        false => Err(LeftOut::Outside),
+    }
+}
+
 /// Whether `block_size` (`--block-size`) suits a filesystem of blocks of
 /// `fs_block` bytes: a non-zero multiple of it, at most `u32::MAX`.
 pub fn check_block_size(block_size: u64, fs_block: u64) -> Result<(), String> {
@@ -92,6 +127,42 @@ pub fn check_block_size(block_size: u64, fs_block: u64) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn confined_roots_are_files_or_directories_under_the_watched_paths() {
+        let d = tempfile::tempdir().unwrap();
+        let (w, out) = (d.path().join("w"), d.path().join("out"));
+        std::fs::create_dir_all(w.join("sub")).unwrap();
+        std::fs::create_dir(&out).unwrap();
+        std::fs::write(w.join("f"), b"x").unwrap();
+        std::fs::write(out.join("secret"), b"y").unwrap();
+        std::os::unix::fs::symlink(&out, w.join("link")).unwrap();
+        std::os::unix::fs::symlink(w.join("f"), w.join("flink")).unwrap();
+        let fifo = w.join("fifo");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        let within = [std::fs::canonicalize(&w).unwrap()];
+        let real = |p: &Path| std::fs::canonicalize(p).unwrap();
+        assert_eq!(confined(&w.join("f"), &within), Ok(real(&w.join("f"))));
+        assert_eq!(confined(&w.join("sub"), &within), Ok(real(&w.join("sub"))));
+        assert_eq!(confined(&w.join("link"), &within), Err(LeftOut::Symlink));
+        assert_eq!(confined(&w.join("flink"), &within), Err(LeftOut::Symlink));
+        assert_eq!(confined(&fifo, &within), Err(LeftOut::Special));
+        assert_eq!(confined(&w.join("none"), &within), Err(LeftOut::Gone));
+        assert_eq!(
+            confined(&out.join("secret"), &within),
+            Err(LeftOut::Outside)
+        );
+        // A path through a symlinked parent resolves outside.
+        let through = w.join("link").join("secret");
+        assert_eq!(confined(&through, &within), Err(LeftOut::Outside));
+    }
 
     #[test]
     fn only_writable_btrfs_and_reflink_xfs() {

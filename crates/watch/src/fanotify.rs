@@ -178,8 +178,7 @@ impl ChangeSource {
                 out.push(Change::Lost);
                 continue;
             };
-            // A creation of a plain file is followed by its close_write.
-            if ev.mask & crate::fid::CREATE != 0 && ev.mask & crate::fid::ONDIR == 0 {
+            if !crate::fid::names_a_change(ev.mask) {
                 continue;
             }
             let Some(dir) = self.dir_path(&named.fsid, &named.dir_handle) else {

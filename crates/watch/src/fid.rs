@@ -11,6 +11,15 @@ pub const CREATE: u64 = 0x100;
 pub const ONDIR: u64 = 0x4000_0000;
 pub const Q_OVERFLOW: u64 = 0x4000;
 
+/// Whether an event of `mask` names a change to dedupe: a creation of a
+/// plain file alone is not one (its `close_write` follows), but fanotify
+/// merges a queued creation and close_write of one name into one event,
+/// which is (it was dropped: files made while a pass ran never deduped).
+pub fn names_a_change(mask: u64) -> bool {
+    let plain_create = mask & CREATE != 0 && mask & ONDIR == 0;
+    !plain_create || mask & (CLOSE_WRITE | MOVED_TO) != 0
+}
+
 /// `struct fanotify_event_metadata`.
 const METADATA: usize = 24;
 /// `FAN_EVENT_INFO_TYPE_DFID_NAME`, `FAN_EVENT_INFO_TYPE_NEW_DFID_NAME`.
@@ -147,6 +156,16 @@ mod tests {
         assert_eq!(v[1].named.as_ref().unwrap().name, b"dir");
         // A cut event is left out, the whole one before it kept.
         assert_eq!(decode_events(&b[..b.len() - 3]).len(), 1);
+    }
+
+    #[test]
+    fn a_creation_merged_with_its_close_write_names_a_change() {
+        assert!(!names_a_change(CREATE), "its close_write follows");
+        assert!(names_a_change(CREATE | CLOSE_WRITE), "merged by fanotify");
+        assert!(names_a_change(CREATE | MOVED_TO));
+        assert!(names_a_change(CREATE | ONDIR), "a new directory");
+        assert!(names_a_change(CLOSE_WRITE));
+        assert!(names_a_change(MOVED_TO | ONDIR));
     }
 
     proptest! {

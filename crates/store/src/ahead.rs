@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use rusqlite::params;
 
-use crate::data::{adjacent_run, planned, Planned};
+use crate::data::{adjacent_run, planned, planned_or_missing, Planned};
 use crate::error::Result;
 use crate::snap::{split_view, view_ino};
 use crate::store::Store;
@@ -185,9 +185,17 @@ impl Store {
                     crate::view::once!(view_extents_sql("ino > ?1 AND ino <= ?3 AND off < ?4"));
                 let mut st = g.db.prepare_cached(sql)?;
                 let rows = st.query_map(params![a, epoch, u, FILE_BYTES], |r| {
-                    Ok((r.get::<_, u64>(8)?, planned(r)?))
+                    Ok((r.get::<_, u64>(8)?, planned_or_missing(r)?))
                 })?;
                 let rows = rows.collect::<rusqlite::Result<Vec<_>>>()?;
+                // An extent whose chunk row is missing: no plans kept (its
+                // reads plan again, and fail).
+                if rows.iter().any(|(_, p)| p.is_err()) {
+                    return Ok((Vec::new(), gen));
+                }
+                let rows: Vec<(u64, Planned)> = (rows.into_iter())
+                    .filter_map(|(i, p)| Some((i, p.ok()?)))
+                    .collect();
                 self.ahead.keep_plans(gen, by_inode(id, &rows));
                 rows.into_iter().map(|(_, p)| p).collect()
             }

@@ -592,10 +592,27 @@ impl LocalDir {
             .append(true)
             .open(&path)
             .map_err(StoreError::io(&path))?;
+        check_header(&f, id, &path)?;
         let f = Arc::new(f);
         open.insert(id, f.clone());
         Ok(f)
     }
+}
+
+/// Checks that `f` (at `path`) begins with container `id`'s header: a
+/// file copied or moved over another's name holds records the store would
+/// read as this container's (each passes its own checksum): wrong bytes,
+/// not `EIO`.
+fn check_header(f: &File, id: u64, path: &Path) -> Result<()> {
+    let mut head = [0u8; CONTAINER_HEADER as usize];
+    let n = rustix::io::pread(f, &mut head, 0).map_err(|e| StoreError::io(path)(e.into()))?;
+    if n < head.len() || &head[..8] != CONTAINER_MAGIC {
+        return Err(damaged(id, 0, "no container header"));
+    }
+    if head[8..] != id.to_le_bytes() {
+        return Err(damaged(id, 0, "the file holds another container's header"));
+    }
+    Ok(())
 }
 
 fn sync_dir(dir: &Path) -> Result<()> {

@@ -124,6 +124,18 @@ pub(crate) fn planned(r: &rusqlite::Row) -> rusqlite::Result<Planned> {
     Ok((r.get(0)?, r.get(1)?, crate::chunks::loc_of(r, 2)?))
 }
 
+/// [`planned`] for a row of `extents LEFT JOIN chunks`: `Err(offset)` of
+/// an extent whose chunk row is missing (damaged metadata: its bytes are
+/// unknown, never a hole).
+pub(crate) fn planned_or_missing(
+    r: &rusqlite::Row,
+) -> rusqlite::Result<std::result::Result<Planned, u64>> {
+    match r.get::<_, Option<u64>>(2)? {
+        Some(_) => planned(r).map(Ok),
+        None => Ok(Err(r.get(0)?)),
+    }
+}
+
 /// The end of the run of records from `plan[i]` that lie one after
 /// another in one container, within [`MAX_SPAN`], each after the first
 /// also passing `more` (read with one call).
@@ -1084,13 +1096,13 @@ impl Store {
         let from = start.saturating_sub(self.cfg.chunking.max_chunk() as u64);
         let mut st = g.db.prepare_cached(
             "SELECT e.off, e.len, c.container, c.offset, c.stored_len, c.raw_len, c.inner, c.pack_raw
-             FROM extents e JOIN chunks c ON c.id = e.chunk
+             FROM extents e LEFT JOIN chunks c ON c.id = e.chunk
              WHERE e.ino = ?1 AND e.off >= ?2 AND e.off < ?3 ORDER BY e.off",
         )?;
-        let rows = st.query_map(params![ino, from, end], planned)?;
+        let rows = st.query_map(params![ino, from, end], planned_or_missing)?;
         let mut out = Vec::new();
         for row in rows {
-            let (o, l, loc): Planned = row?;
+            let (o, l, loc): Planned = row?.map_err(|off| StoreError::MissingChunk { ino, off })?;
             if o + l > start {
                 out.push((o, l, loc));
             }

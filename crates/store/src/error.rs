@@ -48,6 +48,9 @@ pub enum StoreError {
         offset: u64,
         why: String,
     },
+    /// Damaged metadata: an extent names a chunk row that is not there.
+    #[error("inode {ino} offset {off}: its extent names a chunk the metadata does not hold (run `onecopy store fsck`)")]
+    MissingChunk { ino: u64, off: u64 },
     #[error("invalid option: {0}")]
     BadOption(String),
     #[error("no such file or directory")]

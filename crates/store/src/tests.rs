@@ -2951,3 +2951,42 @@ fn files_reach_the_kernels_largest_size() {
         assert!(s.fsck(true).unwrap().problems.is_empty(), "{chunking}");
     }
 }
+
+/// A container file copied over another's name (each of its records
+/// passes its own checksum) reads as damage, never as the other
+/// container's bytes; and an extent whose chunk row is missing reads as
+/// damage, never as zeros (both were wrong data: a helper's hunt).
+#[test]
+fn misplaced_containers_and_missing_chunk_rows_are_damage() {
+    let (d, s) = new_store("fixed:4K", "none");
+    let (da, db) = (pseudo(600_000, 21), pseudo(600_000, 22));
+    let a = file(&s, "a", &da);
+    s.commit(true).unwrap();
+    let b = file(&s, "b", &db);
+    s.commit(true).unwrap();
+    let ca = chunk_locs(&s, a)[0].0;
+    let cb = chunk_locs(&s, b).last().unwrap().0;
+    assert_ne!(ca, cb);
+    drop(s);
+    std::fs::copy(container_file(d.path(), cb), container_file(d.path(), ca)).unwrap();
+    let s = Store::open(d.path()).unwrap();
+    let err = s.read(a, 0, 4096).unwrap_err();
+    assert_eq!(err.errno(), libc::EIO, "{err}");
+    assert!(matches!(err, StoreError::Damaged { .. }), "{err}");
+    assert_eq!(s.read(b, 599_000, 1000).unwrap(), &db[599_000..]);
+
+    let c = file(&s, "c", &da[..100_000]);
+    s.commit(true).unwrap();
+    s.lock()
+        .db
+        .execute(
+            "UPDATE extents SET chunk = 999999 WHERE ino = ?1 AND off = 8192",
+            [c],
+        )
+        .unwrap();
+    s.cache.clear();
+    let err = s.read(c, 4096, 8192).unwrap_err();
+    assert!(matches!(err, StoreError::MissingChunk { .. }), "{err}");
+    assert_eq!(err.errno(), libc::EIO);
+    assert_eq!(s.read(c, 0, 4096).unwrap(), &da[..4096]);
+}

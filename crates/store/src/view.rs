@@ -505,8 +505,13 @@ fn view_plan(
         view_extents_sql("ino = ?1 AND off >= ?3 AND off < ?4")
     ));
     let mut st = db.prepare_cached(sql)?;
-    let rows = st.query_map(params![ino, s.epoch, from, end], crate::data::planned)?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    let rows = st.query_map(
+        params![ino, s.epoch, from, end],
+        crate::data::planned_or_missing,
+    )?;
+    let rows = rows.collect::<rusqlite::Result<Vec<_>>>()?;
+    let missing = |off| StoreError::MissingChunk { ino, off };
+    rows.into_iter().map(|r| r.map_err(missing)).collect()
 }
 
 /// The extents a snapshot (epoch `?2`) sees with `cond`, with their
@@ -515,7 +520,7 @@ pub(crate) fn view_extents_sql(cond: &str) -> String {
     format!(
         "SELECT e.off, e.len, c.container, c.offset, c.stored_len, c.raw_len, c.inner,
          c.pack_raw, e.ino FROM ({}) e
-         JOIN chunks c ON c.id = e.chunk",
+         LEFT JOIN chunks c ON c.id = e.chunk",
         visible("extents", "ino, off, len, chunk", cond, 2)
     )
 }

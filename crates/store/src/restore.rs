@@ -70,7 +70,7 @@ impl Store {
             return Err(StoreError::DestExists { path: dest.into() });
         }
         let attr = self.getattr(root)?;
-        std::fs::create_dir(dest).map_err(StoreError::io(dest))?;
+        private_dir(dest)?;
         let mut r = Restorer {
             store: self,
             linked: HashMap::new(),
@@ -141,7 +141,7 @@ impl Restorer<'_> {
         let io = StoreError::io(to);
         match a.kind {
             Kind::Dir => {
-                std::fs::create_dir(to).map_err(io)?;
+                private_dir(to)?;
                 self.rep.directories += 1;
                 self.dirs.push((to.to_path_buf(), *a));
                 self.xattrs(a.ino, to);
@@ -177,7 +177,10 @@ impl Restorer<'_> {
 
     /// A regular file's bytes; all-zero pieces stay holes.
     fn file(&mut self, a: &Attr, to: &Path) -> Result<()> {
-        let f = File::create_new(to).map_err(StoreError::io(to))?;
+        use std::os::unix::fs::OpenOptionsExt;
+        let f = (File::options().write(true).create_new(true).mode(0o600))
+            .open(to)
+            .map_err(StoreError::io(to))?;
         let mut off = 0u64;
         while off < a.size {
             if self.stopped() {
@@ -219,6 +222,17 @@ impl Restorer<'_> {
             }
         }
     }
+}
+
+/// Makes directory `path` 0700: a restored tree is private until each
+/// entry has its owner and mode (a file is 0600 until then; it stays so
+/// when it could not be restored whole), or a 0600 file's bytes would be
+/// open to every user meanwhile.
+fn private_dir(path: &Path) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    (std::fs::DirBuilder::new().mode(0o700))
+        .create(path)
+        .map_err(StoreError::io(path))
 }
 
 /// Owner (as root), mode (not of symlinks) and times of `path`.

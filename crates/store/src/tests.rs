@@ -2990,3 +2990,41 @@ fn misplaced_containers_and_missing_chunk_rows_are_damage() {
     assert_eq!(err.errno(), libc::EIO);
     assert_eq!(s.read(c, 0, 4096).unwrap(), &da[..4096]);
 }
+
+/// A restore keeps what it writes private until each entry has its
+/// owner and mode: a 0600 file that cannot be restored whole (a damaged
+/// chunk) is left 0600, in directories made 0700 (it was left 0644 with
+/// most of its bytes in it, and every file passed through 0644).
+#[test]
+fn a_restore_never_opens_a_private_file_to_others() {
+    use std::os::unix::fs::PermissionsExt;
+    let (d, s) = new_store("fixed:4K", "none");
+    let dir = s.mknod(1, b"private", node(Kind::Dir)).unwrap().ino;
+    let data = pseudo(40_000, 31);
+    let a = s.mknod(dir, b"secret", node(Kind::File)).unwrap().ino;
+    s.open_file(a).unwrap();
+    s.write(a, 0, &data).unwrap();
+    s.release_file(a).unwrap();
+    let perm = |p| SetAttr {
+        perm: Some(p),
+        ..SetAttr::default()
+    };
+    s.setattr(a, perm(0o600)).unwrap();
+    s.setattr(dir, perm(0o755)).unwrap();
+    s.snapshot_create("s").unwrap();
+    s.commit(true).unwrap();
+    let last = *chunk_locs(&s, a).last().unwrap();
+    drop(s);
+    let cont = container_file(d.path(), last.0);
+    let mut bytes = std::fs::read(&cont).unwrap();
+    bytes[last.1 as usize + 60] ^= 1;
+    std::fs::write(&cont, bytes).unwrap();
+    let s = Store::open(d.path()).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let dest = out.path().join("r");
+    let rep = s.snapshot_restore("s", &dest).unwrap();
+    assert_eq!(rep.errors.len(), 1, "{rep:?}");
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode(&dest.join("private/secret")), 0o600, "{rep:?}");
+    assert_eq!(mode(&dest.join("private")), 0o755);
+}

@@ -171,16 +171,24 @@ impl StoreIndex {
     pub fn open(dir: &Path, db: &Connection, cfg: &StoreConfig) -> Result<StoreIndex> {
         let path = dir.join(INDEX_DIR);
         let cfg = config_for(cfg);
-        let (fp, mut rebuilt) = match Index::open(&path, cfg.clone()) {
+        let not_a_dir = path.symlink_metadata().is_ok_and(|m| !m.is_dir());
+        let opened = match not_a_dir {
+            true => Err("not a directory".to_string()),
+            false => match Index::open(&path, cfg.clone()) {
+                Err(e @ onecopy_fpindex::Error::Corrupt { .. }) => Err(e.to_string()),
+                Err(e) => return Err(idx_err(&path)(e)),
+                Ok(fp) if Self::lost(db, &fp)? => {
+                    Err("empty, though the metadata has indexed chunks (deleted?)".to_string())
+                }
+                Ok(fp) => Ok(fp),
+            },
+        };
+        let (fp, mut rebuilt) = match opened {
             Ok(fp) => (fp, None),
-            Err(e @ onecopy_fpindex::Error::Corrupt { .. }) => {
-                let why = e.to_string();
-                (
-                    Self::rebuild_at_open(db, &path, &cfg, why.clone())?,
-                    Some(why),
-                )
-            }
-            Err(e) => return Err(idx_err(&path)(e)),
+            Err(why) => (
+                Self::rebuild_at_open(db, &path, &cfg, why.clone())?,
+                Some(why),
+            ),
         };
         // W = 0 over a non-empty index: damage was found while serving (it
         // was reported then), or a kill came before the first W or during
@@ -203,6 +211,18 @@ impl StoreIndex {
         }
         ix.rebuilt_at_open = ix.rebuilt_at_open.take().or(rebuilt);
         Ok(ix)
+    }
+
+    /// An empty index where W says rows were applied and indexed chunks
+    /// remain: its files were deleted (an index opened where none is is
+    /// made empty, and dedupe against stored chunks would stop silently).
+    fn lost(db: &Connection, fp: &Index) -> Result<bool> {
+        let w = meta_u64(db, "index_synced")?.unwrap_or(0);
+        if w == 0 || !fp.is_empty() {
+            return Ok(false);
+        }
+        let sql = "SELECT EXISTS (SELECT 1 FROM chunks WHERE indexed = 1 AND id <= ?1)";
+        Ok(db.query_row(sql, [w], |r| r.get(0))?)
     }
 
     /// Durably sets W = 0, wipes the index and opens it empty (the replay
@@ -251,7 +271,12 @@ impl StoreIndex {
     }
 
     fn wipe(path: &Path) -> Result<()> {
-        match std::fs::remove_dir_all(path) {
+        let r = match path.symlink_metadata() {
+            // Something else in its place is set aside, not deleted.
+            Ok(m) if !m.is_dir() => std::fs::rename(path, path.with_extension("broken")),
+            _ => std::fs::remove_dir_all(path),
+        };
+        match r {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(StoreError::io(path)(e)),
             _ => Ok(()),
         }
@@ -930,27 +955,40 @@ mod tests {
         assert_eq!(r.problems.len(), 4, "{:?}", r.problems);
     }
 
-    /// A lost index is found by fsck and rebuilt by fsck --repair.
+    /// A lost index (its directory deleted) or a file in its place is
+    /// rebuilt at the next open, and fsck says so once: dedupe against
+    /// stored chunks goes on (a deleted index was made again empty, every
+    /// later copy stored again; a file in its place failed every command).
     #[test]
-    fn fsck_finds_a_lost_index_and_repair_rebuilds_it() {
+    fn a_lost_or_replaced_index_is_rebuilt_at_open() {
         let (dir, s) = store(None);
         let a = data(50, 5);
         put(&s, "a", &a);
         s.flush_all(true).unwrap();
         drop(s);
-        std::fs::remove_dir_all(dir.path().join(super::INDEX_DIR)).unwrap();
-        let s = Store::open(dir.path()).unwrap();
-        let r = s.fsck(false).unwrap();
-        assert_eq!(r.problems.len(), 50, "{:?}", r.problems);
-        let r = s.fsck(true).unwrap();
-        assert_eq!(r.repaired, 50);
-        clean(&s);
-        let new_before = s.stats().unwrap().written_new_bytes;
-        put(&s, "b", &a);
-        assert_eq!(s.stats().unwrap().written_new_bytes, new_before);
-        drop(s);
-        let s = Store::open(dir.path()).unwrap();
-        clean(&s);
+        let index = dir.path().join(super::INDEX_DIR);
+        for case in ["deleted", "a file"] {
+            std::fs::remove_dir_all(&index).unwrap();
+            if case == "a file" {
+                std::fs::write(&index, "not an index").unwrap();
+            }
+            let s = Store::open(dir.path()).unwrap();
+            let new_before = s.stats().unwrap().written_new_bytes;
+            put(&s, case, &a);
+            assert_eq!(s.stats().unwrap().written_new_bytes, new_before, "{case}");
+            let r = s.fsck(false).unwrap();
+            assert_eq!(r.problems.len(), 1, "{case}: {:?}", r.problems);
+            assert!(
+                r.problems[0].contains("rebuilt"),
+                "{case}: {:?}",
+                r.problems
+            );
+            clean(&s);
+            drop(s);
+            let s = Store::open(dir.path()).unwrap();
+            clean(&s);
+        }
+        assert!(index.with_extension("broken").is_file());
     }
 
     /// Over the quota, new chunks are stored without dedupe, counted, and

@@ -428,11 +428,20 @@ fn gc(dir: &Path) -> Result<u8, StoreError> {
         r.containers_compacted,
         r.bytes_freed
     );
+    for why in &r.containers_damaged {
+        errln!(
+            "onecopy: not compacted: {why}; `onecopy store fsck --repair` names the files it costs"
+        );
+    }
     if let Some(why) = &r.compaction_stopped {
         errln!("onecopy: compaction stopped: {why}");
         return Ok(exit::PARTIAL);
     }
-    Ok(exit::OK)
+    Ok(if r.containers_damaged.is_empty() {
+        exit::OK
+    } else {
+        exit::PARTIAL
+    })
 }
 
 fn fsck(dir: &Path, repair: bool) -> Result<u8, StoreError> {

@@ -87,6 +87,10 @@ pub struct GcReport {
     /// the containers with nothing live are deleted first, and need none).
     #[serde(default)]
     pub compaction_stopped: Option<String>,
+    /// Containers left as they are because a live chunk in them is
+    /// damaged (the error): `fsck --repair` names the files it costs.
+    #[serde(default)]
+    pub containers_damaged: Vec<String>,
 }
 
 /// What `fsck` found (and, with repair, fixed).
@@ -307,6 +311,12 @@ impl Store {
                 Err(e @ (StoreError::LowSpace { .. } | StoreError::NoSpace)) if live > 0 => {
                     rep.compaction_stopped = Some(e.to_string());
                     break;
+                }
+                // One damaged chunk must not keep every other container
+                // from being reclaimed: this one stays, said.
+                Err(e @ StoreError::Damaged { .. }) => {
+                    rep.containers_damaged.push(e.to_string());
+                    continue;
                 }
                 Err(e) => return Err(e),
             }

@@ -3028,3 +3028,35 @@ fn a_restore_never_opens_a_private_file_to_others() {
     assert_eq!(mode(&dest.join("private/secret")), 0o600, "{rep:?}");
     assert_eq!(mode(&dest.join("private")), 0o755);
 }
+
+/// A damaged live chunk leaves its container as it is, said in the
+/// report; gc reclaims the rest (it stopped at the first such container,
+/// exit 4, nothing reclaimed after it).
+#[test]
+fn gc_goes_on_past_a_container_with_a_damaged_chunk() {
+    let (d, s) = new_store("fixed:64K", "none");
+    let keep = file(&s, "keep", &pseudo(300_000, 41));
+    file(&s, "drop", &pseudo(3 << 20, 42));
+    let keep2 = file(&s, "keep2", &pseudo(300_000, 43));
+    file(&s, "drop2", &pseudo(1 << 20, 44));
+    s.unlink(1, b"drop").unwrap();
+    s.unlink(1, b"drop2").unwrap();
+    s.commit(true).unwrap();
+    let (c, off, _) = chunk_locs(&s, keep)[0];
+    drop(s);
+    let cont = container_file(d.path(), c);
+    let mut bytes = std::fs::read(&cont).unwrap();
+    bytes[off as usize + 100] ^= 1;
+    std::fs::write(&cont, bytes).unwrap();
+    let s = Store::open(d.path()).unwrap();
+    let before = s.stats().unwrap().container_bytes;
+    let gc = s.gc().unwrap();
+    assert_eq!(gc.containers_damaged.len(), 1, "{gc:?}");
+    assert!(
+        gc.containers_deleted + gc.containers_compacted > 0,
+        "{gc:?}"
+    );
+    assert!(s.stats().unwrap().container_bytes < before, "{gc:?}");
+    assert_eq!(read_all(&s, keep2), pseudo(300_000, 43));
+    assert_eq!(s.read(keep, 0, 10).unwrap_err().errno(), libc::EIO);
+}

@@ -633,6 +633,15 @@ impl Store {
         Ok(())
     }
 
+    /// What `PRAGMA integrity_check` finds wrong in the database (its
+    /// first 20 lines), none when it says "ok".
+    fn sqlite_damage(db: &rusqlite::Connection) -> Result<Vec<String>> {
+        let mut st = db.prepare("PRAGMA integrity_check(20)")?;
+        let lines = st.query_map([], |r| r.get::<_, String>(0))?;
+        let lines = lines.collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(lines.into_iter().filter(|l| l != "ok").collect())
+    }
+
     /// Checks the metadata's invariants; with `repair`, fixes what can be
     /// fixed without inventing data.
     pub fn fsck(&self, repair: bool) -> Result<FsckReport> {
@@ -640,6 +649,23 @@ impl Store {
         self.flush_all(true)?;
         let mut g = self.lock();
         let mut rep = FsckReport::default();
+        // Damage SQLite sees first: the checks below would only fail on it
+        // with what a damaged row made of them (a NULL inode number...).
+        let damage = Self::sqlite_damage(&g.db)?;
+        if !damage.is_empty() {
+            rep.problems.extend(
+                damage
+                    .into_iter()
+                    .map(|d| format!("metadata database: {d}")),
+            );
+            rep.problems.push(
+                "the metadata database is damaged: nothing else was checked or repaired; \
+                 keep a copy of the store directory and restore what you need from a snapshot \
+                 or (a remote store) `store init --recover`"
+                    .into(),
+            );
+            return Ok(rep);
+        }
         for (what, sql, fix) in FSCK_CHECKS {
             let found: Vec<(i64, i64, i64)> = {
                 let mut st = g.db.prepare(sql)?;

@@ -3060,3 +3060,55 @@ fn gc_goes_on_past_a_container_with_a_damaged_chunk() {
     assert_eq!(read_all(&s, keep2), pseudo(300_000, 43));
     assert_eq!(s.read(keep, 0, 10).unwrap_err().errno(), libc::EIO);
 }
+
+/// A damaged page of the metadata database is reported by fsck as what
+/// SQLite finds (it failed with "Invalid column type Null ... ino", exit
+/// 4), and nothing is "repaired" from it.
+#[test]
+fn fsck_reports_a_damaged_metadata_database() {
+    let (d, s) = new_store("fixed:4K", "none");
+    for i in 0..40 {
+        file(&s, &format!("f{i}"), &pseudo(10_000, i));
+    }
+    s.commit(true).unwrap();
+    drop(s);
+    let db = d.path().join("meta.sqlite");
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    let page: u64 = conn
+        .query_row("PRAGMA page_size", [], |r| r.get(0))
+        .unwrap();
+    let root: u64 = conn
+        .query_row(
+            "SELECT rootpage FROM sqlite_master WHERE name = 'inodes'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    drop(conn);
+    let ok = |db: &std::path::Path| {
+        let c = rusqlite::Connection::open(db).unwrap();
+        c.query_row("PRAGMA integrity_check", [], |r| r.get::<_, String>(0))
+            .is_ok_and(|l| l == "ok")
+    };
+    let mut bytes = std::fs::read(&db).unwrap();
+    let base = ((root - 1) * page) as usize;
+    // Flip bytes of the page's cells until SQLite sees the damage.
+    let mut at = base + page as usize - 40;
+    while ok(&db) {
+        bytes[at] ^= 0x01;
+        std::fs::write(&db, &bytes).unwrap();
+        at -= 1;
+        assert!(at > base + 8, "no flip made SQLite see damage");
+    }
+    let s = Store::open(d.path()).unwrap();
+    let r = s.fsck(true).unwrap();
+    assert!(r.problems[0].starts_with("metadata database: "), "{r:?}");
+    assert!(
+        r.problems
+            .last()
+            .unwrap()
+            .contains("nothing else was checked"),
+        "{r:?}"
+    );
+    assert_eq!(r.repaired, 0);
+}

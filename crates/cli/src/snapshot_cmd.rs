@@ -212,13 +212,7 @@ pub fn run(action: SnapshotAction) -> Result<u8, StoreError> {
                 old: old.clone(),
                 new: new.clone(),
             };
-            let changes: Vec<Change> = in_store(&dir, req, |s| s.snapshot_diff(&old, &new))
-                .map_err(|e| match e {
-                    StoreError::NotFound => {
-                        StoreError::BadOption(format!("no snapshot named {old:?} or {new:?}"))
-                    }
-                    e => e,
-                })?;
+            let changes: Vec<Change> = in_store(&dir, req, |s| s.snapshot_diff(&old, &new))?;
             if json {
                 outln!(
                     "{}",

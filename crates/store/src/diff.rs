@@ -19,7 +19,8 @@ pub struct Change {
     /// `+` added, `-` removed, `M` changed (content, attributes, or the
     /// name now naming another file).
     pub what: char,
-    /// From the root, `/`-separated, raw bytes made text lossily.
+    /// From the root, `/`-separated, each name [`escaped`]: one change per
+    /// line, and names that are not UTF-8 told apart.
     pub path: String,
 }
 
@@ -47,7 +48,10 @@ impl Store {
     /// The changes from snapshot `old` to snapshot `new`, by path.
     pub fn snapshot_diff(&self, old: &str, new: &str) -> Result<Vec<Change>> {
         let g = self.lock();
-        let find = |n: &str| snap::find(&g.db, n)?.ok_or(StoreError::NotFound);
+        let find = |n: &str| {
+            snap::find(&g.db, n)?
+                .ok_or_else(|| StoreError::BadOption(format!("no snapshot named {n:?}")))
+        };
         let (a, b) = (find(old)?, find(new)?);
         let (lo, hi) = if a.epoch <= b.epoch {
             (&a, &b)
@@ -139,6 +143,32 @@ fn changed_names(db: &Connection, lo: &Snapshot, hi: &Snapshot) -> Result<Vec<(u
     Ok(out)
 }
 
+/// A name as text that gives its bytes back: a backslash, control
+/// characters and bytes that are not UTF-8 as `\\`, `\n`, `\t` or `\xNN`
+/// (a newline split a line of `snapshot diff` in two, and every invalid
+/// byte showed as U+FFFD).
+pub fn escaped(name: &[u8]) -> String {
+    let mut out = String::with_capacity(name.len());
+    for chunk in name.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            match c {
+                '\\' => out.push_str("\\\\"),
+                '\n' => out.push_str("\\n"),
+                '\t' => out.push_str("\\t"),
+                c if c.is_control() && c.is_ascii() => {
+                    out.push_str(&format!("\\x{:02x}", c as u32))
+                }
+                c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+                c => out.push(c),
+            }
+        }
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
+}
+
 /// Directory paths as a snapshot sees them, remembered.
 #[derive(Default)]
 struct Paths {
@@ -150,7 +180,7 @@ impl Paths {
     fn of(&mut self, db: &Connection, s: &Snapshot, parent: u64, name: &[u8]) -> Result<String> {
         let dir = self.dir(db, s, parent)?;
         let sep = if dir.ends_with('/') { "" } else { "/" };
-        Ok(format!("{dir}{sep}{}", String::from_utf8_lossy(name)))
+        Ok(format!("{dir}{sep}{}", escaped(name)))
     }
 
     /// The path of directory `ino` in `s`.
@@ -171,5 +201,20 @@ impl Paths {
         let p = self.of(db, s, parent, &name)?;
         self.dirs.insert((s.epoch, ino), p.clone());
         Ok(p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::escaped;
+
+    #[test]
+    fn escaped_names_give_their_bytes_back() {
+        assert_eq!(escaped(b"plain name.txt"), "plain name.txt");
+        assert_eq!(escaped("caf\u{e9}".as_bytes()), "caf\u{e9}");
+        assert_eq!(escaped(b"a\nb\tc\\d"), "a\\nb\\tc\\\\d");
+        assert_eq!(escaped(b"bad\xff\x80"), "bad\\xff\\x80");
+        assert_eq!(escaped(b"\x01\x7f"), "\\x01\\x7f");
+        assert_eq!(escaped("\u{85}".as_bytes()), "\\u{85}");
     }
 }

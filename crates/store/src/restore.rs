@@ -70,6 +70,14 @@ impl Store {
             return Err(StoreError::DestExists { path: dest.into() });
         }
         let attr = self.getattr(root)?;
+        let parent = dest.parent().filter(|p| !p.as_os_str().is_empty());
+        if parent.is_some_and(|p| !p.is_dir()) {
+            let why = format!(
+                "{}: no such directory to restore into",
+                parent.unwrap().display()
+            );
+            return Err(StoreError::BadOption(why));
+        }
         private_dir(dest)?;
         let mut r = Restorer {
             store: self,

@@ -3112,3 +3112,25 @@ fn fsck_reports_a_damaged_metadata_database() {
     );
     assert_eq!(r.repaired, 0);
 }
+
+/// `snapshot diff` names the snapshot that is missing (it named both),
+/// and gives a name with a newline or bytes that are not UTF-8 escaped,
+/// on one line (a newline split it, and every bad byte was U+FFFD).
+#[test]
+fn snapshot_diff_names_the_missing_snapshot_and_escapes_names() {
+    let (_d, s) = new_store("fixed:4K", "none");
+    s.snapshot_create("full").unwrap();
+    file(&s, "two\nlines", b"x");
+    s.mknod(1, b"bad\xff", node(Kind::File)).unwrap();
+    s.snapshot_create("later").unwrap();
+    let err = s.snapshot_diff("full", "nosuch").unwrap_err().to_string();
+    assert!(
+        err.contains("\"nosuch\"") && !err.contains("\"full\""),
+        "{err}"
+    );
+    let paths: Vec<String> = (s.snapshot_diff("full", "later").unwrap())
+        .into_iter()
+        .map(|c| c.path)
+        .collect();
+    assert_eq!(paths, ["/bad\\xff", "/two\\nlines"]);
+}

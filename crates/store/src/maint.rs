@@ -198,8 +198,15 @@ impl Store {
     /// its last commit (at most a second old while mounted).
     pub fn stats_readonly(dir: &std::path::Path) -> Result<Stats> {
         let cfg = Store::read_config(dir)?;
+        let meta = dir.join("meta.sqlite");
+        if !meta.is_file() {
+            return Err(StoreError::NotAStore {
+                path: meta,
+                why: "no meta.sqlite".into(),
+            });
+        }
         let db = rusqlite::Connection::open_with_flags(
-            dir.join("meta.sqlite"),
+            meta,
             rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
         )?;
         let counters = crate::store::load_counters(&db)?;

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 
 use crate::exit;
+use crate::snapshot_cmd::store_dir;
 use onecopy_store::{Chunking, Store, StoreConfig, StoreError};
 
 #[derive(Debug, Args)]
@@ -290,14 +291,15 @@ fn target(action: &StoreAction) -> &Path {
 fn act(action: StoreAction) -> Result<u8, StoreError> {
     match action {
         StoreAction::Init(a) => init(a),
-        StoreAction::Stats { dir, json } => stats(&dir, json),
+        // A mount point names its store, as for the snapshot commands.
+        StoreAction::Stats { dir, json } => stats(&store_dir(&dir), json),
         StoreAction::Snapshot { action } => crate::snapshot_cmd::run(action),
         StoreAction::Forget(a) => crate::snapshot_cmd::forget(a),
-        StoreAction::Gc { dir } => gc(&dir),
-        StoreAction::Fsck { dir, repair } => fsck(&dir, repair),
-        StoreAction::Scrub { dir } => scrub(&dir),
+        StoreAction::Gc { dir } => gc(&store_dir(&dir)),
+        StoreAction::Fsck { dir, repair } => fsck(&store_dir(&dir), repair),
+        StoreAction::Scrub { dir } => scrub(&store_dir(&dir)),
         StoreAction::Import(a) => import(a),
-        StoreAction::Prune { dir, days } => prune(&dir, days),
+        StoreAction::Prune { dir, days } => prune(&store_dir(&dir), days),
     }
 }
 

@@ -171,7 +171,9 @@ impl StoreIndex {
     pub fn open(dir: &Path, db: &Connection, cfg: &StoreConfig) -> Result<StoreIndex> {
         let path = dir.join(INDEX_DIR);
         let cfg = config_for(cfg);
-        let not_a_dir = path.symlink_metadata().is_ok_and(|m| !m.is_dir());
+        // (A symbolic link to a directory, the index on another device,
+        // is a directory here.)
+        let not_a_dir = path.metadata().is_ok_and(|m| !m.is_dir());
         let opened = match not_a_dir {
             true => Err("not a directory".to_string()),
             false => match Index::open(&path, cfg.clone()) {
@@ -271,9 +273,17 @@ impl StoreIndex {
     }
 
     fn wipe(path: &Path) -> Result<()> {
-        let r = match path.symlink_metadata() {
+        let link = path.symlink_metadata().is_ok_and(|m| m.is_symlink());
+        let r = match path.metadata() {
             // Something else in its place is set aside, not deleted.
             Ok(m) if !m.is_dir() => std::fs::rename(path, path.with_extension("broken")),
+            // The index on another device: its directory stays, emptied.
+            Ok(_) if link => std::fs::read_dir(path).and_then(|mut d| {
+                d.try_for_each(|e| {
+                    let p = e?.path();
+                    std::fs::remove_dir_all(&p).or_else(|_| std::fs::remove_file(&p))
+                })
+            }),
             _ => std::fs::remove_dir_all(path),
         };
         match r {

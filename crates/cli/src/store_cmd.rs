@@ -240,7 +240,9 @@ pub fn error_code(e: &StoreError) -> u8 {
         | StoreError::BucketInUse { .. }
         | StoreError::WrongPassword
         | StoreError::PasswordNeeded
+        | StoreError::NotEncrypted
         | StoreError::BadOption(_) => exit::USAGE,
+        e if e.is_config() => exit::USAGE,
         StoreError::Locked { .. } | StoreError::Fenced { .. } => exit::REFUSED,
         _ => exit::FATAL,
     }

@@ -725,3 +725,59 @@ fn walk_files(dir: &Path) -> impl Iterator<Item = PathBuf> {
     }
     out.into_iter()
 }
+
+/// What a bucket's owner or a typo can hand a cache: a plain store in
+/// place of an encrypted one is refused when a password is given (it was
+/// recovered, and writes then went up in clear); a malformed endpoint is
+/// a usage error (it panicked).
+#[test]
+fn a_plain_store_in_the_bucket_and_a_bad_endpoint_are_refused() {
+    let (weed, _objects) = weed("onecopy-remote-plain");
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("s3://{}/plain", weed.bucket);
+    let args = |d: &str, extra: &[&str]| {
+        let mut a: Vec<String> = [
+            "store",
+            "init",
+            d,
+            "--remote",
+            &url,
+            "--endpoint",
+            &weed.endpoint,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    let made = dir.path().join("made");
+    ok(run(&args(made.to_str().unwrap(), &["--no-encryption"])));
+    let taken = dir.path().join("taken");
+    let out = run(&args(taken.to_str().unwrap(), &["--recover"]));
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not encrypted"),
+        "{out:?}"
+    );
+    assert!(!taken.exists());
+    ok(run(&args(
+        taken.to_str().unwrap(),
+        &["--recover", "--no-encryption"],
+    )));
+
+    let out = onecopy(&[
+        "store",
+        "init",
+        dir.path().join("bad").to_str().unwrap(),
+        "--remote",
+        &url,
+        "--endpoint",
+        "notaurl",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not a URL"),
+        "{out:?}"
+    );
+}

@@ -67,6 +67,18 @@ pub struct S3Objects {
     pool: std::sync::Arc<Pool>,
 }
 
+/// An endpoint is an `http://` or `https://` URL with a host (object_store
+/// panicked signing a request to `notaurl`).
+fn check_endpoint(e: &str) -> Result<()> {
+    let bad = |why: &str| Err(ObjectError::Config(format!("endpoint {e:?}: {why}")));
+    match url::Url::parse(e) {
+        Err(err) => bad(&format!("not a URL ({err}); e.g. http://127.0.0.1:8333")),
+        Ok(u) if !matches!(u.scheme(), "http" | "https") => bad("not http:// or https://"),
+        Ok(u) if u.host_str().is_none_or(str::is_empty) => bad("no host"),
+        Ok(_) => Ok(()),
+    }
+}
+
 impl S3Objects {
     pub fn new(config: &S3Config) -> Result<Self> {
         let mut b = AmazonS3Builder::from_env()
@@ -92,6 +104,7 @@ impl S3Objects {
             );
         b = b.with_region(config.region.as_deref().unwrap_or("us-east-1"));
         if let Some(e) = &config.endpoint {
+            check_endpoint(e)?;
             b = b
                 .with_endpoint(e)
                 .with_allow_http(e.starts_with("http://"))

@@ -270,7 +270,8 @@ pub(crate) fn open_bucket(spec: &RemoteSpec, password: Option<&[u8]>) -> Result<
     let sealing = match (&e.key, password) {
         (Some(key), Some(pw)) => Some(open_key(&*objects, key, pw)?),
         (Some(_), None) => return Err(StoreError::PasswordNeeded),
-        (None, _) => None,
+        (None, Some(_)) => return Err(StoreError::NotEncrypted),
+        (None, None) => None,
     };
     let (m, tag) = read_manifest(&*objects, sealing.as_ref())?
         .ok_or_else(|| remote_err("the manifest vanished: try again"))?;

@@ -113,12 +113,29 @@ pub enum StoreError {
          or the ONECOPY_PASSWORD environment variable"
     )]
     PasswordNeeded,
+    /// A password was given for a bucket whose store is not encrypted:
+    /// its owner could have put a plain store of their own in place of an
+    /// encrypted one (writes would then reach it in clear).
+    #[error(
+        "the bucket's store is not encrypted, but a password was given: refused \
+         (a store made with --no-encryption is opened without one)"
+    )]
+    NotEncrypted,
     /// Another cache is the bucket's writer (see `mirror.rs`).
     #[error("remote store: {why}")]
     Fenced { why: String },
 }
 
 impl StoreError {
+    /// A remote store's settings that cannot work (a bad endpoint): a
+    /// usage error, not an I/O one.
+    pub fn is_config(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Object(onecopy_objects::ObjectError::Config(_))
+        )
+    }
+
     /// The errno a file-system call reports for this error.
     pub fn errno(&self) -> i32 {
         match self {

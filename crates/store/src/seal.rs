@@ -296,8 +296,20 @@ fn master_aad(cipher: Cipher) -> Vec<u8> {
 const M_KIB: u32 = 64 * 1024;
 const PASSES: u32 = 3;
 
+/// The most a key object may ask of Argon2 (it is the bucket's, so its
+/// owner's: 2^32 - 1 passes spun for ever): 4 GiB, 64 passes, 64 lanes.
+const MAX_M_KIB: u32 = 4 << 20;
+const MAX_PASSES: u32 = 64;
+const MAX_LANES: u32 = 64;
+
 fn kek(password: &[u8], salt: &[u8], m_kib: u32, t: u32, p: u32) -> Result<XChaCha20Poly1305> {
     let bad = |e: argon2::Error| StoreError::BadOption(format!("the key's Argon2 settings: {e}"));
+    if m_kib > MAX_M_KIB || t > MAX_PASSES || p > MAX_LANES {
+        return Err(StoreError::BadOption(format!(
+            "the key's Argon2 settings (m={m_kib} KiB, t={t}, p={p}) are beyond what onecopy \
+             makes or accepts (m <= {MAX_M_KIB}, t <= {MAX_PASSES}, p <= {MAX_LANES})"
+        )));
+    }
     let params = argon2::Params::new(m_kib, t, p, Some(32)).map_err(bad)?;
     let a = argon2::Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params);
     let mut out = [0u8; 32];
@@ -401,6 +413,31 @@ mod tests {
             *blake3::hash(b"x").as_bytes(),
             "ids are keyed"
         );
+    }
+
+    /// A key object asking Argon2 for more than onecopy makes is refused
+    /// at once (2^32 - 1 passes spun with no word).
+    #[test]
+    fn a_key_file_asking_too_much_of_argon2_is_refused() {
+        let kf = wrap(&Keys::generate(), b"pw").unwrap();
+        for (m_kib, t, p) in [
+            (M_KIB, u32::MAX, 1),
+            (u32::MAX, PASSES, 1),
+            (M_KIB, PASSES, 1 << 20),
+        ] {
+            let hostile = KeyFile {
+                m_kib,
+                t,
+                p,
+                ..kf.clone()
+            };
+            let t0 = std::time::Instant::now();
+            assert!(matches!(
+                unwrap(&hostile, b"pw"),
+                Err(StoreError::BadOption(_))
+            ));
+            assert!(t0.elapsed() < std::time::Duration::from_secs(1));
+        }
     }
 
     fn fixture_master() -> [u8; 64] {

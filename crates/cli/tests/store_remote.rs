@@ -761,6 +761,20 @@ fn a_plain_store_in_the_bucket_and_a_bad_endpoint_are_refused() {
         "{out:?}"
     );
     assert!(!taken.exists());
+    // A recover refused for its directory takes no lease (it left one
+    // no cache held: the next recover was refused, exit 3).
+    let busy = dir.path().join("busy");
+    std::fs::create_dir(&busy).unwrap();
+    std::fs::write(busy.join("mine"), "a user's file").unwrap();
+    let out = run(&args(
+        busy.to_str().unwrap(),
+        &["--recover", "--no-encryption"],
+    ));
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert_eq!(
+        std::fs::read_to_string(busy.join("mine")).unwrap(),
+        "a user's file"
+    );
     ok(run(&args(
         taken.to_str().unwrap(),
         &["--recover", "--no-encryption"],

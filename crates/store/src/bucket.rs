@@ -330,13 +330,20 @@ pub fn recover(
     force: bool,
 ) -> Result<Manifest> {
     let (objects, sealing, m, tag) = open_bucket(spec, password)?;
+    // DIR checked before the lease is taken: a recover refused for its
+    // directory left a lease no cache held (the writer refused for two
+    // minutes, or with --force fenced for nothing).
+    crate::store::check_store_dir(dir)?;
     let writer = crate::mirror::random_hex();
-    crate::lease::acquire(&*objects, &writer, crate::lease::TTL_MIN, force)?;
+    let lease = crate::lease::acquire(&*objects, &writer, crate::lease::TTL_MIN, force)?;
     let remote = RemoteSpec {
         read_only: false,
         ..spec.clone()
     };
-    build_cache(dir, &*objects, &m, sealing.as_ref(), remote)?;
+    if let Err(e) = build_cache(dir, &*objects, &m, sealing.as_ref(), remote) {
+        crate::lease::release(&*objects, &writer, &lease);
+        return Err(e);
+    }
     let mut next = m.clone();
     next.generation += 1;
     crate::mirror::save_writer(dir, &writer)?;

@@ -1223,15 +1223,30 @@ fn inode_seq(db: &Connection) -> Result<i64> {
 /// store, `NotEmptyDir` if it holds anything else).
 pub(crate) fn make_store_dir(dir: &Path) -> Result<()> {
     use std::os::unix::fs::DirBuilderExt;
-    // A file (or a link to one) in the way: the user's, left alone.
-    if std::fs::metadata(dir).is_ok_and(|m| !m.is_dir()) {
-        return Err(StoreError::NotADirectory { path: dir.into() });
-    }
+    check_store_dir(dir)?;
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(dir)
         .map_err(StoreError::io(dir))?;
+    check_store_dir(dir)?;
+    // An empty directory made by the user keeps its own mode otherwise,
+    // and every file of the store (its data in the clear for a local
+    // store) would be as readable as that directory.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(StoreError::io(dir))
+}
+
+/// Whether `dir` can be made a new store by [`make_store_dir`] (it need
+/// not exist yet), without making it.
+pub(crate) fn check_store_dir(dir: &Path) -> Result<()> {
+    // A file (or a link to one) in the way: the user's, left alone.
+    match std::fs::metadata(dir) {
+        Ok(m) if !m.is_dir() => return Err(StoreError::NotADirectory { path: dir.into() }),
+        Err(_) => return Ok(()),
+        Ok(_) => {}
+    }
     let cfg_path = dir.join("store.json");
     if cfg_path.exists() || dir.join("meta.sqlite").exists() {
         return Err(StoreError::Exists { path: dir.into() });
@@ -1241,18 +1256,13 @@ pub(crate) fn make_store_dir(dir: &Path) -> Result<()> {
         .filter_map(|e| e.ok())
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .find(|n| n != "lost+found");
-    if let Some(entry) = foreign {
-        return Err(StoreError::NotEmptyDir {
+    match foreign {
+        Some(entry) => Err(StoreError::NotEmptyDir {
             path: dir.into(),
             entry,
-        });
+        }),
+        None => Ok(()),
     }
-    // An empty directory made by the user keeps its own mode otherwise,
-    // and every file of the store (its data in the clear for a local
-    // store) would be as readable as that directory.
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-        .map_err(StoreError::io(dir))
 }
 
 /// Writes `store.json` atomically (see [`write_synced`]).

@@ -104,6 +104,16 @@ impl crate::Store {
         if m.image == at.image && !at.segments.is_empty() {
             return Ok(None);
         }
+        // Every push and recover moves the generation on: an older one is
+        // an old manifest put back (by the bucket's owner), never followed
+        // (the served tree went back in time without a word).
+        if m.generation < at.generation {
+            return Err(crate::bucket::remote_err(format!(
+                "the bucket's manifest went back from generation {} to {}: not followed \
+                 (an old manifest put back?)",
+                at.generation, m.generation
+            )));
+        }
         let next = f.next_image(&at, &m)?;
         let live = self.dir.join("meta.sqlite.next");
         std::fs::copy(&next, &live).map_err(StoreError::io(&live))?;

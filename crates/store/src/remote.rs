@@ -393,7 +393,16 @@ fn upload(
         Err(e) if is_missing(&e) => {
             return match objects.size(&key).map_err(object_error)? {
                 Some(there) if there >= len => Ok(()),
-                _ => Err(e),
+                // Lost from both (the bucket's copy deleted or cut by its
+                // owner): nothing can ever upload it, and waiting for it
+                // held every push, fsck and unmount for ten minutes.
+                _ => {
+                    crate::warn!(
+                        "onecopy: container {id} is neither in the cache nor whole in the bucket: \
+                         its chunks read as damaged (EIO); `onecopy store scrub` lists them"
+                    );
+                    Ok(())
+                }
             };
         }
         r => r?,

@@ -3134,3 +3134,64 @@ fn snapshot_diff_names_the_missing_snapshot_and_escapes_names() {
         .collect();
     assert_eq!(paths, ["/bad\\xff", "/two\\nlines"]);
 }
+
+/// An old manifest put back in the bucket (by its owner) is not followed:
+/// the follower keeps serving the newer state and says why (it went back
+/// in time without a word: a deleted file came back).
+#[test]
+fn a_follower_does_not_follow_a_replayed_manifest() {
+    let bucket = tempfile::tempdir().unwrap();
+    let (_d, s) = remote_store_with(bucket.path(), Some(b"pw"), None);
+    let a = file(&s, "one", &pseudo(100_000, 1));
+    s.push_remote().unwrap();
+    let manifest = walk_files(bucket.path())
+        .into_iter()
+        .find(|p| p.file_name().is_some_and(|n| n == crate::bucket::MANIFEST))
+        .expect("the manifest object");
+    let old = std::fs::read(&manifest).unwrap();
+    s.unlink(1, b"one").unwrap();
+    s.push_remote().unwrap();
+    let spec = s.cfg.remote.clone().unwrap();
+    let fdir = tempfile::tempdir().unwrap();
+    let at = fdir.path().join("follow");
+    crate::bucket::follow(&at, &spec, Some(b"pw")).unwrap();
+    let f = Store::open(&at).unwrap();
+    assert!(f.lookup(1, b"one").is_err());
+    std::fs::write(&manifest, &old).unwrap();
+    let err = f.follow_remote().unwrap_err().to_string();
+    assert!(err.contains("went back"), "{err}");
+    assert!(f.lookup(1, b"one").is_err(), "the old state was served");
+    let _ = a;
+}
+
+/// A sealed container lost from both the cache and the bucket (its
+/// object deleted by the bucket's owner) can never be uploaded: it is
+/// said and left, and pushes, fsck and closing go on (each waited ten
+/// minutes for it); its chunks read as damage.
+#[test]
+fn a_container_lost_from_cache_and_bucket_holds_up_nothing() {
+    let bucket = tempfile::tempdir().unwrap();
+    let (d, s) = remote_store_with(bucket.path(), Some(b"pw"), None);
+    let a = file(&s, "a", &pseudo(3 << 20, 51));
+    s.push_remote().unwrap();
+    let lost = chunk_locs(&s, a)[0].0;
+    drop(s);
+    std::fs::remove_file(container_file(d.path(), lost)).unwrap();
+    let object = walk_files(bucket.path())
+        .into_iter()
+        .find(|p| p.to_string_lossy().ends_with(&format!("{lost:016x}.occ")))
+        .expect("the container's object");
+    std::fs::remove_file(object).unwrap();
+    let t0 = std::time::Instant::now();
+    // Queued again at open: the listing lacks it.
+    let s = Store::open(d.path()).unwrap();
+    s.push_remote().unwrap();
+    assert_eq!(s.read(a, 0, 4096).unwrap_err().errno(), libc::EIO);
+    assert!(!s.scrub().unwrap().damaged.is_empty());
+    drop(s);
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(60),
+        "{:?}",
+        t0.elapsed()
+    );
+}

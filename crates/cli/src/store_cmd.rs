@@ -209,10 +209,10 @@ impl RemoteArgs {
 /// `None` with neither.
 pub fn read_password(file: Option<&Path>) -> Result<Option<Vec<u8>>, StoreError> {
     if let Some(f) = file {
-        let text = std::fs::read(f).map_err(|source| StoreError::Io {
-            path: f.into(),
-            source,
-        })?;
+        // A file that cannot be read is a bad option (exit 2), as any
+        // path that cannot be opened.
+        let text = std::fs::read(f)
+            .map_err(|e| StoreError::BadOption(format!("--password-file {}: {e}", f.display())))?;
         let line = text.split(|&b| b == b'\n').next().unwrap_or_default();
         let line = line.strip_suffix(b"\r").unwrap_or(line);
         if line.is_empty() {

@@ -17,7 +17,7 @@ pub enum ObjectError {
         #[source]
         source: std::io::Error,
     },
-    #[error("object {key}: {source}")]
+    #[error("object {key}: {source}{}", credentials_hint(source))]
     Remote {
         key: String,
         #[source]
@@ -28,6 +28,19 @@ pub enum ObjectError {
 }
 
 pub type Result<T, E = ObjectError> = std::result::Result<T, E>;
+
+/// With no credentials in the environment or `~/.aws`, the client asks the
+/// instance metadata service (169.254.169.254), whose refusal said nothing
+/// about credentials.
+fn credentials_hint(e: &object_store::Error) -> &'static str {
+    match e.to_string().contains("169.254.169.254") {
+        true => {
+            " (no credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, \
+             or a profile in ~/.aws/credentials)"
+        }
+        false => "",
+    }
+}
 
 impl ObjectError {
     pub(crate) fn io(key: &str, source: std::io::Error) -> Self {

@@ -301,6 +301,7 @@ fn build_cache(
         // A follower never writes: it needs no index (its W is the
         // writer's, so its open replays nearly nothing).
         crate::index::reset_watermark(&db)?;
+        set_container_floor(&db, objects)?;
     }
     if let Some(s) = sealing {
         save_local_key(dir, &s.keys)?;
@@ -315,6 +316,37 @@ fn build_cache(
     };
     crate::store::write_config(dir, &cfg)
 }
+
+/// Container ids a cache taking a store over leaves to the cache it takes
+/// it from: that one may have uploaded containers after its last push
+/// that a listing misses (listings are never trusted complete), and an
+/// id used twice made this cache's upload fail for ever ("the bucket
+/// holds a different object under this container's key").
+const TAKEOVER_GAP: u64 = 1 << 20;
+
+/// Records in `db` the first container id this new cache may use: past
+/// every id its metadata and the bucket's listing know, by
+/// [`TAKEOVER_GAP`] (read by the store's `first_free_id`).
+fn set_container_floor(db: &rusqlite::Connection, objects: &dyn Objects) -> Result<()> {
+    let known: u64 = db.query_row("SELECT COALESCE(MAX(id), 0) FROM containers", [], |r| {
+        r.get(0)
+    })?;
+    let listed = (objects.list("data")?.iter())
+        .filter_map(|l| crate::remote::id_of(&l.key))
+        .max()
+        .unwrap_or(0);
+    db.execute(
+        crate::meta::SET_META,
+        rusqlite::params![
+            CONTAINER_FLOOR,
+            (known.max(listed) + TAKEOVER_GAP).to_string()
+        ],
+    )?;
+    Ok(())
+}
+
+/// The `meta` key of [`set_container_floor`].
+pub(crate) const CONTAINER_FLOOR: &str = "container_floor";
 
 /// Makes `dir` a cache of the store in the bucket `spec` names, from the
 /// bucket alone ([`build_cache`]), the key unwrapped with `password` (an

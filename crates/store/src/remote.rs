@@ -114,7 +114,7 @@ pub fn object_key(id: u64) -> String {
     format!("data/{:02x}/{id:016x}.occ", id & 0xff)
 }
 
-fn id_of(key: &str) -> Option<u64> {
+pub(crate) fn id_of(key: &str) -> Option<u64> {
     let name = key.rsplit('/').next()?.strip_suffix(".occ")?;
     u64::from_str_radix(name, 16).ok()
 }

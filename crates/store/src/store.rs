@@ -1146,7 +1146,21 @@ fn first_free_id(db: &Connection, cs: &dyn ContainerStore) -> Result<u64> {
         r.get(0)
     })?;
     let max_fs = cs.list()?.last().copied().unwrap_or(0);
-    Ok(max_db.max(max_fs) + 1)
+    Ok((max_db.max(max_fs) + 1).max(container_floor(db)?))
+}
+
+/// The first container id a cache that took a remote store over may use
+/// (`bucket::set_container_floor`; 0 for any other store): ids below are
+/// the cache before it's, which may have uploaded them unseen.
+fn container_floor(db: &Connection) -> Result<u64> {
+    let floor: Option<String> = db
+        .query_row(
+            "SELECT value FROM meta WHERE key = ?1",
+            [crate::bucket::CONTAINER_FLOOR],
+            |r| r.get(0),
+        )
+        .optional()?;
+    Ok(floor.and_then(|v| v.parse().ok()).unwrap_or(0))
 }
 
 /// Hands a remote backend every sealed container, so that those not yet
@@ -1174,7 +1188,12 @@ fn replay(db: &Connection, cs: &dyn ContainerStore) -> Result<Writer> {
         )
         .optional()?;
     let next_id = first_free_id(db, cs)?;
-    if let Some((id, len)) = open {
+    let floor = container_floor(db)?;
+    if let Some((id, _)) = open.filter(|&(id, len)| id < floor && len == CONTAINER_HEADER) {
+        // The empty container the bucket's image names is the cache
+        // before this one's to fill and upload: this one begins its own.
+        db.execute("DELETE FROM containers WHERE id = ?1", [id])?;
+    } else if let Some((id, len)) = open {
         let mut there = cs.len(id)?;
         // The empty container a bucket's image names (begun at a push) is
         // in no bucket: a recovered cache begins it again.

@@ -3195,3 +3195,39 @@ fn a_container_lost_from_cache_and_bucket_holds_up_nothing() {
         t0.elapsed()
     );
 }
+
+/// A cache that takes a store over uses container ids the cache before it
+/// cannot have used: that one, not yet fenced, goes on uploading the
+/// containers it fills (the empty one the bucket's image names first).
+/// The new cache began that same container again and numbered on from the
+/// listing: its uploads met "a different object under this container's
+/// key" and its pushes failed for ever.
+#[test]
+fn a_cache_taking_over_never_reuses_the_old_caches_container_ids() {
+    let bucket = tempfile::tempdir().unwrap();
+    let (_d, s) = remote_store(bucket.path());
+    file(&s, "f", &pseudo(1 << 20, 1));
+    s.push_remote().unwrap();
+    let spec = s.cfg.remote.clone().unwrap();
+    let d2 = tempfile::tempdir().unwrap();
+    crate::bucket::recover(d2.path(), &spec, None, true).unwrap();
+    let s2 = Store::open(d2.path()).unwrap();
+    // The old cache fills and uploads containers meanwhile.
+    let g = pseudo(3 << 20, 2);
+    file(&s, "g", &g);
+    s.flush_all(true).unwrap();
+    let tiered = |s: &Store| s.mirror.as_ref().unwrap().tiered().clone();
+    tiered(&s)
+        .wait_uploaded(std::time::Duration::from_secs(30))
+        .unwrap();
+    let h = pseudo(3 << 20, 3);
+    let hi = file(&s2, "h", &h);
+    s2.push_remote().unwrap();
+    tiered(&s2)
+        .wait_uploaded(std::time::Duration::from_secs(30))
+        .unwrap();
+    drop(s);
+    s2.cache.clear();
+    assert_eq!(read_all(&s2, hi), h);
+    assert!(s2.fsck(false).unwrap().problems.is_empty());
+}

@@ -780,6 +780,25 @@ fn a_plain_store_in_the_bucket_and_a_bad_endpoint_are_refused() {
         &["--recover", "--no-encryption"],
     )));
 
+    // A prefix holding no store: exit 2, as a directory that is not one.
+    let nothing = format!("s3://{}/nothing-here", weed.bucket);
+    let out = onecopy(&[
+        "store",
+        "init",
+        dir.path().join("none").to_str().unwrap(),
+        "--recover",
+        "--no-encryption",
+        "--remote",
+        &nothing,
+        "--endpoint",
+        &weed.endpoint,
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not an onecopy store"),
+        "{out:?}"
+    );
+
     let out = onecopy(&[
         "store",
         "init",

@@ -262,10 +262,12 @@ pub(crate) type Opened = (Arc<dyn Objects>, Option<Sealing>, Manifest, Tag);
 pub(crate) fn open_bucket(spec: &RemoteSpec, password: Option<&[u8]>) -> Result<Opened> {
     let objects = connect(spec)?;
     let Some((e, _)) = read_envelope(&*objects)? else {
-        return Err(remote_err(format!(
-            "{} holds no store (no manifest)",
-            spec.url
-        )));
+        // A URL naming no store is a usage error, as a directory that is
+        // not one (exit 2; it was 4).
+        return Err(StoreError::NotAStore {
+            path: spec.url.clone().into(),
+            why: "no manifest in the bucket".into(),
+        });
     };
     let sealing = match (&e.key, password) {
         (Some(key), Some(pw)) => Some(open_key(&*objects, key, pw)?),

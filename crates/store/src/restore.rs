@@ -71,11 +71,8 @@ impl Store {
         }
         let attr = self.getattr(root)?;
         let parent = dest.parent().filter(|p| !p.as_os_str().is_empty());
-        if parent.is_some_and(|p| !p.is_dir()) {
-            let why = format!(
-                "{}: no such directory to restore into",
-                parent.unwrap().display()
-            );
+        if let Some(p) = parent.filter(|p| !p.is_dir()) {
+            let why = format!("{}: no such directory to restore into", p.display());
             return Err(StoreError::BadOption(why));
         }
         private_dir(dest)?;

@@ -1140,13 +1140,14 @@ fn insert_container(db: &Connection, id: u64) -> Result<Writer> {
 }
 
 /// The id above every container the database or the container store
-/// knows (see [`Writer::next_id`]).
-fn first_free_id(db: &Connection, cs: &dyn ContainerStore) -> Result<u64> {
+/// knows, and at least `floor` ([`container_floor`]; see
+/// [`Writer::next_id`]).
+fn first_free_id(db: &Connection, cs: &dyn ContainerStore, floor: u64) -> Result<u64> {
     let max_db: u64 = db.query_row("SELECT COALESCE(MAX(id), 0) FROM containers", [], |r| {
         r.get(0)
     })?;
     let max_fs = cs.list()?.last().copied().unwrap_or(0);
-    Ok((max_db.max(max_fs) + 1).max(container_floor(db)?))
+    Ok((max_db.max(max_fs) + 1).max(floor))
 }
 
 /// The first container id a cache that took a remote store over may use
@@ -1187,8 +1188,8 @@ fn replay(db: &Connection, cs: &dyn ContainerStore) -> Result<Writer> {
             |r| Ok((r.get(0)?, r.get(1)?)),
         )
         .optional()?;
-    let next_id = first_free_id(db, cs)?;
     let floor = container_floor(db)?;
+    let next_id = first_free_id(db, cs, floor)?;
     if let Some((id, _)) = open.filter(|&(id, len)| id < floor && len == CONTAINER_HEADER) {
         // The empty container the bucket's image names is the cache
         // before this one's to fill and upload: this one begins its own.
@@ -1248,7 +1249,6 @@ pub(crate) fn make_store_dir(dir: &Path) -> Result<()> {
         .mode(0o700)
         .create(dir)
         .map_err(StoreError::io(dir))?;
-    check_store_dir(dir)?;
     // An empty directory made by the user keeps its own mode otherwise,
     // and every file of the store (its data in the clear for a local
     // store) would be as readable as that directory.

@@ -1699,6 +1699,25 @@ fn remote_store(bucket: &std::path::Path) -> (tempfile::TempDir, Store) {
     remote_store_with(bucket, None, None)
 }
 
+/// [`remote_store`] holding file "f", pushed, and its remote settings.
+fn pushed_remote_store(
+    bucket: &std::path::Path,
+) -> (tempfile::TempDir, Store, crate::config::RemoteSpec) {
+    let (d, s) = remote_store(bucket);
+    file(&s, "f", &pseudo(1 << 20, 1));
+    s.push_remote().unwrap();
+    let spec = s.cfg.remote.clone().unwrap();
+    (d, s, spec)
+}
+
+/// Waits until every container `s` sealed is in its bucket.
+fn wait_uploaded(s: &Store) {
+    let tiered = s.mirror.as_ref().unwrap().tiered();
+    tiered
+        .wait_uploaded(std::time::Duration::from_secs(30))
+        .unwrap();
+}
+
 /// A remote store whose gc deletes leave the bucket at the next push.
 fn remote_store_with(
     bucket: &std::path::Path,
@@ -2039,12 +2058,7 @@ fn the_cache_stays_within_its_bound() {
         .map(|(i, d)| file(&s, &format!("f{i}"), d))
         .collect();
     s.push_remote().unwrap();
-    s.mirror
-        .as_ref()
-        .unwrap()
-        .tiered()
-        .wait_uploaded(std::time::Duration::from_secs(30))
-        .unwrap();
+    wait_uploaded(&s);
     let bound = (3 << 20) + (1 << 20) + 64 * 1024;
     let held = local_container_bytes(d.path());
     assert!(held <= bound, "{held} bytes held locally, bound {bound}");
@@ -2204,10 +2218,7 @@ fn a_second_open_of_a_cache_in_use_leaves_the_lease_alone() {
 #[test]
 fn a_taken_over_cache_is_fenced() {
     let bucket = tempfile::tempdir().unwrap();
-    let (_d, s) = remote_store(bucket.path());
-    file(&s, "f", &pseudo(1 << 20, 1));
-    s.push_remote().unwrap();
-    let spec = s.cfg.remote.clone().unwrap();
+    let (_d, s, spec) = pushed_remote_store(bucket.path());
     let d2 = tempfile::tempdir().unwrap();
     let e = crate::bucket::recover(d2.path(), &spec, None, false).unwrap_err();
     assert!(e.to_string().contains("in use by another cache"), "{e}");
@@ -3205,10 +3216,7 @@ fn a_container_lost_from_cache_and_bucket_holds_up_nothing() {
 #[test]
 fn a_cache_taking_over_never_reuses_the_old_caches_container_ids() {
     let bucket = tempfile::tempdir().unwrap();
-    let (_d, s) = remote_store(bucket.path());
-    file(&s, "f", &pseudo(1 << 20, 1));
-    s.push_remote().unwrap();
-    let spec = s.cfg.remote.clone().unwrap();
+    let (_d, s, spec) = pushed_remote_store(bucket.path());
     let d2 = tempfile::tempdir().unwrap();
     crate::bucket::recover(d2.path(), &spec, None, true).unwrap();
     let s2 = Store::open(d2.path()).unwrap();
@@ -3216,16 +3224,11 @@ fn a_cache_taking_over_never_reuses_the_old_caches_container_ids() {
     let g = pseudo(3 << 20, 2);
     file(&s, "g", &g);
     s.flush_all(true).unwrap();
-    let tiered = |s: &Store| s.mirror.as_ref().unwrap().tiered().clone();
-    tiered(&s)
-        .wait_uploaded(std::time::Duration::from_secs(30))
-        .unwrap();
+    wait_uploaded(&s);
     let h = pseudo(3 << 20, 3);
     let hi = file(&s2, "h", &h);
     s2.push_remote().unwrap();
-    tiered(&s2)
-        .wait_uploaded(std::time::Duration::from_secs(30))
-        .unwrap();
+    wait_uploaded(&s2);
     drop(s);
     s2.cache.clear();
     assert_eq!(read_all(&s2, hi), h);

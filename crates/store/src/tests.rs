@@ -1710,6 +1710,17 @@ fn pushed_remote_store(
     (d, s, spec)
 }
 
+/// A read-only follower of `s`'s bucket (password "pw"), in a new
+/// directory.
+fn follower_of(s: &Store) -> (tempfile::TempDir, Store) {
+    let spec = s.cfg.remote.clone().unwrap();
+    let fdir = tempfile::tempdir().unwrap();
+    let at = fdir.path().join("follow");
+    crate::bucket::follow(&at, &spec, Some(b"pw")).unwrap();
+    let f = Store::open(&at).unwrap();
+    (fdir, f)
+}
+
 /// Waits until every container `s` sealed is in its bucket.
 fn wait_uploaded(s: &Store) {
     let tiered = s.mirror.as_ref().unwrap().tiered();
@@ -2088,11 +2099,7 @@ fn a_follower_serves_the_latest_push_and_writes_nothing() {
     let one = pseudo(1 << 20, 1);
     let a = file(&s, "one", &one);
     s.push_remote().unwrap();
-    let spec = s.cfg.remote.clone().unwrap();
-    let fdir = tempfile::tempdir().unwrap();
-    let at = fdir.path().join("follow");
-    crate::bucket::follow(&at, &spec, Some(b"pw")).unwrap();
-    let f = Store::open(&at).unwrap();
+    let (_fdir, f) = follower_of(&s);
     assert!(f.is_follower());
     assert_eq!(read_all(&f, a), one);
     assert!(f.follow_remote().unwrap().is_none(), "nothing new");
@@ -3162,11 +3169,7 @@ fn a_follower_does_not_follow_a_replayed_manifest() {
     let old = std::fs::read(&manifest).unwrap();
     s.unlink(1, b"one").unwrap();
     s.push_remote().unwrap();
-    let spec = s.cfg.remote.clone().unwrap();
-    let fdir = tempfile::tempdir().unwrap();
-    let at = fdir.path().join("follow");
-    crate::bucket::follow(&at, &spec, Some(b"pw")).unwrap();
-    let f = Store::open(&at).unwrap();
+    let (_fdir, f) = follower_of(&s);
     assert!(f.lookup(1, b"one").is_err());
     std::fs::write(&manifest, &old).unwrap();
     let err = f.follow_remote().unwrap_err().to_string();

@@ -148,19 +148,7 @@ fn watch_mode_on(kind: FsKind, extra: &[&str]) {
     let later = root.join("later");
     copy_no_reflink(&orig, &later).unwrap();
     let w = Watch::start(&root, scratch.path(), extra);
-    let t = Instant::now();
-    loop {
-        fs.sync();
-        if is_fully_shared(&orig, &later) {
-            break;
-        }
-        assert!(
-            t.elapsed() < BOUND,
-            "not caught up after a restart: {}",
-            w.log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_shared(&fs, &orig, std::slice::from_ref(&later), &w);
     eprintln!("after the restart:\n{}", w.log());
     assert_eq!(w.term(), 0);
     // SIGTERM ended every pass cleanly: nothing of onecopy's is left.
